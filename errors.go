@@ -1,0 +1,69 @@
+package sluice
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// ErrRejected is the errors.Is target for every admission refusal: a request
+// that sluice declined to send because it could not be served in time.
+// The error is always a *RejectedError.
+var ErrRejected = errors.New("sluice: request rejected")
+
+// ErrInvalidOption is the errors.Is target for every error New returns
+// because of a bad option.
+var ErrInvalidOption = errors.New("sluice: invalid option")
+
+// Reason says why a request was refused.
+type Reason int
+
+const (
+	// ReasonDeadline: the estimated wait ends after the context's deadline.
+	// Such an error also matches context.DeadlineExceeded.
+	ReasonDeadline Reason = iota
+	// ReasonMaxWait: the estimated wait exceeds WithMaxWait for the level.
+	ReasonMaxWait
+
+	numReasons
+)
+
+// String returns "deadline" or "max-wait".
+func (r Reason) String() string {
+	switch r {
+	case ReasonDeadline:
+		return "deadline"
+	case ReasonMaxWait:
+		return "max-wait"
+	}
+	return fmt.Sprintf("Reason(%d)", int(r))
+}
+
+// RejectedError is returned by RoundTrip when a request is refused before it
+// is sent. The request was not sent and used no budget.
+type RejectedError struct {
+	Key      string   // the lane
+	Priority Priority // the request's level
+	Reason   Reason
+	// Wait is the estimated wait that was too long; RetryAfter is when
+	// trying again is likely to be served at once. Both are estimates: see
+	// Transport for how they are computed.
+	Wait       time.Duration
+	RetryAfter time.Duration
+	Limit      time.Duration // the deadline's remaining time, or the max wait
+}
+
+func (e *RejectedError) Error() string {
+	return fmt.Sprintf("sluice: %s request to %q rejected: estimated wait %v exceeds %s %v",
+		e.Priority, e.Key, e.Wait.Round(time.Millisecond), e.Reason, e.Limit.Round(time.Millisecond))
+}
+
+// Is reports whether target is ErrRejected, or context.DeadlineExceeded for a
+// refusal because of the context's deadline.
+func (e *RejectedError) Is(target error) bool {
+	return target == ErrRejected || (e.Reason == ReasonDeadline && target == context.DeadlineExceeded)
+}
+
+// Unwrap returns ErrRejected.
+func (e *RejectedError) Unwrap() error { return ErrRejected }

@@ -1,0 +1,12 @@
+module github.com/sluice-go/sluice
+
+go 1.26.8
+
+require (
+	github.com/hashicorp/go-cleanhttp v0.5.2 // indirect
+	github.com/hashicorp/go-retryablehttp v0.7.8 // indirect
+	github.com/stretchr/testify v1.12.1 // indirect
+	go.uber.org/goleak v1.3.0 // indirect
+	golang.org/x/sync v0.25.0 // indirect
+	golang.org/x/time v0.16.0 // indirect
+)

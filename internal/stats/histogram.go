@@ -1,0 +1,96 @@
+// Package stats holds the small, fixed-size statistics sluice keeps per lane.
+package stats
+
+import (
+	"math/bits"
+	"time"
+)
+
+// Buckets are log-linear: each power of two of nanoseconds is split into
+// subBuckets equal parts, so a reported quantile is within 1/subBuckets (about
+// 6%) of the true value, whatever its magnitude. 40 powers of two reach
+// 2^40 ns, about 18 minutes; longer durations land in the last bucket. The
+// whole histogram is a fixed array: recording never allocates and memory does
+// not grow with traffic.
+const (
+	subBits    = 4
+	subBuckets = 1 << subBits
+	maxExp     = 40
+	numBuckets = (maxExp - subBits + 1) * subBuckets
+)
+
+// Histogram counts durations. The zero value is empty and ready to use. It is
+// not safe for concurrent use; callers hold their own lock.
+type Histogram struct {
+	counts [numBuckets]uint64
+	total  uint64
+}
+
+func index(d time.Duration) int {
+	if d < subBuckets {
+		if d < 0 {
+			return 0
+		}
+		return int(d)
+	}
+	v := uint64(d)
+	exp := bits.Len64(v) - 1 // v in [2^exp, 2^(exp+1))
+	if exp > maxExp {
+		return numBuckets - 1
+	}
+	sub := int(v>>(exp-subBits)) & (subBuckets - 1)
+	i := (exp-subBits+1)*subBuckets + sub
+	if i >= numBuckets {
+		return numBuckets - 1
+	}
+	return i
+}
+
+// lower returns the smallest duration that falls in bucket i, and its width.
+func lower(i int) (time.Duration, time.Duration) {
+	if i < subBuckets {
+		return time.Duration(i), 1
+	}
+	exp := i/subBuckets + subBits - 1
+	sub := i % subBuckets
+	width := uint64(1) << (exp - subBits)
+	return time.Duration(uint64(1)<<exp + uint64(sub)*width), time.Duration(width)
+}
+
+// Record adds one observation.
+func (h *Histogram) Record(d time.Duration) {
+	h.counts[index(d)]++
+	h.total++
+}
+
+// Count reports the number of observations.
+func (h *Histogram) Count() uint64 { return h.total }
+
+// Quantile returns an estimate of the q-quantile (0 <= q <= 1): the midpoint
+// of the bucket holding it. It returns 0 for an empty histogram.
+func (h *Histogram) Quantile(q float64) time.Duration {
+	if h.total == 0 {
+		return 0
+	}
+	if q < 0 {
+		q = 0
+	}
+	if q > 1 {
+		q = 1
+	}
+	// rank is 1-based: the smallest value with at least q of the mass at or below it.
+	rank := uint64(q*float64(h.total) + 0.5)
+	if rank < 1 {
+		rank = 1
+	}
+	var seen uint64
+	for i, c := range h.counts {
+		seen += c
+		if seen >= rank {
+			lo, w := lower(i)
+			return lo + w/2
+		}
+	}
+	lo, w := lower(numBuckets - 1)
+	return lo + w/2
+}

@@ -1,0 +1,294 @@
+package sluice
+
+import (
+	"context"
+	"math"
+	"sync"
+	"time"
+
+	"golang.org/x/time/rate"
+
+	"github.com/sluice-go/sluice/internal/stats"
+)
+
+// A lane is the state behind one key: the token bucket, the wait queue, the
+// in-flight slots, the cooldown and the counters. Everything in it is guarded
+// by mu, which is never held across a wait: waiting happens on channels and
+// timers after mu is released.
+type lane struct {
+	key string
+	cfg *config
+
+	mu   sync.Mutex
+	lim  *rate.Limiter // nil: the lane is not paced
+	last time.Time     // the latest time given to lim; see now
+	q    waitQueue
+	slot slots
+	// cooldown: nothing of this lane is sent before it (Retry-After, reset).
+	cooldown time.Time
+
+	dispatching bool          // a dispatcher goroutine is running
+	kick        chan struct{} // wakes the dispatcher early; capacity 1
+
+	levels [numLevels]levelCounters
+}
+
+type levelCounters struct {
+	granted   uint64
+	cancelled uint64
+	refused   [numReasons]uint64
+	wait      stats.Histogram
+}
+
+func newLane(key string, cfg *config) *lane {
+	l := &lane{
+		key:  key,
+		cfg:  cfg,
+		q:    waitQueue{aging: cfg.aging, lowShare: cfg.lowShare},
+		slot: slots{limit: cfg.maxConc},
+		kick: make(chan struct{}, 1),
+	}
+	if r := cfg.perSecond(); r > 0 {
+		l.lim = rate.NewLimiter(rate.Limit(r), cfg.burst)
+	}
+	return l
+}
+
+// now returns the current time, never earlier than a time already given to
+// the limiter. x/time/rate over-admits when it is handed times that run
+// backwards (golang/go#65508): reserveN stores an earlier t as its last
+// update, so the interval is credited twice. Reading the clock under mu and
+// clamping makes every call see a non-decreasing time. mu must be held.
+func (l *lane) now() time.Time {
+	t := time.Now()
+	if t.Before(l.last) {
+		return l.last
+	}
+	l.last = t
+	return t
+}
+
+// tryTake takes a token and a slot at once if both are available now and the
+// lane is not cooling down. mu must be held.
+func (l *lane) tryTake(now time.Time) bool {
+	if now.Before(l.cooldown) || !l.slot.free() {
+		return false
+	}
+	if l.lim != nil && !l.lim.AllowN(now, 1) {
+		return false
+	}
+	l.slot.take()
+	return true
+}
+
+// tokenDelay returns how long until a token is due. mu must be held.
+func (l *lane) tokenDelay(now time.Time) time.Duration {
+	if l.lim == nil {
+		return 0
+	}
+	return tokensDelay(1-l.lim.TokensAt(now), float64(l.lim.Limit()))
+}
+
+// tokensDelay returns how long a bucket filling at r per second takes to gain
+// n tokens, rounded up so that the tokens are there when it ends.
+func tokensDelay(n, r float64) time.Duration {
+	if n <= 0 {
+		return 0
+	}
+	if r <= 0 {
+		return math.MaxInt64
+	}
+	s := math.Ceil(n / r * 1e9)
+	if s >= math.MaxInt64 {
+		return math.MaxInt64
+	}
+	return time.Duration(s)
+}
+
+// estimate returns how long a new waiter of level p is expected to wait for
+// its token: the cooldown left, plus the time for the bucket to yield one
+// token for every waiter ranked ahead of it and one for itself. It counts
+// the waiters at p and above, which is exact for strict priority and an
+// upper bound when aging lets lower levels move ahead only later. Waiting
+// for an in-flight slot is not included: it depends on latencies not yet
+// observed. mu must be held.
+func (l *lane) estimate(now time.Time, p Priority) time.Duration {
+	var d time.Duration
+	start := now
+	if now.Before(l.cooldown) {
+		d = l.cooldown.Sub(now)
+		start = l.cooldown
+	}
+	if l.lim == nil {
+		return d
+	}
+	need := float64(l.q.ahead(p)+1) - l.lim.TokensAt(start)
+	w := tokensDelay(need, float64(l.lim.Limit()))
+	if w > math.MaxInt64-d {
+		return math.MaxInt64
+	}
+	return d + w
+}
+
+// refuse checks the early-refusal rules for a waiter of level p. mu must be held.
+func (l *lane) refuse(ctx context.Context, now time.Time, p Priority) *RejectedError {
+	dl, hasDL := ctx.Deadline()
+	maxWait := l.cfg.maxWait[p]
+	if !hasDL && maxWait == 0 {
+		return nil
+	}
+	est := l.estimate(now, p)
+	var rej *RejectedError
+	if hasDL && now.Add(est).After(dl) {
+		rej = &RejectedError{Reason: ReasonDeadline, Limit: dl.Sub(now)}
+	} else if maxWait > 0 && est > maxWait {
+		rej = &RejectedError{Reason: ReasonMaxWait, Limit: maxWait}
+	} else {
+		return nil
+	}
+	rej.Key, rej.Priority, rej.Wait = l.key, p, est
+	// Trying again after the estimated wait finds, if nothing else arrives,
+	// the queue ahead drained; it is a hint, not a promise.
+	rej.RetryAfter = est
+	l.levels[p].refused[rej.Reason]++
+	return rej
+}
+
+// acquire waits until the lane grants this attempt a token and an in-flight
+// slot, in priority order. enq is the enqueue time of the logical request's
+// first attempt (zero for a first attempt); acquire returns the one to pass
+// to the next attempt. On error nothing is held.
+func (l *lane) acquire(ctx context.Context, p Priority, enq time.Time) (time.Time, error) {
+	l.mu.Lock()
+	now := l.now()
+	if enq.IsZero() {
+		enq = now
+	}
+	// Fast path: nobody waiting, token and slot free. No goroutine hand-off.
+	if l.q.len() == 0 && l.tryTake(now) {
+		l.levels[p].granted++
+		l.levels[p].wait.Record(0)
+		l.mu.Unlock()
+		return enq, nil
+	}
+	if err := ctx.Err(); err != nil {
+		l.mu.Unlock()
+		return enq, err
+	}
+	if rej := l.refuse(ctx, now, p); rej != nil {
+		l.mu.Unlock()
+		return enq, rej
+	}
+	w := &waiter{level: p, enq: enq, start: now, ready: make(chan struct{})}
+	l.q.push(w)
+	if !l.dispatching {
+		l.dispatching = true
+		go l.dispatch()
+	}
+	l.mu.Unlock()
+
+	select {
+	case <-w.ready:
+		return enq, nil
+	case <-ctx.Done():
+		l.mu.Lock()
+		if w.granted {
+			// The grant and the cancellation raced and the grant won: give
+			// the token and the slot back, as if it had not happened. The
+			// caller sees its context's error and sends nothing.
+			l.refundLocked()
+		} else {
+			l.q.remove(w)
+			if l.q.len() == 0 {
+				l.wake() // a dispatcher waiting for a slot may now exit
+			}
+		}
+		l.levels[p].cancelled++
+		l.mu.Unlock()
+		return enq, ctx.Err()
+	}
+}
+
+// refund gives back the token and slot of an attempt that was granted but
+// not sent.
+func (l *lane) refund() {
+	l.mu.Lock()
+	l.refundLocked()
+	l.mu.Unlock()
+}
+
+func (l *lane) refundLocked() {
+	if l.lim != nil {
+		// A negative n adds a token back. x/time/rate caps tokens at burst
+		// on its next read, so a refund can never raise the bucket above a
+		// full one: the state is as if the grant had not been made.
+		l.lim.AllowN(l.now(), -1)
+	}
+	l.slot.put()
+	l.wake()
+}
+
+// release returns an attempt's slot.
+func (l *lane) release() {
+	l.mu.Lock()
+	if l.slot.put() && l.q.len() > 0 {
+		l.wake()
+	}
+	l.mu.Unlock()
+}
+
+// wake makes a running dispatcher re-examine the lane. mu must be held.
+func (l *lane) wake() {
+	select {
+	case l.kick <- struct{}{}:
+	default:
+	}
+}
+
+// dispatch hands out grants while the queue is non-empty, and exits when it
+// drains, so an idle lane runs no goroutine. It chooses the waiter at the
+// moment a grant is possible, not before it sleeps, so a high-priority
+// request that arrives during the sleep gets the next token.
+func (l *lane) dispatch() {
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		l.mu.Lock()
+		if l.q.len() == 0 {
+			l.dispatching = false
+			l.mu.Unlock()
+			return
+		}
+		now := l.now()
+		if l.tryTake(now) {
+			w := l.q.pop()
+			w.granted = true
+			l.levels[w.level].granted++
+			l.levels[w.level].wait.Record(now.Sub(w.start))
+			close(w.ready)
+			l.mu.Unlock()
+			continue
+		}
+		// Sleep until the cooldown ends or the token is due. When the
+		// token is there but no slot is free, only a release (or a larger
+		// limit) can help: wait for a kick alone.
+		var d time.Duration = -1
+		switch {
+		case now.Before(l.cooldown):
+			d = l.cooldown.Sub(now)
+		case l.slot.free():
+			d = l.tokenDelay(now)
+		}
+		l.mu.Unlock()
+
+		if d < 0 {
+			<-l.kick
+			continue
+		}
+		timer.Reset(d)
+		select {
+		case <-timer.C:
+		case <-l.kick:
+		}
+	}
+}

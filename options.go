@@ -1,0 +1,294 @@
+package sluice
+
+import (
+	"fmt"
+	"log/slog"
+	"math"
+	"net/http"
+	"time"
+
+	"github.com/hashicorp/go-retryablehttp"
+)
+
+// Defaults, and why.
+const (
+	// DefaultBurst is 1: the provider's bucket size is rarely published, and a
+	// burst of 1 never exceeds even a strict GCRA limiter. A larger burst only
+	// helps the first moments after idle.
+	DefaultBurst = 1
+
+	// DefaultHeadroom is 1: sluice paces evenly (it never sends a window's
+	// allowance at once) and learns from 429s and rate-limit headers, so the
+	// 20% margin advised for unpaced clients would be given away for nothing.
+	// Set WithHeadroom(0.9) where the provider counts in short sliding windows
+	// and even one 429 is costly.
+	DefaultHeadroom = 1.0
+
+	// DefaultMinConcurrency and DefaultMaxConcurrency bound the in-flight
+	// limit. The minimum of 1 keeps a lane moving whatever latency does. The
+	// maximum protects the process (sockets, memory of pending bodies), not
+	// the provider (the rate does that): 256 covers rate x latency up to, for
+	// example, 50/s at 5 s. Raise it for slow calls at high rates.
+	DefaultMinConcurrency = 1
+	DefaultMaxConcurrency = 256
+
+	// DefaultRetries is 2 attempts after the first. Every attempt takes a
+	// token, so retries spend budget; past two, a failing upstream is rarely
+	// saved by a third, and a retry budget bounds them anyway.
+	DefaultRetries = 2
+
+	// DefaultMaxRetryAfter caps how long a Retry-After or a rate-limit reset
+	// may pause a lane. Ten minutes bounds the damage of a hostile or broken
+	// server; if the real wait is longer, the next attempt after the cap costs
+	// one request and brings a fresh Retry-After.
+	DefaultMaxRetryAfter = 10 * time.Minute
+)
+
+// An Option configures a Transport. Options are checked by New, which
+// returns an error naming any bad value.
+type Option interface {
+	apply(*config) error
+}
+
+type optionFunc func(*config) error
+
+func (f optionFunc) apply(c *config) error { return f(c) }
+
+type config struct {
+	rateN         int
+	ratePer       time.Duration
+	burst         int
+	headroom      float64
+	minConc       int
+	maxConc       int
+	aging         time.Duration
+	lowShare      int
+	maxWait       [numLevels]time.Duration
+	retries       int
+	checkRetry    retryablehttp.CheckRetry
+	backoff       retryablehttp.Backoff
+	maxRetryAfter time.Duration
+	key           func(*http.Request) string
+	logger        *slog.Logger
+}
+
+func defaultConfig() config {
+	return config{
+		burst:         DefaultBurst,
+		headroom:      DefaultHeadroom,
+		minConc:       DefaultMinConcurrency,
+		maxConc:       DefaultMaxConcurrency,
+		retries:       DefaultRetries,
+		maxRetryAfter: DefaultMaxRetryAfter,
+		key:           hostKey,
+		logger:        slog.New(slog.DiscardHandler),
+	}
+}
+
+// perSecond is the lane's pacing rate after headroom, or 0 when no rate is
+// configured (the lane is then bounded by concurrency and server signals only).
+func (c *config) perSecond() float64 {
+	if c.rateN == 0 {
+		return 0
+	}
+	return float64(c.rateN) / c.ratePer.Seconds() * c.headroom
+}
+
+func hostKey(r *http.Request) string {
+	if r.URL.Host != "" {
+		return r.URL.Host
+	}
+	return r.Host
+}
+
+func invalid(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{ErrInvalidOption}, args...)...)
+}
+
+// WithRate sets the published allowance: n requests per period per, for
+// example WithRate(500, time.Minute). Each lane paces to n/per x headroom
+// requests per second. Without WithRate a lane is not paced; it is bounded by
+// its in-flight limit and by what the server says.
+func WithRate(n int, per time.Duration) Option {
+	return optionFunc(func(c *config) error {
+		if n <= 0 {
+			return invalid("WithRate(%d, %v): n must be positive", n, per)
+		}
+		if per <= 0 {
+			return invalid("WithRate(%d, %v): per must be positive", n, per)
+		}
+		c.rateN, c.ratePer = n, per
+		return nil
+	})
+}
+
+// WithBurst sets the token bucket's size: how many requests may leave at once
+// after a lane has been idle. Default DefaultBurst (1).
+func WithBurst(n int) Option {
+	return optionFunc(func(c *config) error {
+		if n < 1 {
+			return invalid("WithBurst(%d): burst must be at least 1", n)
+		}
+		c.burst = n
+		return nil
+	})
+}
+
+// WithHeadroom sets the fraction of the published rate to use, 0 < f <= 1.
+// Default DefaultHeadroom (1).
+func WithHeadroom(f float64) Option {
+	return optionFunc(func(c *config) error {
+		if !(f > 0 && f <= 1) { // also rejects NaN
+			return invalid("WithHeadroom(%v): must be in (0, 1]", f)
+		}
+		c.headroom = f
+		return nil
+	})
+}
+
+// WithConcurrency bounds a lane's in-flight limit: the number of attempts
+// sent and not yet finished (response body closed or read to EOF). min == max
+// fixes the limit. Defaults DefaultMinConcurrency and DefaultMaxConcurrency.
+func WithConcurrency(min, max int) Option {
+	return optionFunc(func(c *config) error {
+		if min < 1 {
+			return invalid("WithConcurrency(%d, %d): min must be at least 1", min, max)
+		}
+		if max < min {
+			return invalid("WithConcurrency(%d, %d): max must be at least min", min, max)
+		}
+		c.minConc, c.maxConc = min, max
+		return nil
+	})
+}
+
+// WithAging makes waiting raise a request's rank: a request that has waited
+// d outranks a fresh one a level above it (a Batch request that has waited
+// 2d outranks a fresh Interactive one). It guards lower levels against
+// starvation at the cost of higher levels' wait. 0, the default, disables
+// aging: strict priority.
+func WithAging(d time.Duration) Option {
+	return optionFunc(func(c *config) error {
+		if d < 0 {
+			return invalid("WithAging(%v): must not be negative", d)
+		}
+		c.aging = d
+		return nil
+	})
+}
+
+// WithLowShare gives every n-th grant of a lane to the lowest waiting level
+// when a level below the best waiter's is waiting, so lower levels receive at
+// least 1/n of the rate under any load from above. n must be at least 2. By
+// default no share is reserved: strict priority.
+func WithLowShare(n int) Option {
+	return optionFunc(func(c *config) error {
+		if n < 2 {
+			return invalid("WithLowShare(%d): n must be at least 2", n)
+		}
+		c.lowShare = n
+		return nil
+	})
+}
+
+// WithMaxWait refuses a request of level p at once, with a *RejectedError of
+// Reason ReasonMaxWait, when its estimated wait exceeds d. By default only
+// the context's deadline bounds the wait.
+func WithMaxWait(p Priority, d time.Duration) Option {
+	return optionFunc(func(c *config) error {
+		if !p.valid() {
+			return invalid("WithMaxWait(%v, %v): unknown priority", p, d)
+		}
+		if d <= 0 {
+			return invalid("WithMaxWait(%v, %v): must be positive", p, d)
+		}
+		c.maxWait[p] = d
+		return nil
+	})
+}
+
+// WithRetry sets how many attempts may follow the first; 0 disables retries.
+// Default DefaultRetries (2).
+func WithRetry(max int) Option {
+	return optionFunc(func(c *config) error {
+		if max < 0 {
+			return invalid("WithRetry(%d): must not be negative", max)
+		}
+		c.retries = max
+		return nil
+	})
+}
+
+// WithRetryPolicy sets the policy that decides whether an attempt is retried.
+// sluice's own safety rules apply on top of it: bodies that cannot be
+// replayed are never retried, and non-idempotent methods only on 429 and 503.
+// Default: retryablehttp.DefaultRetryPolicy.
+func WithRetryPolicy(p retryablehttp.CheckRetry) Option {
+	return optionFunc(func(c *config) error {
+		if p == nil {
+			return invalid("WithRetryPolicy(nil)")
+		}
+		c.checkRetry = p
+		return nil
+	})
+}
+
+// WithBackoff sets how long to wait before a retry when the server named no
+// time. Default: exponential with full jitter, capped by the request's
+// deadline.
+func WithBackoff(b retryablehttp.Backoff) Option {
+	return optionFunc(func(c *config) error {
+		if b == nil {
+			return invalid("WithBackoff(nil)")
+		}
+		c.backoff = b
+		return nil
+	})
+}
+
+// WithMaxRetryAfter caps how long a server's Retry-After or rate-limit reset
+// may pause a lane. Default DefaultMaxRetryAfter (10 minutes).
+func WithMaxRetryAfter(d time.Duration) Option {
+	return optionFunc(func(c *config) error {
+		if d <= 0 {
+			return invalid("WithMaxRetryAfter(%v): must be positive", d)
+		}
+		c.maxRetryAfter = d
+		return nil
+	})
+}
+
+// WithKey sets which budget (lane) a request draws on. Requests with the same
+// key share one rate, one queue and one in-flight limit. Default: the URL's
+// host. A lane lives as long as the Transport, so keys should come from a
+// bounded set (hosts, API keys), not from per-request values.
+func WithKey(f func(*http.Request) string) Option {
+	return optionFunc(func(c *config) error {
+		if f == nil {
+			return invalid("WithKey(nil)")
+		}
+		c.key = f
+		return nil
+	})
+}
+
+// WithLogger sets where sluice logs (cooldowns, limit changes at debug
+// level). Default: nowhere.
+func WithLogger(l *slog.Logger) Option {
+	return optionFunc(func(c *config) error {
+		if l == nil {
+			return invalid("WithLogger(nil)")
+		}
+		c.logger = l
+		return nil
+	})
+}
+
+func (c *config) validate() error {
+	if c.rateN > 0 {
+		if r := c.perSecond(); math.IsInf(r, 0) || math.IsNaN(r) || r > 1e9 {
+			return invalid("WithRate(%d, %v): %v per second is out of range", c.rateN, c.ratePer, r)
+		}
+	}
+	return nil
+}

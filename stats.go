@@ -1,0 +1,91 @@
+package sluice
+
+import (
+	"slices"
+	"strings"
+	"time"
+)
+
+// Stats is a snapshot of a Transport's lanes, sorted by key.
+type Stats struct {
+	Lanes []LaneStats
+}
+
+// Lane returns the stats of the lane with the given key, and whether it exists.
+func (s Stats) Lane(key string) (LaneStats, bool) {
+	for _, l := range s.Lanes {
+		if l.Key == key {
+			return l, true
+		}
+	}
+	return LaneStats{}, false
+}
+
+// LaneStats is a snapshot of one lane. Counters count since the lane was
+// created.
+type LaneStats struct {
+	Key      string
+	Rate     float64   // tokens per second the lane paces to now; 0 if not paced
+	InFlight int       // attempts sent and not finished
+	Limit    int       // the in-flight limit
+	Cooldown time.Time // nothing is sent before this; zero if not cooling down
+
+	// Levels is indexed by Priority.
+	Levels [numLevels]LevelStats
+}
+
+// LevelStats is a snapshot of one priority level of a lane.
+type LevelStats struct {
+	Queued    int    // waiting now
+	Granted   uint64 // attempts granted a token and a slot
+	Cancelled uint64 // waiters whose context ended before they were sent
+	// Refused counts early refusals, indexed by Reason.
+	Refused [numReasons]uint64
+	// WaitP50 and WaitP99 are quantiles of the time from enqueue to grant
+	// over all granted attempts (within about 6%).
+	WaitP50, WaitP99 time.Duration
+	// OldestWait is how long the longest-waiting queued request has waited
+	// (since its first attempt), or 0.
+	OldestWait time.Duration
+}
+
+// Stats returns a snapshot of every lane. It takes each lane's lock briefly,
+// one at a time, and allocates only the result: calling it every second is
+// cheap.
+func (t *Transport) Stats() Stats {
+	lanes := *t.lanes.Load()
+	s := Stats{Lanes: make([]LaneStats, 0, len(lanes))}
+	for _, l := range lanes {
+		s.Lanes = append(s.Lanes, l.stats())
+	}
+	slices.SortFunc(s.Lanes, func(a, b LaneStats) int { return strings.Compare(a.Key, b.Key) })
+	return s
+}
+
+func (l *lane) stats() LaneStats {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	now := l.now()
+	ls := LaneStats{
+		Key:      l.key,
+		InFlight: l.slot.inUse,
+		Limit:    l.slot.limit,
+	}
+	if l.lim != nil {
+		ls.Rate = float64(l.lim.Limit())
+	}
+	if now.Before(l.cooldown) {
+		ls.Cooldown = l.cooldown
+	}
+	for p := range ls.Levels {
+		c := &l.levels[p]
+		lv := &ls.Levels[p]
+		lv.Queued = len(l.q.levels[p])
+		lv.Granted, lv.Cancelled, lv.Refused = c.granted, c.cancelled, c.refused
+		lv.WaitP50, lv.WaitP99 = c.wait.Quantile(0.5), c.wait.Quantile(0.99)
+		if enq, ok := l.q.oldest(Priority(p)); ok {
+			lv.OldestWait = now.Sub(enq)
+		}
+	}
+	return ls
+}

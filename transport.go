@@ -1,0 +1,177 @@
+// Package sluice is an http.RoundTripper for calling APIs that publish a
+// rate limit. It paces requests to the allowance, bounds what is in flight,
+// serves interactive requests ahead of batch ones, and obeys what the server
+// says about its limits.
+//
+//	tr, err := sluice.New(nil, sluice.WithRate(500, time.Minute))
+//	if err != nil { ... }
+//	client := &http.Client{Transport: tr}
+//
+// Each request draws on a lane, one per key (by default the URL's host). An
+// attempt first waits for a token from the lane's token bucket, then for an
+// in-flight slot; waiters are served by priority (see WithPriority), FIFO
+// within a level.
+package sluice
+
+import (
+	"errors"
+	"io"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Transport is an http.RoundTripper that paces and orders requests before
+// handing them to a base RoundTripper. Create one with New; the zero value is
+// not usable. A Transport is safe for concurrent use by multiple goroutines,
+// and, like http.Transport, should be reused rather than created per request.
+//
+// A Transport starts no goroutine of its own: a lane runs one dispatcher
+// goroutine only while requests are waiting in it.
+type Transport struct {
+	base http.RoundTripper
+	cfg  config
+
+	// lanes is a copy-on-write map: lookups, on every request, are an atomic
+	// load and a map read; creating a lane, once per key, copies the map under
+	// mu.
+	lanes atomic.Pointer[map[string]*lane]
+	mu    sync.Mutex
+}
+
+// New returns a Transport that sends requests through base, or through
+// http.DefaultTransport if base is nil. It returns an error wrapping
+// ErrInvalidOption that names the option and value if any option is invalid.
+func New(base http.RoundTripper, opts ...Option) (*Transport, error) {
+	if base == nil {
+		base = http.DefaultTransport
+	}
+	t := &Transport{base: base, cfg: defaultConfig()}
+	for i, o := range opts {
+		if o == nil {
+			return nil, invalid("option %d is nil", i)
+		}
+		if err := o.apply(&t.cfg); err != nil {
+			return nil, err
+		}
+	}
+	if err := t.cfg.validate(); err != nil {
+		return nil, err
+	}
+	m := make(map[string]*lane)
+	t.lanes.Store(&m)
+	return t, nil
+}
+
+// lane returns the lane for key, creating it on first use.
+func (t *Transport) lane(key string) *lane {
+	if l, ok := (*t.lanes.Load())[key]; ok {
+		return l
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	old := *t.lanes.Load()
+	if l, ok := old[key]; ok {
+		return l
+	}
+	m := make(map[string]*lane, len(old)+1)
+	for k, v := range old {
+		m[k] = v
+	}
+	l := newLane(key, &t.cfg)
+	m[key] = l
+	t.lanes.Store(&m)
+	return l
+}
+
+var (
+	errNilRequest = errors.New("sluice: nil Request")
+	errNilURL     = errors.New("sluice: nil Request.URL")
+)
+
+// RoundTrip sends req through the lane its key selects, once the lane grants
+// it a token and an in-flight slot. It keeps the http.RoundTripper contract:
+// req is not modified, its body is closed even on error, and a response comes
+// with a nil error. An error is the context's error if the request was
+// cancelled while waiting, a *RejectedError if it was refused because it
+// could not be served in time, or the base transport's error.
+//
+// The in-flight slot is held until the response body is read to EOF or
+// closed, so callers must close response bodies, as net/http requires.
+func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	if req == nil {
+		return nil, errNilRequest
+	}
+	if req.URL == nil {
+		closeBody(req)
+		return nil, errNilURL
+	}
+	l := t.lane(t.cfg.key(req))
+	p := PriorityFrom(req.Context())
+	return t.attempt(l, req, p, time.Time{})
+}
+
+// attempt makes one attempt of req through l: it waits for a grant, sends,
+// and wraps the response body so that the slot is released when it is done.
+func (t *Transport) attempt(l *lane, req *http.Request, p Priority, enq time.Time) (*http.Response, error) {
+	ctx := req.Context()
+	if _, err := l.acquire(ctx, p, enq); err != nil {
+		closeBody(req)
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		// Cancelled between grant and send: nothing was sent, so the token
+		// and the slot go back.
+		l.refund()
+		closeBody(req)
+		return nil, err
+	}
+	resp, err := t.base.RoundTrip(req)
+	if err != nil {
+		l.release()
+		return nil, err
+	}
+	// A protocol switch keeps the connection for as long as it lives; it is
+	// not a request in flight, and its body must stay writable.
+	if resp.StatusCode == http.StatusSwitchingProtocols || resp.Body == nil || resp.Body == http.NoBody {
+		l.release()
+		return resp, nil
+	}
+	resp.Body = &body{rc: resp.Body, l: l}
+	return resp, nil
+}
+
+func closeBody(req *http.Request) {
+	if req.Body != nil {
+		req.Body.Close()
+	}
+}
+
+// body releases its attempt's slot when it is read to EOF or closed,
+// whichever comes first.
+type body struct {
+	rc   io.ReadCloser
+	l    *lane
+	done atomic.Bool
+}
+
+func (b *body) Read(p []byte) (int, error) {
+	n, err := b.rc.Read(p)
+	if err != nil {
+		b.finish()
+	}
+	return n, err
+}
+
+func (b *body) Close() error {
+	err := b.rc.Close()
+	b.finish()
+	return err
+}
+
+func (b *body) finish() {
+	if b.done.CompareAndSwap(false, true) {
+		b.l.release()
+	}
+}
