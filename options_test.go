@@ -1,0 +1,74 @@
+package sluice
+
+import (
+	"errors"
+	"math"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestNewRejectsBadOptions(t *testing.T) {
+	tests := []struct {
+		opt  Option
+		want string // must appear in the error: the option and the bad value
+	}{
+		{WithRate(0, time.Second), "WithRate(0, 1s)"},
+		{WithRate(-5, time.Second), "WithRate(-5, 1s)"},
+		{WithRate(10, 0), "WithRate(10, 0s)"},
+		{WithRate(10, -time.Second), "WithRate(10, -1s)"},
+		{WithRate(math.MaxInt, time.Nanosecond), "out of range"},
+		{WithBurst(0), "WithBurst(0)"},
+		{WithHeadroom(0), "WithHeadroom(0)"},
+		{WithHeadroom(1.5), "WithHeadroom(1.5)"},
+		{WithHeadroom(math.NaN()), "WithHeadroom(NaN)"},
+		{WithConcurrency(0, 4), "WithConcurrency(0, 4)"},
+		{WithConcurrency(5, 4), "WithConcurrency(5, 4)"},
+		{WithAging(-time.Second), "WithAging(-1s)"},
+		{WithLowShare(1), "WithLowShare(1)"},
+		{WithLowShare(0), "WithLowShare(0)"},
+		{WithMaxWait(Priority(7), time.Second), "WithMaxWait(Priority(7), 1s)"},
+		{WithMaxWait(Batch, 0), "WithMaxWait(batch, 0s)"},
+		{WithRetry(-1), "WithRetry(-1)"},
+		{WithRetryPolicy(nil), "WithRetryPolicy(nil)"},
+		{WithBackoff(nil), "WithBackoff(nil)"},
+		{WithMaxRetryAfter(0), "WithMaxRetryAfter(0s)"},
+		{WithKey(nil), "WithKey(nil)"},
+		{WithLogger(nil), "WithLogger(nil)"},
+		{nil, "option 0 is nil"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.want, func(t *testing.T) {
+			tr, err := New(nil, tt.opt)
+			if err == nil {
+				t.Fatalf("New accepted it: %+v", tr)
+			}
+			if !errors.Is(err, ErrInvalidOption) {
+				t.Errorf("error %q does not match ErrInvalidOption", err)
+			}
+			if !strings.Contains(err.Error(), tt.want) || !strings.HasPrefix(err.Error(), "sluice: ") {
+				t.Errorf("error %q does not name %q", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestNewDefaults(t *testing.T) {
+	tr := mustNew(t, nil, WithRate(500, time.Minute))
+	if tr.base != http.DefaultTransport {
+		t.Errorf("nil base: got %T, want http.DefaultTransport", tr.base)
+	}
+	c := tr.cfg
+	if c.burst != DefaultBurst || c.headroom != DefaultHeadroom || c.minConc != DefaultMinConcurrency ||
+		c.maxConc != DefaultMaxConcurrency || c.retries != DefaultRetries || c.maxRetryAfter != DefaultMaxRetryAfter {
+		t.Errorf("defaults not applied: %+v", c)
+	}
+	if got, want := c.perSecond(), 500.0/60; math.Abs(got-want) > 1e-9 {
+		t.Errorf("perSecond = %v, want %v", got, want)
+	}
+	tr = mustNew(t, nil, WithRate(500, time.Minute), WithHeadroom(0.8))
+	if got, want := tr.cfg.perSecond(), 500.0/60*0.8; math.Abs(got-want) > 1e-9 {
+		t.Errorf("perSecond with headroom = %v, want %v", got, want)
+	}
+}

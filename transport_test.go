@@ -1,0 +1,508 @@
+package sluice
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+)
+
+// trackBody records whether it was closed.
+type trackBody struct {
+	io.Reader
+	closed atomic.Bool
+}
+
+func (b *trackBody) Close() error { b.closed.Store(true); return nil }
+
+func TestRoundTripNilRequest(t *testing.T) {
+	tr := mustNew(t, &fakeBase{})
+	if _, err := tr.RoundTrip(nil); err == nil || !strings.HasPrefix(err.Error(), "sluice: ") {
+		t.Errorf("nil request: err = %v", err)
+	}
+	b := &trackBody{Reader: strings.NewReader("x")}
+	if _, err := tr.RoundTrip(&http.Request{Method: "POST", Body: b}); err == nil {
+		t.Error("nil URL: no error")
+	}
+	if !b.closed.Load() {
+		t.Error("nil URL: body not closed")
+	}
+}
+
+func TestRoundTripDoesNotMutateRequest(t *testing.T) {
+	tr := mustNew(t, &fakeBase{}, WithRate(100, time.Second))
+	req, _ := http.NewRequest("GET", "http://api.test/a?b=c", nil)
+	req.Header.Set("X-Test", "1")
+	before := *req
+	hdr := req.Header.Clone()
+	resp, err := tr.RoundTrip(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if req.URL != before.URL || req.Body != before.Body || req.Host != before.Host || req.Method != before.Method {
+		t.Error("request fields changed")
+	}
+	if len(req.Header) != len(hdr) || req.Header.Get("X-Test") != "1" {
+		t.Errorf("headers changed: %v", req.Header)
+	}
+}
+
+func TestRoundTripClosesBodyWhenRefused(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr := mustNew(t, &fakeBase{}, WithRate(1, time.Second), WithMaxWait(Normal, 100*time.Millisecond))
+		if err := get(t.Context(), tr, ""); err != nil { // takes the only token
+			t.Fatal(err)
+		}
+		b := &trackBody{Reader: strings.NewReader("payload")}
+		req, _ := http.NewRequest("POST", "http://api.test/x", b)
+		_, err := tr.RoundTrip(req)
+		if !errors.Is(err, ErrRejected) {
+			t.Fatalf("err = %v, want ErrRejected", err)
+		}
+		if !b.closed.Load() {
+			t.Error("request body not closed on refusal")
+		}
+	})
+}
+
+// TestPacing: requests arrive at the base exactly one interval apart, and a
+// caller waiting for the clock holds no slot.
+func TestPacing(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		base := &fakeBase{}
+		tr := mustNew(t, base, WithRate(10, time.Second))
+		start := time.Now()
+		var wg sync.WaitGroup
+		for range 20 {
+			wg.Go(func() {
+				if err := get(t.Context(), tr, ""); err != nil {
+					t.Error(err)
+				}
+			})
+		}
+		synctest.Wait()
+		if s, _ := tr.Stats().Lane("api.test"); s.InFlight != 0 || s.Levels[Normal].Queued != 19 {
+			t.Errorf("while waiting for the clock: in flight %d (want 0), queued %d (want 19)", s.InFlight, s.Levels[Normal].Queued)
+		}
+		wg.Wait()
+		ts := base.times()
+		for i, at := range ts {
+			if want := time.Duration(i) * 100 * time.Millisecond; at.Sub(start) != want {
+				t.Errorf("request %d arrived at %v, want %v", i, at.Sub(start), want)
+			}
+		}
+	})
+}
+
+// TestNeverOverRate hammers one lane from thousands of goroutines that
+// arrive at random moments, and checks that the base never sees more than
+// rate x T + burst requests in any window T.
+func TestNeverOverRate(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const (
+			perSec  = 200
+			burst   = 5
+			callers = 3000
+		)
+		base := &fakeBase{latency: 3 * time.Millisecond}
+		tr := mustNew(t, base, WithRate(perSec, time.Second), WithBurst(burst))
+		var wg sync.WaitGroup
+		for i := range callers {
+			wg.Go(func() {
+				// Spread arrivals over about 10 s with gaps, so the bucket
+				// refills and bursts are exercised too.
+				time.Sleep(time.Duration((i*7919)%10000) * time.Millisecond)
+				ctx := t.Context()
+				if i%10 == 0 {
+					var cancel context.CancelFunc
+					ctx, cancel = context.WithTimeout(ctx, time.Duration(i%97)*time.Millisecond)
+					defer cancel()
+				}
+				get(WithPriority(ctx, Priority(i%3)), tr, "")
+			})
+		}
+		wg.Wait()
+		ts := base.times()
+		if len(ts) < callers*8/10 {
+			t.Fatalf("only %d of %d requests sent", len(ts), callers)
+		}
+		for _, w := range []time.Duration{0, time.Millisecond, 10 * time.Millisecond, 100 * time.Millisecond, time.Second, 5 * time.Second} {
+			limit := int(perSec*w.Seconds()) + burst
+			if got := maxInWindow(ts, w); got > limit {
+				t.Errorf("window %v: %d requests, limit %d", w, got, limit)
+			}
+		}
+		s, _ := tr.Stats().Lane("api.test")
+		if s.InFlight != 0 {
+			t.Errorf("in flight after all done: %d", s.InFlight)
+		}
+	})
+}
+
+// TestSlotHeldUntilBodyDone: the in-flight limit counts attempts whose body
+// is not yet read to EOF or closed.
+func TestSlotHeldUntilBodyDone(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		base := &fakeBase{}
+		tr := mustNew(t, base, WithConcurrency(2, 2))
+		var resps []*http.Response
+		for range 2 {
+			req, _ := http.NewRequest("GET", "http://api.test/", nil)
+			resp, err := tr.RoundTrip(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resps = append(resps, resp)
+		}
+		third := make(chan error)
+		go func() { third <- get(t.Context(), tr, "") }()
+		synctest.Wait()
+		select {
+		case err := <-third:
+			t.Fatalf("third request finished while two bodies were open: %v", err)
+		default:
+		}
+		io.ReadAll(resps[0].Body) // EOF releases the slot
+		if err := <-third; err != nil {
+			t.Fatal(err)
+		}
+		resps[1].Body.Close()
+		resps[0].Body.Close() // a second release must not free another slot
+		if s, _ := tr.Stats().Lane("api.test"); s.InFlight != 0 || s.Limit != 2 {
+			t.Errorf("in flight %d limit %d, want 0 and 2", s.InFlight, s.Limit)
+		}
+	})
+}
+
+// TestBaseErrorReleasesSlot: a failed attempt does not keep its slot.
+func TestBaseErrorReleasesSlot(t *testing.T) {
+	fail := errors.New("boom")
+	tr := mustNew(t, rtFunc(func(*http.Request) (*http.Response, error) { return nil, fail }), WithConcurrency(1, 1), WithRetry(0))
+	for range 3 {
+		if err := get(context.Background(), tr, ""); !errors.Is(err, fail) {
+			t.Fatalf("err = %v, want %v", err, fail)
+		}
+	}
+	if s, _ := tr.Stats().Lane("api.test"); s.InFlight != 0 {
+		t.Errorf("in flight = %d", s.InFlight)
+	}
+}
+
+type rtFunc func(*http.Request) (*http.Response, error)
+
+func (f rtFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// TestCancelWhileQueued: a waiter whose context ends leaves at once with the
+// context's error and is never sent.
+func TestCancelWhileQueued(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		base := &fakeBase{}
+		tr := mustNew(t, base, WithRate(1, time.Second))
+		get(t.Context(), tr, "") // takes the token
+		ctx, cancel := context.WithCancel(t.Context())
+		errc := make(chan error)
+		go func() { errc <- get(ctx, tr, "") }()
+		synctest.Wait()
+		cancel()
+		if err := <-errc; !errors.Is(err, context.Canceled) {
+			t.Fatalf("err = %v, want context.Canceled", err)
+		}
+		s, _ := tr.Stats().Lane("api.test")
+		if s.Levels[Normal].Queued != 0 || s.Levels[Normal].Cancelled != 1 {
+			t.Errorf("queued %d cancelled %d, want 0 and 1", s.Levels[Normal].Queued, s.Levels[Normal].Cancelled)
+		}
+		time.Sleep(5 * time.Second)
+		if n := len(base.times()); n != 1 {
+			t.Errorf("base saw %d requests, want 1", n)
+		}
+		// The cancelled waiter used no token: the next request, one second
+		// after the first, goes at once.
+		at := time.Now()
+		get(t.Context(), tr, "")
+		if ts := base.times(); ts[len(ts)-1] != at {
+			t.Errorf("next request waited %v", ts[len(ts)-1].Sub(at))
+		}
+	})
+}
+
+// TestGrantVersusCancel cancels waiters at the exact instant their token is
+// due, many times over, and checks that every grant that lost the race was
+// given back: afterwards the lane has no slot in use and still paces at the
+// configured rate.
+func TestGrantVersusCancel(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		base := &fakeBase{}
+		tr := mustNew(t, base, WithRate(10, time.Second), WithConcurrency(1, 1))
+		var sent, cancelled atomic.Int64
+		for round := range 50 {
+			start := time.Now()
+			get(t.Context(), tr, "") // empties the bucket
+			var wg sync.WaitGroup
+			for i := range 4 {
+				wg.Go(func() {
+					// Deadlines at, just before and just after the token time.
+					d := 100*time.Millisecond + time.Duration(i-1)*time.Nanosecond*time.Duration(round%3)
+					ctx, cancel := context.WithDeadlineCause(t.Context(), start.Add(d), errors.New("raced"))
+					defer cancel()
+					// Avoid the early refusal so that the waiter queues.
+					ctx = context.WithoutCancel(ctx)
+					ctx, cancel2 := context.WithCancel(ctx)
+					defer cancel2()
+					go func() { <-time.After(time.Until(start.Add(d))); cancel2() }()
+					if err := get(ctx, tr, ""); err == nil {
+						sent.Add(1)
+					} else {
+						cancelled.Add(1)
+					}
+				})
+			}
+			wg.Wait()
+			time.Sleep(time.Second) // refill
+		}
+		if got := int64(len(base.times())) - 50; got != sent.Load() {
+			t.Errorf("base saw %d raced requests, callers saw %d succeed", got, sent.Load())
+		}
+		t.Logf("raced waiters: %d sent, %d cancelled", sent.Load(), cancelled.Load())
+		if cancelled.Load() == 0 || sent.Load() == 0 {
+			t.Errorf("race not exercised: sent %d cancelled %d", sent.Load(), cancelled.Load())
+		}
+		s, _ := tr.Stats().Lane("api.test")
+		if s.InFlight != 0 {
+			t.Errorf("slots leaked: in flight %d", s.InFlight)
+		}
+		// The bucket is full again (1 token): one request goes at once, the
+		// next one interval later.
+		t0 := time.Now()
+		get(t.Context(), tr, "")
+		get(t.Context(), tr, "")
+		ts := base.times()
+		if d := ts[len(ts)-1].Sub(t0); d != 100*time.Millisecond {
+			t.Errorf("after the races, second request went after %v, want 100ms", d)
+		}
+	})
+}
+
+// TestCancelAfterGrantRefundsToken: a request cancelled between its grant
+// and its send gives the token back.
+func TestCancelAfterGrantRefundsToken(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		base := &fakeBase{}
+		tr := mustNew(t, base, WithRate(1, time.Minute))
+		l := tr.lane("api.test")
+		ctx, cancel := context.WithCancel(t.Context())
+		if _, err := l.acquire(ctx, Normal, time.Time{}); err != nil {
+			t.Fatal(err)
+		}
+		cancel()
+		// What attempt does when it finds the context ended after the grant.
+		l.refund()
+		at := time.Now()
+		if err := get(t.Context(), tr, ""); err != nil {
+			t.Fatal(err)
+		}
+		if ts := base.times(); len(ts) != 1 || ts[0] != at {
+			t.Errorf("the refunded token was not reused: arrivals %v", ts)
+		}
+		// And the refund did not make a second token out of nothing.
+		ctx2, cancel2 := context.WithTimeout(t.Context(), 30*time.Second)
+		defer cancel2()
+		if err := get(ctx2, tr, ""); !errors.Is(err, ErrRejected) {
+			t.Errorf("err = %v, want a refusal (next token in 60s)", err)
+		}
+	})
+}
+
+func TestEarlyRefusal(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		base := &fakeBase{}
+		tr := mustNew(t, base, WithRate(10, time.Second), WithMaxWait(Batch, 250*time.Millisecond))
+		var wg sync.WaitGroup
+		for range 5 { // a queue: 1 sent at once, 4 waiting = 400 ms of backlog
+			wg.Go(func() { get(t.Context(), tr, "") })
+		}
+		synctest.Wait()
+
+		ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
+		defer cancel()
+		err := get(ctx, tr, "")
+		var rej *RejectedError
+		if !errors.As(err, &rej) {
+			t.Fatalf("err = %v, want *RejectedError", err)
+		}
+		if !errors.Is(err, ErrRejected) || !errors.Is(err, context.DeadlineExceeded) || rej.Reason != ReasonDeadline {
+			t.Errorf("deadline refusal %v: reason %v", err, rej.Reason)
+		}
+		if rej.Wait != 500*time.Millisecond || rej.RetryAfter != rej.Wait {
+			t.Errorf("estimate %v retry after %v, want 500ms", rej.Wait, rej.RetryAfter)
+		}
+
+		err = get(WithPriority(t.Context(), Batch), tr, "")
+		if !errors.As(err, &rej) || rej.Reason != ReasonMaxWait || errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("max-wait refusal: %v", err)
+		}
+		// An Interactive request jumps the queue: its estimate is one token.
+		ctx, cancel = context.WithTimeout(WithPriority(t.Context(), Interactive), 150*time.Millisecond)
+		defer cancel()
+		if err := get(ctx, tr, ""); err != nil {
+			t.Errorf("interactive request refused: %v", err)
+		}
+		wg.Wait()
+		s, _ := tr.Stats().Lane("api.test")
+		if s.Levels[Normal].Refused[ReasonDeadline] != 1 || s.Levels[Batch].Refused[ReasonMaxWait] != 1 {
+			t.Errorf("refusal counters: %+v", s.Levels)
+		}
+	})
+}
+
+// TestLanesIndependent: a lane that is stalled never delays another.
+func TestLanesIndependent(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		base := &fakeBase{}
+		tr := mustNew(t, base, WithRate(1, time.Second))
+		slow := tr.lane("slow.test")
+		slow.mu.Lock()
+		slow.cooldown = time.Now().Add(time.Hour)
+		slow.mu.Unlock()
+		ctx, cancel := context.WithCancel(t.Context())
+		stalled := make(chan error)
+		go func() {
+			req, _ := http.NewRequestWithContext(ctx, "GET", "http://slow.test/", nil)
+			_, err := tr.RoundTrip(req)
+			stalled <- err
+		}()
+		start := time.Now()
+		for range 3 {
+			if err := get(t.Context(), tr, ""); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if d := time.Since(start); d != 2*time.Second {
+			t.Errorf("fast lane took %v for 3 requests at 1/s, want 2s", d)
+		}
+		cancel()
+		if err := <-stalled; !errors.Is(err, context.Canceled) {
+			t.Errorf("stalled request: %v", err)
+		}
+		if keys := len(tr.Stats().Lanes); keys != 2 {
+			t.Errorf("%d lanes, want 2", keys)
+		}
+	})
+}
+
+func TestWithKey(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		base := &fakeBase{}
+		tr := mustNew(t, base, WithRate(1, time.Second), WithKey(func(r *http.Request) string { return r.Header.Get("X-Class") }))
+		start := time.Now()
+		for _, k := range []string{"a", "b", "c"} {
+			get(t.Context(), tr, k)
+		}
+		for _, at := range base.times() {
+			if at != start {
+				t.Errorf("distinct keys should not wait for each other: %v", at.Sub(start))
+			}
+		}
+		if n := len(tr.Stats().Lanes); n != 3 {
+			t.Errorf("lanes = %d, want 3", n)
+		}
+	})
+}
+
+// TestIdleTransportRunsNoGoroutine: the dispatcher exits when the queue drains.
+func TestIdleTransportRunsNoGoroutine(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr := mustNew(t, &fakeBase{}, WithRate(100, time.Second))
+		var wg sync.WaitGroup
+		for range 50 {
+			wg.Go(func() { get(t.Context(), tr, "") })
+		}
+		wg.Wait()
+		synctest.Wait()
+		l := tr.lane("api.test")
+		l.mu.Lock()
+		running := l.dispatching
+		l.mu.Unlock()
+		if running {
+			t.Error("dispatcher still running on an idle lane")
+		}
+		// synctest.Test itself fails if any goroutine of the bubble is left.
+	})
+}
+
+func TestUnpacedLaneBoundsConcurrency(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		base := &fakeBase{latency: time.Second}
+		tr := mustNew(t, base, WithConcurrency(3, 3))
+		var wg sync.WaitGroup
+		for range 9 {
+			wg.Go(func() { get(t.Context(), tr, "") })
+		}
+		wg.Wait()
+		if base.maxIn != 3 {
+			t.Errorf("max in flight %d, want 3", base.maxIn)
+		}
+	})
+}
+
+
+// TestGrantWinsRaceWithCancel drives the race deterministically, both ways:
+// the grant is made under the lane's lock while the context is cancelled,
+// so the waiter either wakes for its grant and then finds its context done,
+// or wakes for its context and then finds itself granted. Both outcomes must
+// leave the lane whole.
+func TestGrantWinsRaceWithCancel(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr := mustNew(t, &fakeBase{}, WithRate(1, time.Hour), WithConcurrency(1, 1))
+		l := tr.lane("k")
+		var outcomes [2]int
+		for i := range 200 {
+			l.mu.Lock()
+			l.lim.AllowN(l.now(), 1) // empty the bucket so the waiter queues
+			l.mu.Unlock()
+			ctx, cancel := context.WithCancel(t.Context())
+			errc := make(chan error)
+			go func() {
+				_, err := l.acquire(ctx, Normal, time.Time{})
+				errc <- err
+			}()
+			synctest.Wait() // queued, blocked in select
+			l.mu.Lock()
+			w := l.q.pop()
+			w.granted = true
+			l.lim.AllowN(l.now(), -1) // as if the token had been earned
+			l.lim.AllowN(l.now(), 1)
+			l.slot.take()
+			if i%2 == 0 {
+				close(w.ready)
+				cancel()
+			} else {
+				cancel() // the waiter wakes and blocks on l.mu
+				close(w.ready)
+			}
+			l.mu.Unlock()
+			if err := <-errc; err == nil {
+				outcomes[0]++
+				l.refund() // what attempt does on finding ctx done after the grant
+			} else {
+				outcomes[1]++
+			}
+			l.mu.Lock()
+			inUse, tokens, queued := l.slot.inUse, l.lim.TokensAt(l.now()), l.q.len()
+			l.mu.Unlock()
+			if inUse != 0 || tokens < 0.999 || queued != 0 {
+				t.Fatalf("after race: in use %d, tokens %.3f, queued %d", inUse, tokens, queued)
+			}
+			synctest.Wait() // the dispatcher exits
+		}
+		if outcomes[0] == 0 || outcomes[1] == 0 {
+			t.Errorf("only one side of the race ran: %v", outcomes)
+		}
+	})
+}
