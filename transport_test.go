@@ -451,7 +451,6 @@ func TestUnpacedLaneBoundsConcurrency(t *testing.T) {
 	})
 }
 
-
 // TestGrantWinsRaceWithCancel drives the race deterministically, both ways:
 // the grant is made under the lane's lock while the context is cancelled,
 // so the waiter either wakes for its grant and then finds its context done,
