@@ -1,0 +1,150 @@
+package sluice
+
+import (
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+)
+
+// seedRun is one run of the scenario of seeds/000: a lane at 100 permits/s,
+// a batch queued at t=0, interactive calls arriving at a steady rate for 10 s.
+type seedRun struct {
+	name      string
+	opts      []Option
+	interRate int  // interactive calls per second
+	batch     int  // batch calls queued at t=0
+	fifo      bool // both classes at one level
+	seed      string
+}
+
+type seedResult struct {
+	interWaits   []time.Duration
+	interIn10    int // interactive calls sent within the 10 s
+	batchIn10    int // batch calls sent within the 10 s
+	batchDoneAt  time.Duration
+	statsP99     time.Duration
+	interOffered int
+}
+
+func (r seedRun) run(t *testing.T) seedResult {
+	var res seedResult
+	synctest.Test(t, func(t *testing.T) {
+		base := &fakeBase{}
+		tr := mustNew(t, base, append([]Option{WithRate(100, time.Second)}, r.opts...)...)
+		start := time.Now()
+		interLevel, batchLevel := Interactive, Batch
+		if r.fifo {
+			interLevel, batchLevel = Normal, Normal
+		}
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		for range r.batch {
+			wg.Go(func() {
+				if err := get(WithPriority(t.Context(), batchLevel), tr, "batch"); err != nil {
+					t.Error(err)
+				}
+				mu.Lock()
+				res.batchDoneAt = max(res.batchDoneAt, time.Since(start))
+				mu.Unlock()
+			})
+		}
+		synctest.Wait() // the whole batch is queued before the first interactive call
+		res.interOffered = 10 * r.interRate
+		for i := range res.interOffered {
+			time.Sleep(time.Until(start.Add(time.Duration(i) * time.Second / time.Duration(r.interRate))))
+			wg.Go(func() {
+				t0 := time.Now()
+				if err := get(WithPriority(t.Context(), interLevel), tr, "interactive"); err != nil {
+					t.Error(err)
+				}
+				mu.Lock()
+				res.interWaits = append(res.interWaits, time.Since(t0))
+				mu.Unlock()
+			})
+		}
+		wg.Wait()
+		base.mu.Lock()
+		for _, a := range base.arrivals {
+			if a.at.Sub(start) >= 10*time.Second {
+				continue
+			}
+			switch a.class {
+			case "batch":
+				res.batchIn10++
+			case "interactive":
+				res.interIn10++
+			}
+		}
+		base.mu.Unlock()
+		s, _ := tr.Stats().Lane("api.test")
+		res.statsP99 = s.Levels[interLevel].WaitP99
+	})
+	return res
+}
+
+// TestSeedPriorityScenarios reproduces the table of seeds/000 in virtual
+// time through the real Transport, and prints it beside the seed's figures.
+func TestSeedPriorityScenarios(t *testing.T) {
+	runs := []seedRun{
+		{name: "FIFO", fifo: true, interRate: 20, batch: 1000, seed: "8.1 s / 9.99 s, 96 of 200; batch 996"},
+		{name: "strict", interRate: 20, batch: 1000, seed: "1.2 ms / 10.3 ms, 200 of 200; batch 797"},
+		{name: "strict", interRate: 90, batch: 300, seed: "6.2 ms / 10.7 ms; batch 101"},
+		{name: "every 5th to batch", opts: []Option{WithLowShare(5)}, interRate: 90, batch: 300, seed: "617 ms / 1.2 s; batch 200"},
+		{name: "aging 2 s", opts: []Option{WithAging(2 * time.Second)}, interRate: 90, batch: 300, seed: "2.4 s / 2.8 s; batch 300 (done in 4.8 s)"},
+	}
+	var table strings.Builder
+	fmt.Fprintf(&table, "\n%-20s %6s %6s | %-22s %-10s %-12s %-10s | seed (Python, 10 s)\n",
+		"policy", "inter", "batch", "inter p50 / p99", "served<10s", "batch<10s", "batch done")
+	for _, r := range runs {
+		t.Run(fmt.Sprintf("%s/%d-per-s", r.name, r.interRate), func(t *testing.T) {
+			res := r.run(t)
+			p50, p99 := quantile(res.interWaits, 0.5), quantile(res.interWaits, 0.99)
+			fmt.Fprintf(&table, "%-20s %4d/s %6d | %9v / %-10v %4d of %-3d %-12d %-10v | %s\n",
+				r.name, r.interRate, r.batch, p50.Round(time.Millisecond), p99.Round(time.Millisecond),
+				res.interIn10, res.interOffered, res.batchIn10, res.batchDoneAt.Round(time.Millisecond), r.seed)
+
+			if len(res.interWaits) != res.interOffered {
+				t.Fatalf("%d of %d interactive calls returned", len(res.interWaits), res.interOffered)
+			}
+			// Stats agrees with the waits measured by the callers (within its
+			// bucket resolution).
+			if d := res.statsP99 - p99; d > p99/10+time.Millisecond || -d > p99/10+time.Millisecond {
+				t.Errorf("Stats p99 %v, measured %v", res.statsP99, p99)
+			}
+			switch {
+			case r.fifo:
+				// The interactive wait tracks the batch backlog: (1000 - 100t)/100 s
+				// plus the interactive calls ahead, about 6 s at the median.
+				if p50 < 5*time.Second || p50 > 7*time.Second {
+					t.Errorf("FIFO interactive p50 %v, want about 6 s", p50)
+				}
+				if res.interIn10 > 10 {
+					t.Errorf("FIFO served %d interactive calls within 10 s, want almost none", res.interIn10)
+				}
+			case r.interRate == 20:
+				if res.interIn10 != 200 || p99 > 11*time.Millisecond {
+					t.Errorf("strict: %d of 200 served, p99 %v (want all, <= 11 ms)", res.interIn10, p99)
+				}
+				if res.batchIn10 < 790 {
+					t.Errorf("strict: batch got %d permits, want >= 790", res.batchIn10)
+				}
+			case len(r.opts) == 0:
+				if res.batchIn10 < 90 || res.batchIn10 > 110 {
+					t.Errorf("strict at 90/s: batch got %d permits, want about 100", res.batchIn10)
+				}
+			case r.name == "every 5th to batch":
+				if res.batchIn10 < 198 || res.batchIn10 > 202 {
+					t.Errorf("low share 5: batch got %d permits, want 200 +- 2", res.batchIn10)
+				}
+			default: // aging
+				if res.batchIn10 != 300 {
+					t.Errorf("aging: batch got %d permits in 10 s, want all 300", res.batchIn10)
+				}
+			}
+		})
+	}
+	t.Log(table.String())
+}
