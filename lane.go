@@ -31,6 +31,7 @@ type lane struct {
 	kick        chan struct{} // wakes the dispatcher early; capacity 1
 
 	levels [numLevels]levelCounters
+	ctl    controller
 }
 
 type levelCounters struct {
@@ -51,6 +52,7 @@ func newLane(key string, cfg *config) *lane {
 	if r := cfg.perSecond(); r > 0 {
 		l.lim = rate.NewLimiter(rate.Limit(r), cfg.burst)
 	}
+	l.ctl.init(l)
 	return l
 }
 
@@ -228,13 +230,31 @@ func (l *lane) refundLocked() {
 	l.wake()
 }
 
-// release returns an attempt's slot.
-func (l *lane) release() {
+// release returns the slot of an attempt sent at start that finished with
+// status (0: the base transport failed), and feeds the latency to the
+// concurrency controller.
+func (l *lane) release(start time.Time, status int) {
 	l.mu.Lock()
+	now := l.now()
+	l.ctl.onDone(l, now, now.Sub(start), status)
 	if l.slot.put() && l.q.len() > 0 {
 		l.wake()
 	}
 	l.mu.Unlock()
+}
+
+// setLimitLocked sets the in-flight limit, clamped to the configured bounds.
+// Raising it lets the dispatcher serve waiters in priority order; lowering it
+// cancels nothing: in-flight attempts drain. mu must be held.
+func (l *lane) setLimitLocked(n int) {
+	n = max(l.cfg.minConc, min(n, l.cfg.maxConc))
+	if n == l.slot.limit {
+		return
+	}
+	l.cfg.logger.Debug("sluice: in-flight limit changed", "lane", l.key, "from", l.slot.limit, "to", n)
+	if l.slot.resize(n) && l.q.len() > 0 {
+		l.wake()
+	}
 }
 
 // wake makes a running dispatcher re-examine the lane. mu must be held.

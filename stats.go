@@ -30,6 +30,11 @@ type LaneStats struct {
 	Limit    int       // the in-flight limit
 	Cooldown time.Time // nothing is sent before this; zero if not cooling down
 
+	// Latency is the smoothed attempt latency (send to body done) and
+	// Baseline its no-load estimate, as the concurrency controller sees them;
+	// zero until observed.
+	Latency, Baseline time.Duration
+
 	// Levels is indexed by Priority.
 	Levels [numLevels]LevelStats
 }
@@ -77,6 +82,7 @@ func (l *lane) stats() LaneStats {
 	if now.Before(l.cooldown) {
 		ls.Cooldown = l.cooldown
 	}
+	l.ctl.fill(&ls)
 	for p := range ls.Levels {
 		c := &l.levels[p]
 		lv := &ls.Levels[p]

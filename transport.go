@@ -127,19 +127,36 @@ func (t *Transport) attempt(l *lane, req *http.Request, p Priority, enq time.Tim
 		closeBody(req)
 		return nil, err
 	}
+	start := time.Now()
 	resp, err := t.base.RoundTrip(req)
 	if err != nil {
-		l.release()
+		l.release(start, 0)
 		return nil, err
 	}
 	// A protocol switch keeps the connection for as long as it lives; it is
 	// not a request in flight, and its body must stay writable.
 	if resp.StatusCode == http.StatusSwitchingProtocols || resp.Body == nil || resp.Body == http.NoBody {
-		l.release()
+		l.release(start, resp.StatusCode)
 		return resp, nil
 	}
-	resp.Body = &body{rc: resp.Body, l: l}
+	resp.Body = &body{rc: resp.Body, l: l, start: start, status: resp.StatusCode}
 	return resp, nil
+}
+
+// fanoutLimit is how many attempts the Transport lets be in flight now: the
+// sum of its lanes' in-flight limits, or the configured minimum before any
+// lane exists. ForEach reads it to bound its goroutines.
+func (t *Transport) fanoutLimit() int {
+	n := 0
+	for _, l := range *t.lanes.Load() {
+		l.mu.Lock()
+		n += l.slot.limit
+		l.mu.Unlock()
+	}
+	if n == 0 {
+		return t.cfg.minConc
+	}
+	return n
 }
 
 func closeBody(req *http.Request) {
@@ -151,9 +168,11 @@ func closeBody(req *http.Request) {
 // body releases its attempt's slot when it is read to EOF or closed,
 // whichever comes first.
 type body struct {
-	rc   io.ReadCloser
-	l    *lane
-	done atomic.Bool
+	rc     io.ReadCloser
+	l      *lane
+	start  time.Time
+	status int
+	done   atomic.Bool
 }
 
 func (b *body) Read(p []byte) (int, error) {
@@ -172,6 +191,6 @@ func (b *body) Close() error {
 
 func (b *body) finish() {
 	if b.done.CompareAndSwap(false, true) {
-		b.l.release()
+		b.l.release(b.start, b.status)
 	}
 }

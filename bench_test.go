@@ -1,0 +1,134 @@
+package sluice
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sync/semaphore"
+	"golang.org/x/time/rate"
+)
+
+// nopBase answers at once, as cheaply as a RoundTripper can: the cost
+// measured on top of it is sluice's.
+type nopBase struct{}
+
+func (nopBase) RoundTrip(req *http.Request) (*http.Response, error) {
+	return &http.Response{StatusCode: 200, Body: http.NoBody, Request: req}, nil
+}
+
+// bodyBase answers with a body, so sluice wraps it.
+type bodyBase struct{}
+
+func (bodyBase) RoundTrip(req *http.Request) (*http.Response, error) {
+	return &http.Response{StatusCode: 200, Body: io.NopCloser(strings.NewReader("")), Request: req}, nil
+}
+
+// BenchmarkRoundTrip measures sluice's overhead on the fast path (token and
+// slot free, nobody waiting) against the bare base, and against
+// x/time/rate plus x/sync/semaphore composed by hand.
+func BenchmarkRoundTrip(b *testing.B) {
+	req, _ := http.NewRequest("GET", "http://api.test/", nil)
+	for _, base := range []http.RoundTripper{nopBase{}, bodyBase{}} {
+		name := fmt.Sprintf("%T", base)[len("sluice."):]
+		tr := mustNew(b, base, WithRate(1e9, time.Second), WithBurst(1<<30))
+		lim := rate.NewLimiter(1e9, 1<<30)
+		sem := semaphore.NewWeighted(DefaultMaxConcurrency)
+		ctx := context.Background()
+		variants := []struct {
+			name string
+			rt   func() error
+		}{
+			{"bare", func() error { return send(base, req) }},
+			{"sluice", func() error { return send(tr, req) }},
+			{"rate+semaphore", func() error {
+				if err := lim.Wait(ctx); err != nil {
+					return err
+				}
+				if err := sem.Acquire(ctx, 1); err != nil {
+					return err
+				}
+				defer sem.Release(1)
+				return send(base, req)
+			}},
+		}
+		for _, v := range variants {
+			b.Run(name+"/"+v.name, func(b *testing.B) {
+				b.ReportAllocs()
+				for b.Loop() {
+					if err := v.rt(); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+			b.Run(name+"/"+v.name+"/parallel", func(b *testing.B) {
+				b.ReportAllocs()
+				b.RunParallel(func(pb *testing.PB) {
+					for pb.Next() {
+						if err := v.rt(); err != nil {
+							b.Error(err)
+							return
+						}
+					}
+				})
+			})
+		}
+	}
+}
+
+func send(rt http.RoundTripper, req *http.Request) error {
+	resp, err := rt.RoundTrip(req)
+	if err != nil {
+		return err
+	}
+	return resp.Body.Close()
+}
+
+// BenchmarkWaitQueue measures the queue operations at a depth of n waiters:
+// enqueue, grant (pop the best) and cancel (remove from the middle).
+func BenchmarkWaitQueue(b *testing.B) {
+	for _, n := range []int{1_000, 10_000, 100_000} {
+		fill := func() (*waitQueue, []*waiter) {
+			q := &waitQueue{aging: time.Second, lowShare: 5}
+			ws := make([]*waiter, n)
+			t0 := time.Unix(1e9, 0)
+			for i := range ws {
+				ws[i] = &waiter{level: Priority(i % numLevels), enq: t0.Add(time.Duration(i) * time.Millisecond), ready: make(chan struct{})}
+				q.push(ws[i])
+			}
+			return q, ws
+		}
+		b.Run(fmt.Sprintf("enqueue+grant/depth=%d", n), func(b *testing.B) {
+			q, _ := fill()
+			t0 := time.Unix(2e9, 0)
+			i := 0
+			b.ReportAllocs()
+			for b.Loop() {
+				i++
+				q.push(&waiter{level: Priority(i % numLevels), enq: t0.Add(time.Duration(i)), ready: make(chan struct{})})
+				q.pop()
+			}
+		})
+		b.Run(fmt.Sprintf("cancel/depth=%d", n), func(b *testing.B) {
+			q, ws := fill()
+			i := 0
+			for b.Loop() {
+				w := ws[(i*7919)%n]
+				i++
+				q.remove(w)
+				q.push(w) // keep the depth
+			}
+		})
+		b.Run(fmt.Sprintf("bytes-per-waiter/depth=%d", n), func(b *testing.B) {
+			for b.Loop() {
+				fill()
+			}
+			b.ReportMetric(0, "ns/op")
+			b.ReportAllocs()
+		})
+	}
+}
