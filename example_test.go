@@ -1,0 +1,66 @@
+package sluice_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log"
+	"net/http"
+	"net/http/httptest"
+	"time"
+
+	"github.com/sluice-go/sluice"
+)
+
+func ExampleNew() {
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprint(w, "hello")
+	}))
+	defer api.Close()
+
+	// 500 requests per minute, the allowance an API's account page publishes.
+	tr, err := sluice.New(nil, sluice.WithRate(500, time.Minute))
+	if err != nil {
+		log.Fatal(err)
+	}
+	client := &http.Client{Transport: tr}
+
+	resp, err := client.Get(api.URL)
+	if err != nil {
+		log.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	fmt.Println(resp.StatusCode, string(body))
+	// Output: 200 hello
+}
+
+func ExampleNew_invalidOption() {
+	_, err := sluice.New(nil, sluice.WithRate(500, 0))
+	fmt.Println(err)
+	// Output: sluice: invalid option: WithRate(500, 0s): per must be positive
+}
+
+func ExampleWithPriority() {
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	defer api.Close()
+	tr, err := sluice.New(nil, sluice.WithRate(10, time.Second))
+	if err != nil {
+		log.Fatal(err)
+	}
+	client := &http.Client{Transport: tr}
+
+	// A request handler marks its calls Interactive; a batch job marks its
+	// own Batch. Waiting calls are served Interactive first, FIFO within a
+	// level. A context with no priority is Normal.
+	ctx := sluice.WithPriority(context.Background(), sluice.Interactive)
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, api.URL, nil)
+	resp, err := client.Do(req)
+	if err != nil {
+		log.Fatal(err)
+	}
+	resp.Body.Close()
+
+	fmt.Println(sluice.PriorityFrom(ctx), sluice.PriorityFrom(context.Background()))
+	// Output: interactive normal
+}
