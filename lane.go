@@ -32,6 +32,8 @@ type lane struct {
 
 	levels [numLevels]levelCounters
 	ctl    controller
+	fb     feedback    // what the server said; see feedback.go
+	budget retryBudget // see retry.go
 }
 
 type levelCounters struct {
@@ -51,7 +53,10 @@ func newLane(key string, cfg *config) *lane {
 	}
 	if r := cfg.perSecond(); r > 0 {
 		l.lim = rate.NewLimiter(rate.Limit(r), cfg.burst)
+		l.fb.ceiling, l.fb.peak = r, r
 	}
+	l.fb.accepted = stats.NewWindow(acceptWindow)
+	l.budget = newRetryBudget()
 	l.ctl.init(l)
 	return l
 }
@@ -165,6 +170,7 @@ func (l *lane) acquire(ctx context.Context, p Priority, enq time.Time) (time.Tim
 	now := l.now()
 	if enq.IsZero() {
 		enq = now
+		l.budget.firsts.Add(now, 1)
 	}
 	// Fast path: nobody waiting, token and slot free. No goroutine hand-off.
 	if l.q.len() == 0 && l.tryTake(now) {
@@ -237,6 +243,7 @@ func (l *lane) release(start time.Time, status int) {
 	l.mu.Lock()
 	now := l.now()
 	l.ctl.onDone(l, now, now.Sub(start), status)
+	l.settle(now, status)
 	if l.slot.put() && l.q.len() > 0 {
 		l.wake()
 	}

@@ -68,6 +68,8 @@ type config struct {
 	checkRetry    retryablehttp.CheckRetry
 	backoff       retryablehttp.Backoff
 	maxRetryAfter time.Duration
+	retryRatio    float64
+	retryMin      int
 	key           func(*http.Request) string
 	logger        *slog.Logger
 }
@@ -80,6 +82,8 @@ func defaultConfig() config {
 		maxConc:       DefaultMaxConcurrency,
 		retries:       DefaultRetries,
 		maxRetryAfter: DefaultMaxRetryAfter,
+		retryRatio:    DefaultRetryRatio,
+		retryMin:      DefaultRetryMin,
 		key:           hostKey,
 		logger:        slog.New(slog.DiscardHandler),
 	}

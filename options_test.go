@@ -35,6 +35,9 @@ func TestNewRejectsBadOptions(t *testing.T) {
 		{WithBackoff(nil), "WithBackoff(nil)"},
 		{WithMaxRetryAfter(0), "WithMaxRetryAfter(0s)"},
 		{WithKey(nil), "WithKey(nil)"},
+		{WithRetryBudget(-0.1, 1), "WithRetryBudget(-0.1, 1)"},
+		{WithRetryBudget(1.5, 1), "WithRetryBudget(1.5, 1)"},
+		{WithRetryBudget(0.2, -1), "WithRetryBudget(0.2, -1)"},
 		{WithLogger(nil), "WithLogger(nil)"},
 		{nil, "option 0 is nil"},
 	}

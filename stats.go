@@ -35,6 +35,12 @@ type LaneStats struct {
 	// zero until observed.
 	Latency, Baseline time.Duration
 
+	// What the server said, and what sluice did about it.
+	Throttled     uint64 // responses that said "too many requests" (429, GitHub's 403)
+	Cooldowns     uint64 // pauses of the whole lane (Retry-After, remaining 0)
+	Retries       uint64 // retries made
+	RetriesDenied uint64 // retries the retry budget refused
+
 	// Levels is indexed by Priority.
 	Levels [numLevels]LevelStats
 }
@@ -76,13 +82,13 @@ func (l *lane) stats() LaneStats {
 		InFlight: l.slot.inUse,
 		Limit:    l.slot.limit,
 	}
-	if l.lim != nil {
-		ls.Rate = float64(l.lim.Limit())
-	}
+	ls.Rate = l.currentRate()
 	if now.Before(l.cooldown) {
 		ls.Cooldown = l.cooldown
 	}
 	l.ctl.fill(&ls)
+	ls.Throttled, ls.Cooldowns = l.fb.throttled, l.fb.cooldowns
+	ls.Retries, ls.RetriesDenied = l.budget.made, l.budget.refused
 	for p := range ls.Levels {
 		c := &l.levels[p]
 		lv := &ls.Levels[p]

@@ -109,38 +109,44 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	l := t.lane(t.cfg.key(req))
 	p := PriorityFrom(req.Context())
-	return t.attempt(l, req, p, time.Time{})
+	return t.do(l, req, p)
 }
 
 // attempt makes one attempt of req through l: it waits for a grant, sends,
-// and wraps the response body so that the slot is released when it is done.
-func (t *Transport) attempt(l *lane, req *http.Request, p Priority, enq time.Time) (*http.Response, error) {
+// reads what the response says about limits, and wraps the response body so
+// that the slot is released when it is done. enq is the first attempt's
+// enqueue time (zero for a first attempt); attempt returns it for the next.
+func (t *Transport) attempt(l *lane, req *http.Request, p Priority, enq time.Time) (*http.Response, time.Time, error) {
 	ctx := req.Context()
-	if _, err := l.acquire(ctx, p, enq); err != nil {
+	enq, err := l.acquire(ctx, p, enq)
+	if err != nil {
 		closeBody(req)
-		return nil, err
+		return nil, enq, err
 	}
 	if err := ctx.Err(); err != nil {
 		// Cancelled between grant and send: nothing was sent, so the token
 		// and the slot go back.
 		l.refund()
 		closeBody(req)
-		return nil, err
+		return nil, enq, err
 	}
 	start := time.Now()
 	resp, err := t.base.RoundTrip(req)
 	if err != nil {
 		l.release(start, 0)
-		return nil, err
+		return nil, enq, err
+	}
+	if signals(resp) {
+		l.observe(resp, start)
 	}
 	// A protocol switch keeps the connection for as long as it lives; it is
 	// not a request in flight, and its body must stay writable.
 	if resp.StatusCode == http.StatusSwitchingProtocols || resp.Body == nil || resp.Body == http.NoBody {
 		l.release(start, resp.StatusCode)
-		return resp, nil
+		return resp, enq, nil
 	}
 	resp.Body = &body{rc: resp.Body, l: l, start: start, status: resp.StatusCode}
-	return resp, nil
+	return resp, enq, nil
 }
 
 // fanoutLimit is how many attempts the Transport lets be in flight now: the

@@ -1,0 +1,46 @@
+package stats
+
+import "time"
+
+// windowBuckets is the resolution of a Window: a count is forgotten within
+// 1/windowBuckets of the window's length after it falls out.
+const windowBuckets = 10
+
+// Window counts events over a sliding window of fixed length, in
+// windowBuckets buckets. It never allocates. The zero value is not usable:
+// create one with NewWindow. It is not safe for concurrent use.
+type Window struct {
+	width  int64 // bucket width in nanoseconds
+	counts [windowBuckets]uint64
+	epoch  [windowBuckets]int64 // the bucket number each count belongs to
+}
+
+// NewWindow returns a Window of the given length (at least windowBuckets ns).
+func NewWindow(length time.Duration) Window {
+	return Window{width: max(1, int64(length)/windowBuckets)}
+}
+
+// Add counts n events at time now.
+func (w *Window) Add(now time.Time, n uint64) {
+	b := now.UnixNano() / w.width
+	i := int(uint64(b) % windowBuckets)
+	if w.epoch[i] != b {
+		w.epoch[i], w.counts[i] = b, 0
+	}
+	w.counts[i] += n
+}
+
+// Sum returns the events counted in the window that ends at now.
+func (w *Window) Sum(now time.Time) uint64 {
+	cur := now.UnixNano() / w.width
+	var n uint64
+	for i, c := range w.counts {
+		if d := cur - w.epoch[i]; d >= 0 && d < windowBuckets {
+			n += c
+		}
+	}
+	return n
+}
+
+// Length returns the window's length.
+func (w *Window) Length() time.Duration { return time.Duration(w.width * windowBuckets) }
