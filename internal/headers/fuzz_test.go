@@ -1,0 +1,157 @@
+package headers
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+)
+
+// fuzzNow is the client clock in the fuzz tests; the seeds' dates are near it.
+var fuzzNow = time.Date(2024, time.January, 2, 15, 4, 5, 0, time.UTC)
+
+// lines splits s at '\n' so that fuzzed values also exercise multi-line
+// fields. net/http never delivers a value containing '\n', but a caller
+// may build a Header by hand.
+func lines(s string) []string { return strings.Split(s, "\n") }
+
+func FuzzRetryAfter(f *testing.F) {
+	date := httpDate(fuzzNow)
+	for _, s := range []struct{ ms, msx, ra, date string }{
+		{"", "", "120", ""},
+		{"", "", "2.0", ""},
+		{"", "", "1.5", date},
+		{"", "", "Tue, 02 Jan 2024 15:05:35 GMT", date},
+		{"", "", "Tuesday, 02-Jan-24 15:05:35 GMT", "Tuesday, 02-Jan-24 15:04:05 GMT"},
+		{"", "", "Tue Jan  2 15:05:35 2024", "Tue Jan  2 15:04:05 2024"},
+		{"250", "", "", ""},
+		{"12.5", "", "", ""},
+		{"", "1000", "", ""},
+		{"soon", "300", "10", ""},
+		{"", "", "-1", ""},
+		{"", "", "NaN", ""},
+		{"", "", "Inf", ""},
+		{"", "", "1e3", ""},
+		{"", "", "99999999999999999999", ""},
+		{"", "", "9223372036", ""},
+		{"", "", "abc", ""},
+		{"", "", "Fri, 31 Dec 1999 23:59:59 GMT", ""},
+		{"", "", "Fri, 31 Dec 9999 23:59:59 GMT", "Mon, 01 Jan 0001 00:00:00 GMT"},
+		{"", "", "999999999", date},
+		{"0.0000000001", "", "1.0000000019", ""},
+	} {
+		f.Add(s.ms, s.msx, s.ra, s.date, int64(time.Hour))
+	}
+	f.Add("1", "", "", "", int64(0))
+	f.Add("", "", "5", "", int64(-1))
+	f.Fuzz(func(t *testing.T, ms, msx, ra, date string, max int64) {
+		h := make(http.Header)
+		for k, v := range map[string]string{
+			hdrRetryAfterMs: ms, hdrMSRetryAfterMs: msx, hdrRetryAfter: ra, hdrDate: date,
+		} {
+			if v != "" {
+				h[k] = lines(v)
+			}
+		}
+		d, ok := RetryAfter(h, fuzzNow, time.Duration(max))
+		if !ok {
+			if d != 0 {
+				t.Fatalf("RetryAfter = %v, false; want 0 when not ok", d)
+			}
+			return
+		}
+		if d <= 0 {
+			t.Fatalf("RetryAfter = %v, true; want > 0", d)
+		}
+		if max > 0 && d > time.Duration(max) {
+			t.Fatalf("RetryAfter = %v, true; want <= max %v", d, time.Duration(max))
+		}
+		// Without a cap the value must be the same or larger.
+		if d2, ok2 := RetryAfter(h, fuzzNow, 0); !ok2 || d2 < d {
+			t.Fatalf("uncapped RetryAfter = %v, %v; capped gave %v, true", d2, ok2, d)
+		}
+	})
+}
+
+func FuzzParse(f *testing.F) {
+	date := httpDate(fuzzNow)
+	epoch := unix(fuzzNow.Add(30 * time.Minute))
+	for _, s := range []struct{ policy, rl, limit, remaining, reset, date string }{
+		// GitHub 403, Twitter, generic epoch and delay resets.
+		{"", "", "5000", "0", epoch, date},
+		{"", "", "100", "42", "30", ""},
+		{"", "", "100", "7", "1700000000.5", "Tue, 14 Nov 2023 22:13:20 GMT"},
+		{"", "", "100", "7", "999999999", ""},
+		// OpenAI and Anthropic resets.
+		{"", "", "10000", "9999", "6m0s", ""},
+		{"", "", "10000", "9999", "1h2m3.5s", ""},
+		{"", "", "50", "0", "2024-01-02T15:05:05Z", date},
+		{"", "", "50", "0", "2024-01-02T10:04:06.5-05:00", ""},
+		// IETF drafts 08-10, including a list split across lines.
+		{`"default";q=100;w=60`, `"default";r=50;t=30`, "", "", "", ""},
+		{"\"burst\";q=100;w=60\n\"daily\";q=1000;w=86400", `"burst";r=50;t=30, "daily";r=100;t=3600`, "", "", "", ""},
+		{`burst;q=100;w=60;pk=:cHsdsRa894==:;qu="requests"`, `burst;r=0;t=2`, "", "", "", ""},
+		{`"a\"b";q=5, (1 2);q=1, ?1, @1659578233, %"caf%c3%a9"`, `"a\"b";r=1`, "", "", "", ""},
+		// IETF draft 07.
+		{"", "limit=100, remaining=50, reset=30", "100, 100;w=60", "50", "30", ""},
+		// Hostile values.
+		{`"p";q=-1;w=99999999`, `"p";r=4;t=1.5`, "10000000000000", "+5", "-3", "yesterday"},
+		{"", "", "1e9", "NaN", "99999999999999999999", "Fri, 31 Dec 9999 23:59:59 GMT"},
+	} {
+		f.Add(s.policy, s.rl, s.limit, s.remaining, s.reset, s.date)
+	}
+	f.Fuzz(func(t *testing.T, policy, rl, limit, remaining, reset, date string) {
+		h := make(http.Header)
+		set := func(k, v string) {
+			if v != "" {
+				h[k] = lines(v)
+			}
+		}
+		set(hdrRateLimitPolicy, policy)
+		set(hdrRateLimit, rl)
+		set(hdrDate, date)
+		set(hdrXRateLimitResource, policy)
+		set(hdrXRateLimitUsed, remaining)
+		for _, k := range [][3]string{
+			{hdrRateLimitLimit, hdrRateLimitRemaining, hdrRateLimitReset},
+			{hdrXRateLimitLimit, hdrXRateLimitRemaining, hdrXRateLimitReset},
+			{hdrTwitterLimit, hdrTwitterRemaining, hdrTwitterReset},
+			{hdrOpenAILimit, hdrOpenAIRemaining, hdrOpenAIReset},
+			{hdrAnthropicLimit, hdrAnthropicRemaining, hdrAnthropicReset},
+		} {
+			set(k[0], limit)
+			set(k[1], remaining)
+			set(k[2], reset)
+		}
+		q, ok := Parse(h, fuzzNow)
+		if !ok {
+			if q != (Quota{}) {
+				t.Fatalf("Parse = %+v, false; want zero Quota", q)
+			}
+			return
+		}
+		if q.Limit < -1 || q.Limit > maxCount {
+			t.Errorf("Limit = %d out of range", q.Limit)
+		}
+		if q.Remaining < -1 || q.Remaining > maxCount {
+			t.Errorf("Remaining = %d out of range", q.Remaining)
+		}
+		if q.Reset < 0 || q.Reset > maxDuration {
+			t.Errorf("Reset = %v out of range", q.Reset)
+		}
+		if q.Window < 0 || q.Window > maxDuration {
+			t.Errorf("Window = %v out of range", q.Window)
+		}
+		switch q.Source {
+		case "ietf", "ietf-draft07", "x-ratelimit", "github", "openai", "anthropic":
+		default:
+			t.Errorf("Source = %q", q.Source)
+		}
+		if q.Source == "github" && q.Resource == "" {
+			t.Errorf("github quota without Resource: %+v", q)
+		}
+		if q2, ok2 := Parse(h, fuzzNow); q2 != q || !ok2 {
+			t.Errorf("Parse not deterministic: %+v then %+v", q, q2)
+		}
+	})
+}
