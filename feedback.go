@@ -23,10 +23,12 @@ import (
 // lane's cooldown instead: nothing of any priority is sent before it ends.
 //
 // The throttle rate. A 429 means the lane sent faster than the server
-// accepts. The rate it failed at, r_f, is the current pace, or the rate at
-// which the server accepted requests over the last acceptWindow if that is
-// lower (which is how a configured rate of 2R learns R from its first 429,
-// and how a lane with no configured rate learns one). The rate drops to
+// accepts. The rate it failed at, r_f, is the share of the current pace the
+// server accepted over the last acceptWindow (pace x accepted / answered:
+// this is how a configured rate of 2R learns R from its first 429s), or,
+// for a lane not yet paced, the rate at which the server accepted its
+// requests over that window (how a lane with no configured rate learns
+// one). The rate drops to
 // throttleCut x r_f, then:
 //
 //  1. climbs back linearly to throttlePlateau x r_f within throttleRamp,
@@ -44,13 +46,18 @@ import (
 // the floor, throttleFloor of the highest rate known for the lane, so a run
 // of 429s cannot stop a lane.
 const (
-	throttleCut     = 0.8
-	throttlePlateau = 0.97
-	throttleRamp    = 2 * time.Second
-	throttleCreep   = 0.0005
-	throttleProbe   = 0.05
-	throttleFloor   = 0.05
-	minRate         = 0.01 // per second: one request per 100 s, whatever is known
+	throttleCut      = 0.8
+	throttleCutKnown = 0.9
+	ratioSamples     = 20
+	// minAcceptedSample is the fewest accepted responses an acceptance
+	// rate is computed from.
+	minAcceptedSample = 4
+	throttlePlateau   = 0.98
+	throttleRamp      = 2 * time.Second
+	throttleCreep     = 60 * time.Second
+	throttleProbe     = 0.05
+	throttleFloor     = 0.05
+	minRate           = 0.01 // per second: one request per 100 s, whatever is known
 
 	acceptWindow = 2 * time.Second
 )
@@ -60,28 +67,52 @@ type feedback struct {
 
 	throttle float64   // AIMD rate; 0 while no 429 applies
 	fail     float64   // r_f of the last cut
+	cutTo    float64   // the rate the last cut set
 	failAt   time.Time // when the last cut was made
 	grown    time.Time // when throttle was last grown
 	peak     float64   // highest rate known: ceiling, or accepted rate seen
+
+	coolFrom, coolTo time.Time // the latest cooldown
 
 	header      float64 // rate from rate-limit headers; 0 if none
 	headerUntil time.Time
 
 	accepted  stats.Window // accepted responses over acceptWindow
+	refused   stats.Window // throttled responses over acceptWindow
 	firstSeen time.Time
 
 	throttled, cooldowns uint64
 }
 
 // acceptedRate returns the rate at which the server accepted requests over
-// the last acceptWindow (or since the lane's first response, if younger).
+// the last acceptWindow (or since the lane's first response, if younger),
+// not counting the time the lane spent in its latest cooldown, when it sent
+// nothing. It returns 0 when that span is too short to tell.
 func (f *feedback) acceptedRate(now time.Time) float64 {
 	n := f.accepted.Sum(now)
-	span := min(acceptWindow, now.Sub(f.firstSeen))
-	if n == 0 || span < acceptWindow/10 {
+	from := now.Add(-min(acceptWindow, now.Sub(f.firstSeen)))
+	span := now.Sub(from)
+	if lo, hi := later(from, f.coolFrom), earlier(now, f.coolTo); hi.After(lo) {
+		span -= hi.Sub(lo)
+	}
+	if n < minAcceptedSample || span < acceptWindow/20 {
 		return 0
 	}
 	return float64(n) / span.Seconds()
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+func earlier(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
 }
 
 func (f *feedback) countAccepted(now time.Time) {
@@ -101,16 +132,25 @@ func (f *feedback) cut(now, sent time.Time, current float64) {
 	if !f.failAt.IsZero() && sent.Before(f.failAt) {
 		return // sent before the last cut: not news
 	}
-	rf := current
-	if a := f.acceptedRate(now); a > 0 && (rf == 0 || a < rf) {
-		rf = a
+	rf, cut := current, throttleCut
+	if acc, thr := f.accepted.Sum(now), f.refused.Sum(now); current > 0 && acc+thr >= ratioSamples {
+		// Enough answers to tell what share of the pace the server takes.
+		rf, cut = current*float64(acc)/float64(acc+thr), throttleCutKnown
+	} else if current == 0 {
+		// Not paced yet: the rate the server took while the lane was
+		// sending is the first estimate of its limit.
+		rf = f.acceptedRate(now)
 	}
 	if rf <= 0 {
+		if current == 0 {
+			return // nothing known to cut from: the cooldown alone applies
+		}
 		rf = f.floor()
 	}
 	f.peak = max(f.peak, rf)
 	f.fail, f.failAt, f.grown = rf, now, now
-	f.throttle = max(f.floor(), throttleCut*rf)
+	f.throttle = max(f.floor(), cut*rf)
+	f.cutTo = f.throttle
 }
 
 // grow advances the throttle rate's recovery to now.
@@ -126,10 +166,10 @@ func (f *feedback) grow(now time.Time) {
 	plateau := throttlePlateau * f.fail
 	switch {
 	case f.throttle < plateau:
-		step := (plateau - throttleCut*f.fail) / throttleRamp.Seconds()
+		step := (plateau - f.cutTo) / throttleRamp.Seconds()
 		f.throttle = min(plateau, f.throttle+step*dt)
 	case f.throttle < f.fail:
-		f.throttle = min(f.fail, f.throttle+throttleCreep*max(f.ceiling, f.fail)*dt)
+		f.throttle = min(f.fail, f.throttle+(1-throttlePlateau)*f.fail/throttleCreep.Seconds()*dt)
 	default:
 		f.throttle *= 1 + throttleProbe*dt
 	}
@@ -198,6 +238,7 @@ func (l *lane) observe(resp *http.Response, sent time.Time) {
 	f := &l.fb
 	if throttled {
 		f.throttled++
+		f.refused.Add(now, 1)
 	}
 	// Retry-After wins over everything.
 	if hasRA && (throttled || resp.StatusCode == http.StatusServiceUnavailable) {
@@ -219,7 +260,11 @@ func (l *lane) observe(resp *http.Response, sent time.Time) {
 		if left <= 0 {
 			l.coolLocked(now.Add(min(q.Reset, l.cfg.maxRetryAfter)), "in-flight attempts use what remains")
 		} else {
-			f.header, f.headerUntil = float64(left)/q.Reset.Seconds(), now.Add(q.Reset)
+			// Servers round the reset up to whole seconds; spreading what
+			// remains over half a second less is still within the quota
+			// (it is what remains) and does not leave it unused.
+			spread := max(q.Reset-time.Second/2, q.Reset/2)
+			f.header, f.headerUntil = float64(left)/spread.Seconds(), now.Add(q.Reset)
 		}
 	case hasQuota && q.Remaining < 0 && q.Limit > 0 && q.Window > 0:
 		f.header, f.headerUntil = float64(q.Limit)/q.Window.Seconds(), now.Add(q.Window)
@@ -261,7 +306,9 @@ func (l *lane) coolLocked(until time.Time, why string) {
 	if !l.cooldown.After(l.last) { // a new cooldown, not an extension
 		l.fb.cooldowns++
 		l.cfg.logger.Info("sluice: lane cooling down", "lane", l.key, "for", until.Sub(l.last).Round(time.Millisecond), "why", why)
+		l.fb.coolFrom = l.last
 	}
+	l.fb.coolTo = until
 	l.cooldown = until
 }
 

@@ -56,6 +56,7 @@ func newLane(key string, cfg *config) *lane {
 		l.fb.ceiling, l.fb.peak = r, r
 	}
 	l.fb.accepted = stats.NewWindow(acceptWindow)
+	l.fb.refused = stats.NewWindow(acceptWindow)
 	l.budget = newRetryBudget()
 	l.ctl.init(l)
 	return l
@@ -168,13 +169,13 @@ func (l *lane) refuse(ctx context.Context, now time.Time, p Priority) *RejectedE
 func (l *lane) acquire(ctx context.Context, p Priority, enq time.Time) (time.Time, error) {
 	l.mu.Lock()
 	now := l.now()
-	if enq.IsZero() {
+	first := enq.IsZero()
+	if first {
 		enq = now
-		l.budget.firsts.Add(now, 1)
 	}
 	// Fast path: nobody waiting, token and slot free. No goroutine hand-off.
 	if l.q.len() == 0 && l.tryTake(now) {
-		l.levels[p].granted++
+		l.grantedLocked(now, p, first)
 		l.levels[p].wait.Record(0)
 		l.mu.Unlock()
 		return enq, nil
@@ -187,7 +188,7 @@ func (l *lane) acquire(ctx context.Context, p Priority, enq time.Time) (time.Tim
 		l.mu.Unlock()
 		return enq, rej
 	}
-	w := &waiter{level: p, enq: enq, start: now, ready: make(chan struct{})}
+	w := &waiter{level: p, enq: enq, start: now, first: first, ready: make(chan struct{})}
 	l.q.push(w)
 	if !l.dispatching {
 		l.dispatching = true
@@ -214,6 +215,15 @@ func (l *lane) acquire(ctx context.Context, p Priority, enq time.Time) (time.Tim
 		l.levels[p].cancelled++
 		l.mu.Unlock()
 		return enq, ctx.Err()
+	}
+}
+
+// grantedLocked counts a grant. First attempts feed the retry budget.
+// mu must be held.
+func (l *lane) grantedLocked(now time.Time, p Priority, first bool) {
+	l.levels[p].granted++
+	if first {
+		l.budget.firsts.Add(now, 1)
 	}
 }
 
@@ -290,7 +300,7 @@ func (l *lane) dispatch() {
 		if l.tryTake(now) {
 			w := l.q.pop()
 			w.granted = true
-			l.levels[w.level].granted++
+			l.grantedLocked(now, w.level, w.first)
 			l.levels[w.level].wait.Record(now.Sub(w.start))
 			close(w.ready)
 			l.mu.Unlock()

@@ -66,6 +66,7 @@ type waiter struct {
 	start   time.Time // enqueue time of this attempt (measures its wait)
 	index   int       // position in its level's heap; -1 once removed
 	ready   chan struct{}
+	first   bool // the logical request's first attempt
 	granted bool
 }
 

@@ -35,8 +35,11 @@ const (
 // and "Inf" are rejected, as are values longer than 4 KiB.
 //
 // ok is false when no usable value is present: negative, zero, NaN, Inf,
-// empty or malformed values, values too large for a [time.Duration], and
-// dates not in the future. A positive value above max is capped to max;
+// empty or malformed values, numbers too long to parse as an int64, and
+// dates not in the future. A well-formed delay too large for a
+// [time.Duration] (such as "99999999999" seconds) is a server asking for a
+// very long wait, so it saturates and is capped like any other large value.
+// A positive value above max is capped to max;
 // max <= 0 means no cap, which lets the server choose a wait of up to
 // about 292 years, so callers should pass a positive max. When ok is true,
 // d > 0, and d <= max if max > 0.
@@ -82,17 +85,20 @@ func capDelay(d, max time.Duration) time.Duration {
 }
 
 // parseDelay parses s, a non-negative integer or decimal count of unit,
-// into a Duration, truncating below a nanosecond. It fails on bad syntax
-// and on values that do not fit in a Duration.
+// into a Duration, truncating below a nanosecond. It fails on bad syntax;
+// a value that does not fit in a Duration saturates to the largest one.
 func parseDelay(s string, unit time.Duration) (time.Duration, bool) {
 	whole, frac, ok := parseDecimal(s)
-	if !ok || whole > math.MaxInt64/int64(unit) {
+	if !ok {
 		return 0, false
+	}
+	if whole > math.MaxInt64/int64(unit) {
+		return math.MaxInt64, true
 	}
 	d := whole * int64(unit)
 	f := frac * int64(unit) / 1e9 // frac < 1e9 and unit <= 1e9: no overflow
 	if d > math.MaxInt64-f {
-		return 0, false
+		return math.MaxInt64, true
 	}
 	return time.Duration(d + f), true
 }

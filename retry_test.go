@@ -1,0 +1,140 @@
+package sluice
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/sluice-go/sluice/internal/upstream"
+)
+
+// TestRetryReplaysIdenticalBody: a 503'd POST with GetBody is retried with
+// the same bytes; the last response comes back with a nil error; discarded
+// responses release their slots.
+func TestRetryReplaysIdenticalBody(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		srv := upstream.New(upstream.Config{Handler: failFirst(2, http.StatusServiceUnavailable)})
+		defer srv.Close()
+		tr := mustNew(t, srv.Transport(), WithRetry(3))
+		payload := []byte(`{"prompt":"hello"}`)
+		req, _ := http.NewRequest("POST", srv.URL()+"/v1", bytes.NewReader(payload))
+		resp, err := tr.RoundTrip(req)
+		if err != nil || resp.StatusCode != 200 {
+			t.Fatalf("got %v, %v; want 200", resp, err)
+		}
+		resp.Body.Close()
+		sum := sha256.Sum256(payload)
+		arr := srv.Arrivals()
+		if len(arr) != 3 {
+			t.Fatalf("%d attempts, want 3", len(arr))
+		}
+		for i, a := range arr {
+			if a.BodyHash != hex.EncodeToString(sum[:]) {
+				t.Errorf("attempt %d sent different bytes", i)
+			}
+		}
+		s, _ := tr.Stats().Lane(req.URL.Host)
+		if s.Retries != 2 || s.InFlight != 0 {
+			t.Errorf("retries %d in flight %d, want 2 and 0", s.Retries, s.InFlight)
+		}
+	})
+}
+
+// TestRetrySafety: what must not be retried is sent once.
+func TestRetrySafety(t *testing.T) {
+	tests := []struct {
+		name     string
+		method   string
+		body     func() io.Reader // nil: no body
+		noGet    bool             // strip GetBody
+		status   int
+		attempts int
+	}{
+		{"GET 500 retried", "GET", nil, false, 500, 3},
+		{"POST 500 not retried", "POST", func() io.Reader { return strings.NewReader("x") }, false, 500, 1},
+		{"POST 503 retried", "POST", func() io.Reader { return strings.NewReader("x") }, false, 503, 3},
+		{"PUT without GetBody sent once", "PUT", func() io.Reader { return strings.NewReader("x") }, true, 503, 1},
+		{"GET 404 not retried", "GET", nil, false, 404, 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				srv := upstream.New(upstream.Config{Handler: failFirst(1<<30, tt.status)})
+				defer srv.Close()
+				tr := mustNew(t, srv.Transport(), WithRetry(2))
+				var body io.Reader
+				if tt.body != nil {
+					body = tt.body()
+				}
+				req, _ := http.NewRequest(tt.method, srv.URL(), body)
+				if tt.noGet {
+					req.GetBody = nil
+					req.Body = io.NopCloser(req.Body)
+				}
+				resp, err := tr.RoundTrip(req)
+				if err != nil {
+					t.Fatalf("err = %v; when retries run out the last response comes with a nil error", err)
+				}
+				if resp.StatusCode != tt.status {
+					t.Errorf("status %d, want %d", resp.StatusCode, tt.status)
+				}
+				resp.Body.Close()
+				if n := len(srv.Arrivals()); n != tt.attempts {
+					t.Errorf("%d attempts, want %d", n, tt.attempts)
+				}
+			})
+		})
+	}
+}
+
+// TestRetryKeepsItsPlace: a retried attempt keeps its first enqueue time, so
+// it goes ahead of same-level requests that arrived after it.
+func TestRetryKeepsItsPlace(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		base := &fakeBase{answer: answerWith(1, 500)}
+		tr := mustNew(t, base, WithRate(10, time.Second), WithRetry(1), WithBackoff(func(_, _ time.Duration, _ int, _ *http.Response) time.Duration {
+			return 150 * time.Millisecond
+		}))
+		var wg sync.WaitGroup
+		wg.Go(func() { get(t.Context(), tr, "first") }) // t=0: 500, retried after 150 ms
+		time.Sleep(50 * time.Millisecond)
+		for range 3 { // queue behind: they arrived after "first" did
+			wg.Go(func() { get(t.Context(), tr, "later") })
+		}
+		wg.Wait()
+		var order []string
+		for _, a := range base.arrivals {
+			order = append(order, a.class)
+		}
+		// t=0 first(500); 100 ms later; 200 ms: the retry (enqueued at 150 ms
+		// with its t=0 rank) beats the two later ones still waiting.
+		want := "first later first later later"
+		if got := strings.Join(order, " "); got != want {
+			t.Errorf("order %q, want %q", got, want)
+		}
+	})
+}
+
+// failFirst answers status to the first n requests, then 200.
+func failFirst(n int, status int) http.HandlerFunc {
+	var mu sync.Mutex
+	count := 0
+	return func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		count++
+		c := count
+		mu.Unlock()
+		if c <= n {
+			w.WriteHeader(status)
+			return
+		}
+		io.WriteString(w, "ok\n")
+	}
+}
