@@ -231,6 +231,10 @@ func (l *lane) observe(resp *http.Response, sent time.Time) {
 		// GitHub answers its rate limits with 403 and remaining 0.
 		(resp.StatusCode == http.StatusForbidden && hasQuota && q.Remaining == 0)
 	preciseQuota := hasQuota && q.Remaining >= 0 && q.Reset > 0
+	// A 429 that the quota explains (nothing remains) is paced by the reset;
+	// any other 429 means the lane is over some limit the headers do not
+	// describe, and the throttle rate must learn it.
+	exhausted := hasQuota && q.Remaining == 0
 
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -243,7 +247,7 @@ func (l *lane) observe(resp *http.Response, sent time.Time) {
 	// Retry-After wins over everything.
 	if hasRA && (throttled || resp.StatusCode == http.StatusServiceUnavailable) {
 		l.coolLocked(now.Add(ra), "retry-after")
-		if throttled && !preciseQuota {
+		if throttled && !exhausted {
 			f.cut(now, sent, l.currentRate())
 		}
 		l.applyRate(now)
@@ -268,7 +272,8 @@ func (l *lane) observe(resp *http.Response, sent time.Time) {
 		}
 	case hasQuota && q.Remaining < 0 && q.Limit > 0 && q.Window > 0:
 		f.header, f.headerUntil = float64(q.Limit)/q.Window.Seconds(), now.Add(q.Window)
-	case throttled:
+	}
+	if throttled && !exhausted {
 		f.cut(now, sent, l.currentRate())
 	}
 	l.applyRate(now)
