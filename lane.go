@@ -2,6 +2,7 @@ package sluice
 
 import (
 	"context"
+	"log/slog"
 	"math"
 	"sync"
 	"time"
@@ -268,7 +269,11 @@ func (l *lane) setLimitLocked(n int) {
 	if n == l.slot.limit {
 		return
 	}
-	l.cfg.logger.Debug("sluice: in-flight limit changed", "lane", l.key, "from", l.slot.limit, "to", n)
+	// Checked first: building the record's arguments allocates, and the
+	// limit can change on any response.
+	if l.cfg.logger.Enabled(context.Background(), slog.LevelDebug) {
+		l.cfg.logger.Debug("sluice: in-flight limit changed", "lane", l.key, "from", l.slot.limit, "to", n)
+	}
 	if l.slot.resize(n) && l.q.len() > 0 {
 		l.wake()
 	}

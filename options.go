@@ -27,8 +27,9 @@ const (
 	// DefaultMinConcurrency and DefaultMaxConcurrency bound the in-flight
 	// limit. The minimum of 1 keeps a lane moving whatever latency does. The
 	// maximum protects the process (sockets, memory of pending bodies), not
-	// the provider (the rate does that): 256 covers rate x latency up to, for
-	// example, 50/s at 5 s. Raise it for slow calls at high rates.
+	// the provider (the rate does that): 256 covers 1.1 x rate x latency (the
+	// adaptive limit, see WithConcurrency) up to, for example, 50/s at 4.5 s.
+	// Raise it for slow calls at high rates.
 	DefaultMinConcurrency = 1
 	DefaultMaxConcurrency = 256
 
@@ -153,6 +154,17 @@ func WithHeadroom(f float64) Option {
 // WithConcurrency bounds a lane's in-flight limit: the number of attempts
 // sent and not yet finished (response body closed or read to EOF). min == max
 // fixes the limit. Defaults DefaultMinConcurrency and DefaultMaxConcurrency.
+//
+// Between the bounds the limit adapts to observed latency (send to body
+// done). With a rate it follows Little's law, ceil(1.1 x rate x latency),
+// latency counting its spread, so that the rate, not the limit, paces the
+// lane; it starts at max until the first answer. When latency rises at a
+// flat completion rate under the rate, the upstream is queueing sluice's own
+// requests, and the limit comes down to about what it serves at its no-load
+// latency. With no rate this gradient alone sets the limit, starting at 4
+// and growing while requests wait and latency holds. 429, 503 and transport
+// errors are not latency samples. Stats reports the limit, the smoothed
+// latency and the baseline; changes are logged at debug level.
 func WithConcurrency(min, max int) Option {
 	return optionFunc(func(c *config) error {
 		if min < 1 {

@@ -34,6 +34,11 @@ type LaneStats struct {
 	// Baseline its no-load estimate, as the concurrency controller sees them;
 	// zero until observed.
 	Latency, Baseline time.Duration
+	// Saturated reports that the concurrency controller found the upstream
+	// queueing this lane's requests (latency up at a flat completion rate)
+	// within its last 8 windows (about 8 s), and holds the limit near what
+	// the upstream serves rather than at rate x latency.
+	Saturated bool
 
 	// What the server said, and what sluice did about it.
 	Throttled     uint64 // responses that said "too many requests" (429, GitHub's 403)
