@@ -13,21 +13,24 @@ import (
 // Sizing. By Little's law a lane paced at λ requests per second whose
 // attempts take W seconds has λ·W attempts in flight on average. The limit is
 //
-//	ceil(λ · (W + 2D) · (1 + littleMargin))
+//	ceil((λ·W + 3·sqrt(λ·D)) · (1 + littleMargin))
 //
 // clamped to WithConcurrency's bounds, where W is the smoothed latency and D
-// its smoothed mean deviation. λ·W is the mean; the count at any instant is
-// higher whenever some calls run long, and a limit that binds before the
+// its smoothed mean deviation. λ·W is the mean; a limit that binds before the
 // clock wastes tokens (the bucket, of size burst, overflows while requests
-// wait for a slot). 2D covers the spread of latencies and is zero when they
-// do not vary; the 10% margin covers the rest (rounding, the time from a
-// release to the next grant). With fixed latency the limit is ceil(1.1·λ·W):
-// 500/min at 800 ms with 0.8 headroom gives 6. λ is read on every update,
-// because feedback from the server moves it at run time.
+// wait for a slot), so the limit must cover the count's peaks too. With
+// sends evenly paced, the count at an instant is a sum of one indicator per
+// recent send (still running or not), whose variance is at most λ times the
+// mean absolute deviation of latency: 3·sqrt(λ·D) is three standard
+// deviations of it, zero when latency does not vary, and what dominates
+// when λ·W is small. The 10% margin covers the rest (rounding, the time from
+// a release to the next grant). With fixed latency the limit is
+// ceil(1.1·λ·W): 500/min at 800 ms with 0.8 headroom gives 6. λ is read on
+// every update, because feedback from the server moves it at run time.
 //
 // Latency rising. When calls get slower the slots fill and samples arrive
 // late, only as the slow calls finish. But each one moves W an eighth of the
-// way (TCP's smoothing, RFC 6298) and D by a quarter, and the limit follows
+// way (TCP's smoothing, RFC 6298) and D a quarter, and the limit follows
 // on every completion; a larger limit lets more calls out, whose
 // completions come sooner and move it further. The growth compounds: at
 // 50/s, from 40 ms to 400 ms, the rate is back within a second or so.
@@ -77,13 +80,14 @@ import (
 // limit just when the lane must slow down, which the rate's own feedback
 // handles.
 const (
-	// littleMargin is the share added to λ·(W+2D). 10% keeps the semaphore
-	// from binding before the clock at fixed latency, and keeps the limit
-	// near λ·W, where it still bounds what is outstanding when latency jumps.
+	// littleMargin is the share added to λ·W + 3·sqrt(λ·D). 10% keeps the
+	// semaphore from binding before the clock at fixed latency, and keeps
+	// the limit near λ·W, where it still bounds what is outstanding when
+	// latency jumps.
 	littleMargin = 0.1
-	// devWeight is how many mean deviations of latency the limit allows
-	// for, over the mean.
-	devWeight = 2
+	// devWeight is how many standard deviations of the in-flight count the
+	// limit allows for over its mean.
+	devWeight = 3
 	// latencyGain and devGain are the weights of a new sample in the
 	// smoothed latency and deviation: TCP's (RFC 6298), which track a change
 	// within about 8 samples without following every outlier.
@@ -189,7 +193,7 @@ func (c *controller) limit(l *lane) int {
 		return c.cap
 	}
 	n := l.cfg.maxConc
-	if f := math.Ceil(r * (c.w + devWeight*c.dev) * (1 + littleMargin)); f < float64(n) {
+	if f := math.Ceil((r*c.w + devWeight*math.Sqrt(r*c.dev)) * (1 + littleMargin)); f < float64(n) {
 		n = int(f)
 	}
 	if c.cap > 0 {

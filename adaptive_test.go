@@ -660,3 +660,62 @@ func BenchmarkControllerOnDone(b *testing.B) {
 		})
 	}
 }
+
+// TestAdaptiveJitter: latencies spread uniformly over [W/2, 3W/2] (and a
+// heavy tail: 5% of calls take 4W). The limit allows for the spread, so the
+// rate stays binding, and the spread is not mistaken for queueing. The
+// upstream enforces no rate: a strict one at exactly R refuses a send that
+// float rounding puts a nanosecond early, and the lane's answer to a 429
+// (a cooldown) would hide what this measures.
+func TestAdaptiveJitter(t *testing.T) {
+	const r = 50.0
+	const dur = 30 * time.Second
+	var summary strings.Builder
+	fmt.Fprintf(&summary, "\nR = 50/s, jittered latency; after 5 s\n%-22s %8s %10s %9s %9s %9s %6s\n", "latency", "sent/R", "mean limit", "max limit", "λ·W", "saturated", "429s")
+	for _, w := range []time.Duration{40 * time.Millisecond, 400 * time.Millisecond} {
+		for _, tail := range []bool{false, true} {
+			var n atomic.Uint64
+			lat := func(time.Duration) time.Duration {
+				// A fixed-seed LCG: deterministic, and no lock (the
+				// upstream calls this from many goroutines).
+				x := n.Add(1) * 6364136223846793005
+				u := float64(x>>11) / (1 << 53)
+				if tail && x>>8%20 == 0 {
+					return 4 * w
+				}
+				return time.Duration(float64(w) * (0.5 + u))
+			}
+			var res loadResult
+			synctest.Test(t, func(t *testing.T) {
+				res = load{
+					opts:    []Option{WithRate(r, time.Second)},
+					up:      upstream.Config{}, // see the comment above
+					latency: lat,
+					workers: 150,
+					dur:     dur,
+				}.run(t)
+			})
+			from := 5 * time.Second
+			x := res.rate(from, dur) / r
+			mean, most := res.limits(from, dur)
+			sat := 0
+			for _, s := range res.samples {
+				if s.s.Saturated {
+					sat++
+				}
+			}
+			name := fmt.Sprintf("%v ±50%%", w)
+			if tail {
+				name += ", 5% at 4x"
+			}
+			fmt.Fprintf(&summary, "%-22s %8.3f %10.1f %9d %9.1f %9d %6d\n", name, x, mean, most, r*w.Seconds(), sat, res.rejected)
+			if x < 0.98 {
+				t.Errorf("%s: throughput %.3f of R, want >= 0.98", name, x)
+			}
+			if sat > 0 {
+				t.Errorf("%s: reported saturated in %d samples", name, sat)
+			}
+		}
+	}
+	t.Log(summary.String())
+}

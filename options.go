@@ -156,9 +156,10 @@ func WithHeadroom(f float64) Option {
 // fixes the limit. Defaults DefaultMinConcurrency and DefaultMaxConcurrency.
 //
 // Between the bounds the limit adapts to observed latency (send to body
-// done). With a rate it follows Little's law, ceil(1.1 x rate x latency),
-// latency counting its spread, so that the rate, not the limit, paces the
-// lane; it starts at max until the first answer. When latency rises at a
+// done). With a rate it follows Little's law: 1.1 x rate x latency, plus an
+// allowance for the spread of latencies (none when it does not vary), so
+// that the rate, not the limit, paces the lane; it is max until the first
+// answer. When latency rises at a
 // flat completion rate under the rate, the upstream is queueing sluice's own
 // requests, and the limit comes down to about what it serves at its no-load
 // latency. With no rate this gradient alone sets the limit, starting at 4
