@@ -243,7 +243,7 @@ func (c *controller) endWindow(l *lane, now time.Time) {
 		// under what the upstream served at baseline latency.
 		if c.suspect {
 			c.knee = int(inFlight * base / mean)
-			c.cap = max(1, int(backoff*inFlight*base/mean))
+			c.cap = max(l.cfg.minConc, int(backoff*inFlight*base/mean))
 			c.sinceCut = 1
 			if l.cfg.logger.Enabled(context.Background(), slog.LevelDebug) {
 				l.cfg.logger.Debug("sluice: upstream queueing; limit capped", "lane", l.key,
