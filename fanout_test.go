@@ -459,7 +459,11 @@ func TestForEachMillionItems(t *testing.T) {
 	// goroutines that have finished their item but not yet exited, which on
 	// a loaded machine can be several for a moment; a naive fan-out would
 	// show hundreds of thousands here.
-	if gs > 2*(limit+ForEachLookahead) {
+	// The exact bound is the peak of running items above. The sampled
+	// goroutine count also sees goroutines the runtime and earlier tests
+	// leave winding down on a loaded machine, so it is only checked against
+	// what a naive loop would start (every item at once).
+	if gs > 10*(limit+ForEachLookahead) {
 		t.Errorf("peak %d goroutines over the baseline, want about %d", gs, limit+ForEachLookahead)
 	}
 	if heap >= 64<<20 {
