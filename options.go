@@ -73,6 +73,7 @@ type config struct {
 	retryMin      int
 	key           func(*http.Request) string
 	logger        *slog.Logger
+	backend       Backend
 }
 
 func defaultConfig() config {
