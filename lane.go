@@ -31,6 +31,13 @@ type lane struct {
 	dispatching bool          // a dispatcher goroutine is running
 	kick        chan struct{} // wakes the dispatcher early; capacity 1
 
+	// be, when set, holds the lane's budget (see Backend): tokens come from
+	// it, the local bucket only keeps the lane's rate, and notBefore is when
+	// be said to ask again.
+	be         Backend
+	notBefore  time.Time
+	sharedCool time.Time // the latest cooldown passed to be.Cool
+
 	levels [numLevels]levelCounters
 	ctl    controller
 	fb     feedback    // what the server said; see feedback.go
@@ -51,6 +58,7 @@ func newLane(key string, cfg *config) *lane {
 		q:    waitQueue{aging: cfg.aging, lowShare: cfg.lowShare},
 		slot: slots{limit: cfg.maxConc},
 		kick: make(chan struct{}, 1),
+		be:   cfg.backend,
 	}
 	if r := cfg.perSecond(); r > 0 {
 		l.lim = rate.NewLimiter(rate.Limit(r), cfg.burst)
@@ -124,9 +132,9 @@ func tokensDelay(n, r float64) time.Duration {
 func (l *lane) estimate(now time.Time, p Priority) time.Duration {
 	var d time.Duration
 	start := now
-	if now.Before(l.cooldown) {
-		d = l.cooldown.Sub(now)
-		start = l.cooldown
+	if until := later(l.cooldown, l.notBefore); now.Before(until) {
+		d = until.Sub(now)
+		start = until
 	}
 	if l.lim == nil {
 		return d
@@ -175,7 +183,9 @@ func (l *lane) acquire(ctx context.Context, p Priority, enq time.Time) (time.Tim
 		enq = now
 	}
 	// Fast path: nobody waiting, token and slot free. No goroutine hand-off.
-	if l.q.len() == 0 && l.tryTake(now) {
+	// With a Backend every token is a call to it, which must not be made
+	// under mu: the dispatcher makes it.
+	if l.be == nil && l.q.len() == 0 && l.tryTake(now) {
 		l.grantedLocked(now, p, first)
 		l.levels[p].wait.Record(0)
 		l.mu.Unlock()
@@ -199,15 +209,17 @@ func (l *lane) acquire(ctx context.Context, p Priority, enq time.Time) (time.Tim
 
 	select {
 	case <-w.ready:
-		return enq, nil
+		return enq, w.err
 	case <-ctx.Done():
 		l.mu.Lock()
+		refunded := false
 		if w.granted {
 			// The grant and the cancellation raced and the grant won: give
 			// the token and the slot back, as if it had not happened. The
 			// caller sees its context's error and sends nothing.
 			l.refundLocked()
-		} else {
+			refunded = true
+		} else if w.err == nil {
 			l.q.remove(w)
 			if l.q.len() == 0 {
 				l.wake() // a dispatcher waiting for a slot may now exit
@@ -215,6 +227,9 @@ func (l *lane) acquire(ctx context.Context, p Priority, enq time.Time) (time.Tim
 		}
 		l.levels[p].cancelled++
 		l.mu.Unlock()
+		if refunded {
+			l.backendDone()
+		}
 		return enq, ctx.Err()
 	}
 }
@@ -234,10 +249,15 @@ func (l *lane) refund() {
 	l.mu.Lock()
 	l.refundLocked()
 	l.mu.Unlock()
+	l.backendDone()
 }
 
+// refundLocked gives back the token and the slot. A Backend's token is not
+// given back (a shared budget cannot take one back safely once others may
+// have been refused for it); its lease is, by the caller's backendDone
+// after mu is released. mu must be held.
 func (l *lane) refundLocked() {
-	if l.lim != nil {
+	if l.lim != nil && l.be == nil {
 		// A negative n adds a token back. x/time/rate caps tokens at burst
 		// on its next read, so a refund can never raise the bucket above a
 		// full one: the state is as if the grant had not been made.
@@ -259,6 +279,32 @@ func (l *lane) release(start time.Time, status int) {
 		l.wake()
 	}
 	l.mu.Unlock()
+	l.backendDone()
+}
+
+// backendDone tells the Backend, if any, that an attempt it granted is done.
+// mu must not be held: the Backend may talk to its store.
+func (l *lane) backendDone() {
+	if l.be != nil {
+		l.be.Done(l.key)
+	}
+}
+
+// shareCooldown passes the lane's cooldown to its Backend, if it has one and
+// the cooldown is later than the last one shared, so that every process on
+// the key pauses with it. It is called after a response is observed.
+func (l *lane) shareCooldown() {
+	l.mu.Lock()
+	until := l.cooldown
+	if !until.After(l.sharedCool) {
+		l.mu.Unlock()
+		return
+	}
+	l.sharedCool = until
+	l.mu.Unlock()
+	if err := l.be.Cool(context.Background(), l.key, until); err != nil {
+		l.cfg.logger.Warn("sluice: backend could not share a cooldown", "lane", l.key, "until", until, "err", err)
+	}
 }
 
 // setLimitLocked sets the in-flight limit, clamped to the configured bounds.
@@ -302,12 +348,12 @@ func (l *lane) dispatch() {
 			return
 		}
 		now := l.now()
-		if l.tryTake(now) {
-			w := l.q.pop()
-			w.granted = true
-			l.grantedLocked(now, w.level, w.first)
-			l.levels[w.level].wait.Record(now.Sub(w.start))
-			close(w.ready)
+		if l.be != nil && l.slot.free() && !now.Before(l.cooldown) && !now.Before(l.notBefore) {
+			l.takeShared() // unlocks mu
+			continue
+		}
+		if l.be == nil && l.tryTake(now) {
+			l.grantLocked(now, l.q.pop(), nil)
 			l.mu.Unlock()
 			continue
 		}
@@ -318,7 +364,9 @@ func (l *lane) dispatch() {
 		switch {
 		case now.Before(l.cooldown):
 			d = l.cooldown.Sub(now)
-		case l.slot.free():
+		case l.be != nil && now.Before(l.notBefore) && l.slot.free():
+			d = l.notBefore.Sub(now)
+		case l.be == nil && l.slot.free():
 			d = l.tokenDelay(now)
 		}
 		l.mu.Unlock()
@@ -333,4 +381,56 @@ func (l *lane) dispatch() {
 		case <-l.kick:
 		}
 	}
+}
+
+// grantLocked hands w its grant, or fails it with err. mu must be held.
+func (l *lane) grantLocked(now time.Time, w *waiter, err error) {
+	if err != nil {
+		w.err = err
+	} else {
+		w.granted = true
+		l.grantedLocked(now, w.level, w.first)
+		l.levels[w.level].wait.Record(now.Sub(w.start))
+	}
+	close(w.ready)
+}
+
+// takeShared asks the Backend for a token for the best waiter, holding a
+// slot for it meanwhile so that the token is never taken without a slot to
+// use it. The waiter is chosen after the Backend answers, so a request of a
+// higher level that arrives during the call gets the token. mu must be held;
+// it is released during the call and on return.
+func (l *lane) takeShared() {
+	l.slot.take()
+	r, burst := l.currentRate(), l.cfg.burst
+	l.mu.Unlock()
+	wait, err := l.be.Take(context.Background(), l.key, r, burst)
+	l.mu.Lock()
+	now := l.now()
+	switch {
+	case err != nil:
+		// The Backend refused to answer: fail one waiter with its error,
+		// and try the next one afresh.
+		l.slot.put()
+		if w := l.q.pop(); w != nil {
+			l.grantLocked(now, w, err)
+		}
+	case wait > 0:
+		l.slot.put()
+		// A Backend that names an absurd wait is held to the cap that
+		// applies to a server's Retry-After.
+		l.notBefore = now.Add(min(wait, l.cfg.maxRetryAfter))
+	default:
+		if w := l.q.pop(); w != nil {
+			l.grantLocked(now, w, nil)
+			break
+		}
+		// Every waiter left during the call. The shared token is spent;
+		// the slot and any lease go back.
+		l.slot.put()
+		l.mu.Unlock()
+		l.be.Done(l.key)
+		return
+	}
+	l.mu.Unlock()
 }

@@ -66,8 +66,9 @@ type waiter struct {
 	start   time.Time // enqueue time of this attempt (measures its wait)
 	index   int       // position in its level's heap; -1 once removed
 	ready   chan struct{}
-	first   bool // the logical request's first attempt
-	granted bool
+	first   bool  // the logical request's first attempt
+	granted bool  // set under the lane's lock before ready is closed
+	err     error // set instead of granted when the lane fails the waiter
 }
 
 // levelHeap is a min-heap of the waiters of one level by (rank, seq).

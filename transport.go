@@ -138,6 +138,9 @@ func (t *Transport) attempt(l *lane, req *http.Request, p Priority, enq time.Tim
 	}
 	if signals(resp) {
 		l.observe(resp, start)
+		if l.be != nil {
+			l.shareCooldown()
+		}
 	}
 	// A protocol switch keeps the connection for as long as it lives; it is
 	// not a request in flight, and its body must stay writable.
