@@ -297,10 +297,16 @@ func (l *lane) settle(now time.Time, status int) {
 
 // currentRate returns the lane's pace now, 0 if not paced. mu must be held.
 func (l *lane) currentRate() float64 {
-	if l.lim == nil || l.lim.Limit() == rate.Inf {
+	if l.lim == nil {
 		return 0
 	}
-	return float64(l.lim.Limit())
+	// One read: each takes the limiter's own lock, and this is on the path
+	// of every response.
+	r := l.lim.Limit()
+	if r == rate.Inf {
+		return 0
+	}
+	return float64(r)
 }
 
 // coolLocked extends the lane's cooldown to until. mu must be held.
