@@ -118,7 +118,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 // enqueue time (zero for a first attempt); attempt returns it for the next.
 func (t *Transport) attempt(l *lane, req *http.Request, p Priority, enq time.Time) (*http.Response, time.Time, error) {
 	ctx := req.Context()
-	enq, err := l.acquire(ctx, p, enq)
+	enq, start, err := l.acquire(ctx, p, enq)
 	if err != nil {
 		closeBody(req)
 		return nil, enq, err
@@ -130,7 +130,6 @@ func (t *Transport) attempt(l *lane, req *http.Request, p Priority, enq time.Tim
 		closeBody(req)
 		return nil, enq, err
 	}
-	start := time.Now()
 	resp, err := t.base.RoundTrip(req)
 	if err != nil {
 		l.release(start, 0)

@@ -297,7 +297,7 @@ func TestCancelAfterGrantRefundsToken(t *testing.T) {
 		tr := mustNew(t, base, WithRate(1, time.Minute))
 		l := tr.lane("api.test")
 		ctx, cancel := context.WithCancel(t.Context())
-		if _, err := l.acquire(ctx, Normal, time.Time{}); err != nil {
+		if _, _, err := l.acquire(ctx, Normal, time.Time{}); err != nil {
 			t.Fatal(err)
 		}
 		cancel()
@@ -468,7 +468,7 @@ func TestGrantWinsRaceWithCancel(t *testing.T) {
 			ctx, cancel := context.WithCancel(t.Context())
 			errc := make(chan error)
 			go func() {
-				_, err := l.acquire(ctx, Normal, time.Time{})
+				_, _, err := l.acquire(ctx, Normal, time.Time{})
 				errc <- err
 			}()
 			synctest.Wait() // queued, blocked in select
