@@ -1,0 +1,380 @@
+package sluiceredis
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"golang.org/x/time/rate"
+
+	"github.com/sluice-go/sluice"
+)
+
+var _ sluice.Backend = (*Backend)(nil)
+
+// A Backend is a sluice.Backend that keeps budgets in Redis, so that every
+// process using the same Redis and the same key draws on one budget. Create
+// it with New; the zero Backend is not usable. A Backend is safe for
+// concurrent use. It runs no goroutines, so it needs no closing; the client
+// stays the caller's to close.
+type Backend struct {
+	client redis.UniversalClient
+	cfg    config
+	self   string // starts this Backend's lease members
+	seq    atomic.Uint64
+	health health
+
+	mu      sync.Mutex
+	budgets map[string]*budget
+}
+
+// budget is this process's side of one key's budget. Its fields are guarded
+// by mu, which is never held across a Redis call.
+type budget struct {
+	keys keys
+
+	mu      sync.Mutex
+	cool    time.Time     // the latest cooldown end this process knows of
+	pending []reservation // tokens reserved in Redis and not yet due, by due time
+	held    []string      // leases of attempts granted and not yet Done; "" for a fallback grant
+	local   int           // fallback grants in held
+	release []string      // leases to remove with the next script call
+	lim     *rate.Limiter // the fallback budget; nil until first needed
+	last    time.Time     // the latest time given to lim
+}
+
+// A reservation is a token take.lua set aside for this process: it may send
+// once due has come. Holding it locally is what lets the next Take for the
+// key answer without a round trip.
+type reservation struct {
+	due   time.Time
+	lease string // "" without an in-flight cap
+}
+
+// New returns a Backend that keeps its budgets in the Redis behind client.
+// It fails if an option is invalid, or if client is a *redis.Client,
+// *redis.ClusterClient or *redis.Ring without ContextTimeoutEnabled: go-redis
+// would then ignore the deadline of every call and wait up to its own
+// ReadTimeout (3s by default) on a stalled Redis, and WithTimeout could not
+// keep its promise. (A client of another type must honour context
+// deadlines too.)
+func New(client redis.UniversalClient, opts ...Option) (*Backend, error) {
+	if client == nil {
+		return nil, errors.New("sluiceredis: New: nil client")
+	}
+	cfg := defaultConfig()
+	for _, o := range opts {
+		if o == nil {
+			return nil, invalid("nil Option")
+		}
+		if err := o.apply(&cfg); err != nil {
+			return nil, err
+		}
+	}
+	if !contextTimeouts(client) {
+		return nil, fmt.Errorf("sluiceredis: New: the client's options have ContextTimeoutEnabled false, so go-redis would not bound calls by WithTimeout (%v); set ContextTimeoutEnabled: true", cfg.timeout)
+	}
+	var id [8]byte
+	_, _ = rand.Read(id[:]) // never fails (crypto/rand panics instead)
+	return &Backend{
+		client:  client,
+		cfg:     cfg,
+		self:    hex.EncodeToString(id[:]),
+		health:  health{every: cfg.probeEvery},
+		budgets: make(map[string]*budget),
+	}, nil
+}
+
+func contextTimeouts(c redis.UniversalClient) bool {
+	switch c := c.(type) {
+	case *redis.Client:
+		return c.Options().ContextTimeoutEnabled
+	case *redis.ClusterClient:
+		return c.Options().ContextTimeoutEnabled
+	case *redis.Ring:
+		return c.Options().ContextTimeoutEnabled
+	}
+	return true
+}
+
+// Take takes a token from the budget named key, refilling at rate tokens
+// per second up to burst (see sluice.Backend), and with WithInFlight a
+// lease with it. It returns 0 when both are the caller's, or how long to
+// wait before asking again.
+//
+// A token that is not due yet is reserved in Redis for this process, and
+// the wait returned is until it is due; asking again then takes it without
+// a Redis call. So each token granted costs one Redis call, however many
+// processes contend. A reservation is dropped (its token wasted) when
+// nobody asks for it within max(1/rate, 10ms) of its due time, because a
+// token used late would add to a window the rest of the fleet has already
+// filled.
+//
+// When Redis cannot be reached within the timeout, Take falls back to a
+// local budget of WithFallbackShare of the rate and returns no error, or,
+// with a share of 0, returns an error wrapping ErrUnavailable. While Redis
+// is down, one Take a second tries it again; the others do not wait for it.
+// An error is also returned if ctx ends during the call.
+func (b *Backend) Take(ctx context.Context, key string, rate float64, burst int) (time.Duration, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	bg := b.budget(key)
+	now := time.Now()
+	bg.mu.Lock()
+	if w, ok := bg.takeLocal(now, rate); ok {
+		bg.mu.Unlock()
+		return w, nil
+	}
+	release := bg.release
+	bg.release = nil
+	bg.mu.Unlock()
+
+	if !b.health.use(now) {
+		bg.requeue(release)
+		return b.fallback(bg, now, rate, burst)
+	}
+	var lease string
+	if b.cfg.leases > 0 {
+		lease = b.self + ":" + strconv.FormatUint(b.seq.Add(1), 36)
+	}
+	cctx, cancel := context.WithTimeout(ctx, b.cfg.timeout)
+	st, wait, err := runTake(cctx, b.client, bg.keys, takeArgs{
+		rate:     rate,
+		burst:    burst,
+		leases:   b.cfg.leases,
+		leaseTTL: b.cfg.leaseTTL,
+		member:   lease,
+	}, release)
+	cancel()
+	now = time.Now()
+	if err != nil {
+		// A call that failed may still have run: its lease then expires
+		// with its ttl, and its token is lost, both on the safe side.
+		bg.requeue(release)
+		if ctx.Err() != nil {
+			return 0, ctx.Err() // the caller gave up; that says nothing of Redis
+		}
+		b.failed(now, err)
+		return b.fallback(bg, now, rate, burst)
+	}
+	b.recovered(now)
+	return bg.apply(now, st, wait, lease), nil
+}
+
+// Done releases one of this process's leases on key, when WithInFlight is
+// set; otherwise it does nothing. The release is one Redis call bounded by
+// the timeout; while Redis is unreachable it is not tried, and the lease
+// goes with the next Take's call, or expires.
+func (b *Backend) Done(key string) {
+	if b.cfg.leases == 0 {
+		return
+	}
+	b.mu.Lock()
+	bg := b.budgets[key]
+	b.mu.Unlock()
+	if bg == nil {
+		return
+	}
+	bg.mu.Lock()
+	n := len(bg.held)
+	if n == 0 {
+		bg.mu.Unlock()
+		return
+	}
+	id := bg.held[n-1]
+	bg.held = bg.held[:n-1]
+	if id == "" {
+		bg.local--
+		bg.mu.Unlock()
+		return
+	}
+	if !b.health.up() {
+		bg.release = append(bg.release, id)
+		bg.mu.Unlock()
+		return
+	}
+	bg.mu.Unlock()
+
+	ctx, cancel := context.WithTimeout(context.Background(), b.cfg.timeout)
+	err := b.client.ZRem(ctx, bg.keys.lease(), id).Err()
+	cancel()
+	if err != nil {
+		bg.requeue([]string{id})
+		b.failed(time.Now(), err)
+	}
+}
+
+// Cool records that nothing may be sent under key before until, in this
+// process at once and, through Redis, in every process that shares key.
+// Other processes learn of it at their next Take for key; one that already
+// holds a reserved token may still send it. The cooldown is sent to Redis
+// as a duration from now, so process clocks do not matter. If Redis cannot
+// be reached, the cooldown holds in this process only and Cool returns an
+// error wrapping ErrUnavailable.
+func (b *Backend) Cool(ctx context.Context, key string, until time.Time) error {
+	bg := b.budget(key)
+	now := time.Now()
+	bg.mu.Lock()
+	bg.coolUntil(until)
+	bg.mu.Unlock()
+	d := until.Sub(now)
+	if d <= 0 {
+		return nil
+	}
+	if !b.health.use(now) {
+		return fmt.Errorf("sluiceredis: cooldown of %q not shared: %w", key, b.health.unavailable())
+	}
+	cctx, cancel := context.WithTimeout(ctx, b.cfg.timeout)
+	err := runCool(cctx, b.client, bg.keys, d)
+	cancel()
+	now = time.Now()
+	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		b.failed(now, err)
+		return fmt.Errorf("sluiceredis: cooldown of %q not shared: %w: %w", key, ErrUnavailable, err)
+	}
+	b.recovered(now)
+	return nil
+}
+
+func (b *Backend) budget(key string) *budget {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	bg := b.budgets[key]
+	if bg == nil {
+		bg = &budget{keys: newKeys(b.cfg.prefix, key)}
+		b.budgets[key] = bg
+	}
+	return bg
+}
+
+// fallback serves a Take from the local budget while Redis is unreachable.
+func (b *Backend) fallback(bg *budget, now time.Time, rate float64, burst int) (time.Duration, error) {
+	if b.cfg.share == 0 {
+		return 0, b.health.unavailable()
+	}
+	bg.mu.Lock()
+	defer bg.mu.Unlock()
+	if b.cfg.leases > 0 && bg.local >= b.cfg.fallbackLeases() {
+		return leasePoll, nil
+	}
+	if rate > 0 {
+		lb := max(1, int(float64(max(burst, 1))*b.cfg.share))
+		if w := bg.localTake(now, rate*b.cfg.share, lb); w > 0 {
+			return w, nil
+		}
+	}
+	if b.cfg.leases > 0 {
+		bg.held = append(bg.held, "")
+		bg.local++
+	}
+	return 0, nil
+}
+
+func (b *Backend) failed(now time.Time, err error) {
+	if !b.health.fail(now, err) {
+		return
+	}
+	if b.cfg.share == 0 {
+		b.cfg.logger.Warn("sluiceredis: redis unreachable; refusing requests until it answers",
+			"err", err, "probe", b.cfg.probeEvery)
+		return
+	}
+	b.cfg.logger.Warn("sluiceredis: redis unreachable; using a local budget until it answers",
+		"err", err, "share", b.cfg.share, "probe", b.cfg.probeEvery)
+}
+
+func (b *Backend) recovered(now time.Time) {
+	if d := b.health.ok(now); d > 0 {
+		b.cfg.logger.Info("sluiceredis: redis answers again; using the shared budget", "down", d)
+	}
+}
+
+// takeLocal answers a Take without Redis when it can: during a cooldown it
+// knows of, or from a reservation. bg.mu must be held.
+func (bg *budget) takeLocal(now time.Time, rate float64) (time.Duration, bool) {
+	if d := bg.cool.Sub(now); d > 0 {
+		return d, true
+	}
+	stale := 10 * time.Millisecond
+	if rate > 0 {
+		stale = max(stale, time.Duration(float64(time.Second)/rate))
+	}
+	for len(bg.pending) > 0 && now.Sub(bg.pending[0].due) > stale {
+		if l := bg.pending[0].lease; l != "" {
+			bg.release = append(bg.release, l)
+		}
+		bg.pending = bg.pending[1:]
+	}
+	if len(bg.pending) == 0 {
+		return 0, false
+	}
+	r := bg.pending[0]
+	if d := r.due.Sub(now); d > 0 {
+		return d, true
+	}
+	bg.pending = bg.pending[1:]
+	if r.lease != "" {
+		bg.held = append(bg.held, r.lease)
+	}
+	return 0, true
+}
+
+// apply records what take.lua decided and returns Take's wait.
+func (bg *budget) apply(now time.Time, st status, wait time.Duration, lease string) time.Duration {
+	bg.mu.Lock()
+	defer bg.mu.Unlock()
+	switch st {
+	case taken:
+		if lease != "" {
+			bg.held = append(bg.held, lease)
+		}
+		return 0
+	case reserved:
+		// Counted from after the reply: the token is due no earlier.
+		r := reservation{due: now.Add(wait), lease: lease}
+		i := len(bg.pending)
+		for i > 0 && bg.pending[i-1].due.After(r.due) {
+			i--
+		}
+		bg.pending = append(bg.pending[:i], append([]reservation{r}, bg.pending[i:]...)...)
+	case cooling:
+		bg.coolUntil(now.Add(wait))
+	}
+	return max(wait, time.Microsecond)
+}
+
+// coolUntil extends the cooldown this process knows of. Reserved tokens due
+// before it ends are kept and come due when it ends: sending them later
+// than reserved stays within the budget. bg.mu must be held.
+func (bg *budget) coolUntil(t time.Time) {
+	if !t.After(bg.cool) {
+		return
+	}
+	bg.cool = t
+	for i := range bg.pending {
+		if bg.pending[i].due.Before(t) {
+			bg.pending[i].due = t
+		}
+	}
+}
+
+// requeue keeps leases whose release did not reach Redis for the next call.
+func (bg *budget) requeue(ids []string) {
+	if len(ids) == 0 {
+		return
+	}
+	bg.mu.Lock()
+	bg.release = append(bg.release, ids...)
+	bg.mu.Unlock()
+}

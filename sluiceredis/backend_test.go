@@ -1,0 +1,198 @@
+package sluiceredis
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+func TestNewRejectsBadOptions(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: deadAddr(t), ContextTimeoutEnabled: true})
+	defer c.Close()
+	for _, tc := range []struct {
+		opt  Option
+		want string // in the error
+	}{
+		{WithPrefix("a{b"), `WithPrefix("a{b")`},
+		{WithTimeout(0), "WithTimeout(0s)"},
+		{WithTimeout(-time.Second), "WithTimeout(-1s)"},
+		{WithFallbackShare(-0.1), "WithFallbackShare(-0.1)"},
+		{WithFallbackShare(1.5), "WithFallbackShare(1.5)"},
+		{WithInFlight(0, time.Second), "WithInFlight(0, 1s)"},
+		{WithInFlight(3, 0), "WithInFlight(3, 0s)"},
+		{WithLogger(nil), "WithLogger(nil)"},
+		{nil, "nil Option"},
+	} {
+		_, err := New(c, tc.opt)
+		if !errors.Is(err, ErrInvalidOption) || !strings.Contains(err.Error(), tc.want) ||
+			!strings.HasPrefix(err.Error(), "sluiceredis: ") {
+			t.Errorf("New(%s): err = %v, want ErrInvalidOption naming %s", tc.want, err, tc.want)
+		}
+	}
+	if _, err := New(c, WithPrefix("app:"), WithTimeout(time.Second), WithFallbackShare(0),
+		WithInFlight(1, time.Minute)); err != nil {
+		t.Errorf("New with good options: %v", err)
+	}
+	if _, err := New(nil); err == nil {
+		t.Error("New(nil): no error")
+	}
+}
+
+func TestNewRequiresContextTimeouts(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: deadAddr(t)})
+	defer c.Close()
+	_, err := New(c)
+	if err == nil || !strings.Contains(err.Error(), "ContextTimeoutEnabled") {
+		t.Fatalf("New(client without ContextTimeoutEnabled): err = %v, want one naming it", err)
+	}
+}
+
+// TestTakeSharesBudget checks GCRA across two Backends (two processes, as
+// far as Redis can tell): the burst, then reservations queued one interval
+// apart across both, each costing one round trip and answered locally after.
+func TestTakeSharesBudget(t *testing.T) {
+	srv := startRedis(t)
+	c1, c2 := newClient(t, srv.Addr()), newClient(t, srv.Addr())
+	n1 := countCalls(c1)
+	b1, b2 := newBackend(t, c1), newBackend(t, c2)
+	ctx := context.Background()
+	const interval = 100 * time.Millisecond // rate 10/s
+
+	for i := range 3 { // burst 3
+		if w, err := b1.Take(ctx, "api", 10, 3); w != 0 || err != nil {
+			t.Fatalf("Take %d of the burst = %v, %v; want 0, nil", i, w, err)
+		}
+	}
+	// The burst is spent: the next token is due one interval after the
+	// first was taken, and is reserved for b1.
+	start := time.Now()
+	w1, err := b1.Take(ctx, "api", 10, 3)
+	if err != nil || w1 <= interval/2 || w1 > interval {
+		t.Fatalf("Take past the burst = %v, %v; want a wait in (%v, %v]", w1, err, interval/2, interval)
+	}
+	// b2 cannot have that token: it gets the one after, an interval later.
+	w2, err := b2.Take(ctx, "api", 10, 3)
+	if err != nil || w2 <= w1+interval/2 || w2 > w1+interval+10*time.Millisecond {
+		t.Fatalf("second process's Take = %v, %v; want about %v + %v", w2, err, w1, interval)
+	}
+	// Asking again before the reservation is due answers from it, with no
+	// round trip, and so does taking it when it is due.
+	calls := n1.n.Load()
+	if w, err := b1.Take(ctx, "api", 10, 3); err != nil || w <= 0 || w > w1 {
+		t.Fatalf("Take before the reservation is due = %v, %v; want 0 < wait <= %v", w, err, w1)
+	}
+	time.Sleep(w1 - time.Since(start))
+	if w, err := b1.Take(ctx, "api", 10, 3); w != 0 || err != nil {
+		t.Fatalf("Take when the reservation is due = %v, %v; want 0, nil", w, err)
+	}
+	if got := n1.n.Load() - calls; got != 0 {
+		t.Errorf("answering from a reservation cost %d round trips, want 0", got)
+	}
+}
+
+func TestTakeOneRoundTripPerGrant(t *testing.T) {
+	srv := startRedis(t)
+	c := newClient(t, srv.Addr())
+	b := newBackend(t, c)
+	b.Take(context.Background(), "warm", 1, 1) // loads the script: EVALSHA, then EVAL
+	n := countCalls(c)
+	grants := takeUntil(t, b, "api", 200, 1, time.Now().Add(300*time.Millisecond))
+	if len(grants) < 20 {
+		t.Fatalf("%d grants in 300ms at 200/s", len(grants))
+	}
+	// The last call may have reserved a token the loop stopped before using.
+	if calls := n.n.Load(); calls > int64(len(grants))+1 {
+		t.Errorf("%d round trips for %d grants, want at most one each", calls, len(grants))
+	}
+}
+
+func TestCoolIsShared(t *testing.T) {
+	srv := startRedis(t)
+	c := newClient(t, srv.Addr())
+	b1, b2 := newBackend(t, c), newBackend(t, newClient(t, srv.Addr()))
+	ctx := context.Background()
+
+	if err := b1.Cool(ctx, "api", time.Now().Add(400*time.Millisecond)); err != nil {
+		t.Fatal(err)
+	}
+	w, err := b2.Take(ctx, "api", 100, 1)
+	if err != nil || w <= 300*time.Millisecond || w > 400*time.Millisecond {
+		t.Fatalf("Take during another process's cooldown = %v, %v; want about 400ms", w, err)
+	}
+	// An earlier end is ignored.
+	if err := b2.Cool(ctx, "api", time.Now().Add(50*time.Millisecond)); err != nil {
+		t.Fatal(err)
+	}
+	if w, err := b2.Take(ctx, "other", 0, 1); w != 0 || err != nil {
+		t.Fatalf("Take on a key without cooldown = %v, %v", w, err)
+	}
+	// Unpaced budgets obey cooldowns too.
+	if w, err := newBackend(t, c).Take(ctx, "api", 0, 1); w <= 300*time.Millisecond || err != nil {
+		t.Fatalf("unpaced Take during a cooldown = %v, %v; want about 400ms", w, err)
+	}
+	if ttl := c.PTTL(ctx, "sluice:{api}:cool").Val(); ttl <= 300*time.Millisecond || ttl > 400*time.Millisecond {
+		t.Errorf("cooldown key PTTL = %v, want it to expire with the cooldown", ttl)
+	}
+	time.Sleep(w + 5*time.Millisecond)
+	if w, err := b1.Take(ctx, "api", 100, 1); w != 0 || err != nil {
+		t.Fatalf("Take after the cooldown = %v, %v; want 0, nil", w, err)
+	}
+	if err := b1.Cool(ctx, "api", time.Now().Add(-time.Second)); err != nil {
+		t.Errorf("Cool in the past: %v", err)
+	}
+}
+
+func TestKeysAreTaggedAndExpire(t *testing.T) {
+	srv := startRedis(t)
+	c := newClient(t, srv.Addr())
+	b := newBackend(t, c, WithPrefix("app:"), WithInFlight(4, 200*time.Millisecond))
+	ctx := context.Background()
+	if w, err := b.Take(ctx, "api.example.com", 20, 1); w != 0 || err != nil {
+		t.Fatalf("Take = %v, %v", w, err)
+	}
+	keys, err := c.Keys(ctx, "*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]bool{"app:{api.example.com}:tat": true, "app:{api.example.com}:lease": true}
+	if len(keys) != len(want) || !want[keys[0]] || !want[keys[1]] {
+		t.Fatalf("keys = %q, want %v", keys, want)
+	}
+	for k := range want {
+		if ttl := c.PTTL(ctx, k).Val(); ttl <= 0 || ttl > 200*time.Millisecond {
+			t.Errorf("PTTL %s = %v, want (0, 200ms]: idle budgets vanish", k, ttl)
+		}
+	}
+	time.Sleep(250 * time.Millisecond)
+	if n := c.Exists(ctx, "app:{api.example.com}:tat", "app:{api.example.com}:lease").Val(); n != 0 {
+		t.Errorf("%d keys left after their expiry", n)
+	}
+}
+
+func TestUnpacedTakesWithoutGCRA(t *testing.T) {
+	srv := startRedis(t)
+	c := newClient(t, srv.Addr())
+	b := newBackend(t, c)
+	for range 50 {
+		if w, err := b.Take(context.Background(), "api", 0, 1); w != 0 || err != nil {
+			t.Fatalf("unpaced Take = %v, %v", w, err)
+		}
+	}
+	if n := c.Exists(context.Background(), "sluice:{api}:tat").Val(); n != 0 {
+		t.Error("an unpaced budget wrote GCRA state")
+	}
+}
+
+func TestTakeHonoursCallerContext(t *testing.T) {
+	srv := startRedis(t)
+	b := newBackend(t, newClient(t, srv.Addr()))
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := b.Take(ctx, "api", 1, 1); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Take with a cancelled context: %v", err)
+	}
+}

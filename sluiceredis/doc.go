@@ -1,0 +1,38 @@
+// Package sluiceredis keeps sluice's budgets in Redis, so that a fleet of
+// processes calling an API with one key shares one rate limit instead of
+// each spending the whole of it.
+//
+//	rdb := redis.NewClient(&redis.Options{Addr: "redis:6379", ContextTimeoutEnabled: true})
+//	b, err := sluiceredis.New(rdb)
+//	...
+//	tr, err := sluice.New(nil, sluice.WithRate(500, time.Minute), sluice.WithBackend(b))
+//
+// Every process that uses the same Redis, the same prefix and the same lane
+// key (the URL host by default) draws on one budget: together they send at
+// most rate x T + burst requests in any window T, and together they can use
+// all of the rate. Each process still orders its own waiters by priority and
+// still learns the rate from the server; a cooldown one process learns from
+// a Retry-After reaches the others through Redis.
+//
+// # How
+//
+// One Lua script decides an admission in one round trip, on the Redis
+// server's clock (so process clocks do not matter): it checks the key's
+// shared cooldown, then its in-flight leases (WithInFlight), then runs GCRA.
+// A token not yet due is reserved for the asking process, which sends when
+// it is due: each admitted request costs exactly one Redis call, however
+// many processes contend. With WithInFlight, Done costs one more call, to
+// release the lease. Keys are named prefix + "{" + key + "}" + a suffix (a
+// Redis Cluster hash tag, so that one budget lives in one slot) and expire
+// when idle.
+//
+// # When Redis is down
+//
+// Every call is bounded by WithTimeout (DefaultTimeout, 50ms). When Redis
+// does not answer, a Backend falls back to a local budget of
+// WithFallbackShare of the rate (DefaultFallbackShare, a quarter), logs
+// once, tries Redis again once a second, and logs once more when it is
+// back. No request waits on a dead Redis for more than the timeout. With
+// WithFallbackShare(0) it refuses instead: Take returns an error wrapping
+// ErrUnavailable, and sluice fails the request with it.
+package sluiceredis

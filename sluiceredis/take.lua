@@ -1,0 +1,65 @@
+-- One admission decision for one budget, in one round trip: the shared
+-- cooldown, then the in-flight leases, then GCRA. Times are integer
+-- microseconds of the Redis server's clock, so process clocks do not matter.
+--
+-- KEYS[1] GCRA theoretical arrival time   KEYS[2] cooldown end
+-- KEYS[3] leases (sorted set, score = expiry)
+-- ARGV[1] emission interval (0: not paced)   ARGV[2] burst tolerance
+-- ARGV[3] lease cap (0: none)   ARGV[4] lease ttl   ARGV[5] lease member
+-- ARGV[6] longest wait to return when every lease is held
+-- ARGV[7..] this process's leases to remove first
+--
+-- Returns {status, wait}: 0 taken now; 1 reserved, due in wait (the token
+-- is the caller's, it must not send before then); 2 cooling down for wait;
+-- 3 every lease held, ask again in wait. With a lease cap, statuses 0 and 1
+-- also take the lease ARGV[5].
+
+-- Writes after TIME need effects replication; it is the only mode from
+-- Redis 7 on, and this call turns it on for Redis 3.2 to 6.
+if redis.replicate_commands then redis.replicate_commands() end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+
+if #ARGV >= 7 then
+  redis.call('ZREM', KEYS[3], unpack(ARGV, 7))
+end
+
+local cool = tonumber(redis.call('GET', KEYS[2]))
+if cool and cool > now then
+  return {2, cool - now}
+end
+
+local cap = tonumber(ARGV[3])
+if cap > 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
+  if redis.call('ZCARD', KEYS[3]) >= cap then
+    local first = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
+    local wait = math.min(tonumber(first[2]) - now, tonumber(ARGV[6]))
+    return {3, math.max(wait, 1)}
+  end
+end
+
+local wait = 0
+local interval = tonumber(ARGV[1])
+if interval > 0 then
+  -- GCRA: a token is due at tat - tolerance. It is taken (or reserved, when
+  -- due later) by moving tat one interval on, so that processes polling for
+  -- the same token cannot all win it, and none need ask twice.
+  local tat = math.max(tonumber(redis.call('GET', KEYS[1])) or now, now)
+  wait = math.max(tat - tonumber(ARGV[2]) - now, 0)
+  local nt = tat + interval
+  -- Once nt has passed the state is the same as no state: let it vanish.
+  redis.call('SET', KEYS[1], string.format('%.0f', nt), 'PX', math.ceil((nt - now) / 1000))
+end
+
+if cap > 0 then
+  -- A reserved token's lease starts counting at the token's due time.
+  redis.call('ZADD', KEYS[3], string.format('%.0f', now + wait + tonumber(ARGV[4])), ARGV[5])
+  local last = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')
+  redis.call('PEXPIRE', KEYS[3], math.ceil((tonumber(last[2]) - now) / 1000))
+end
+
+if wait > 0 then
+  return {1, wait}
+end
+return {0, 0}
