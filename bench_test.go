@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -89,46 +90,66 @@ func send(rt http.RoundTripper, req *http.Request) error {
 }
 
 // BenchmarkWaitQueue measures the queue operations at a depth of n waiters:
-// enqueue, grant (pop the best) and cancel (remove from the middle).
+// enqueue, grant (pop the best) and cancel (remove from the middle), with
+// every waiter anonymous and with the waiters spread over 10,000 tenants
+// that take turns.
 func BenchmarkWaitQueue(b *testing.B) {
-	for _, n := range []int{1_000, 10_000, 100_000} {
-		fill := func() (*waitQueue, []*waiter) {
-			q := &waitQueue{aging: time.Second, lowShare: 5}
-			ws := make([]*waiter, n)
-			t0 := time.Unix(1e9, 0)
-			for i := range ws {
-				ws[i] = &waiter{level: Priority(i % numLevels), enq: t0.Add(time.Duration(i) * time.Millisecond), ready: make(chan struct{})}
-				q.push(ws[i])
-			}
-			return q, ws
+	for _, tenants := range []int{0, 10_000} {
+		for _, n := range []int{1_000, 10_000, 100_000} {
+			benchWaitQueue(b, n, tenants)
 		}
-		b.Run(fmt.Sprintf("enqueue+grant/depth=%d", n), func(b *testing.B) {
-			q, _ := fill()
-			t0 := time.Unix(2e9, 0)
-			i := 0
-			b.ReportAllocs()
-			for b.Loop() {
-				i++
-				q.push(&waiter{level: Priority(i % numLevels), enq: t0.Add(time.Duration(i)), ready: make(chan struct{})})
-				q.pop()
-			}
-		})
-		b.Run(fmt.Sprintf("cancel/depth=%d", n), func(b *testing.B) {
-			q, ws := fill()
-			i := 0
-			for b.Loop() {
-				w := ws[(i*7919)%n]
-				i++
-				q.remove(w)
-				q.push(w) // keep the depth
-			}
-		})
-		b.Run(fmt.Sprintf("bytes-per-waiter/depth=%d", n), func(b *testing.B) {
-			for b.Loop() {
-				fill()
-			}
-			b.ReportMetric(0, "ns/op")
-			b.ReportAllocs()
-		})
 	}
+}
+
+func benchWaitQueue(b *testing.B, n, tenants int) {
+	const limit = 256
+	id := func(i int) string {
+		if tenants == 0 {
+			return ""
+		}
+		return strconv.Itoa(i % tenants)
+	}
+	fill := func() (*waitQueue, []*waiter) {
+		q := &waitQueue{aging: time.Second, lowShare: 5}
+		q.init([numLevels]float64{})
+		ws := make([]*waiter, n)
+		t0 := time.Unix(1e9, 0)
+		for i := range ws {
+			p := Priority(i % numLevels)
+			ws[i] = &waiter{level: p, tn: q.levels[p].tenant(id(i)), enq: t0.Add(time.Duration(i) * time.Millisecond), ready: make(chan struct{})}
+			q.push(ws[i], limit)
+		}
+		return q, ws
+	}
+	name := fmt.Sprintf("depth=%d/tenants=%d", n, tenants)
+	b.Run("enqueue+grant/"+name, func(b *testing.B) {
+		q, _ := fill()
+		t0 := time.Unix(2e9, 0)
+		i := 0
+		b.ReportAllocs()
+		for b.Loop() {
+			i++
+			p := Priority(i % numLevels)
+			q.push(&waiter{level: p, tn: q.levels[p].tenant(id(i)), enq: t0.Add(time.Duration(i)), ready: make(chan struct{})}, limit)
+			q.pop(limit)
+		}
+	})
+	b.Run("cancel/"+name, func(b *testing.B) {
+		q, ws := fill()
+		i := 0
+		for b.Loop() {
+			w := ws[(i*7919)%n]
+			i++
+			q.remove(w)
+			w.tn = q.levels[w.level].tenant(w.tn.id) // the record may have been dropped
+			q.push(w, limit)                         // keep the depth
+		}
+	})
+	b.Run("bytes-per-waiter/"+name, func(b *testing.B) {
+		for b.Loop() {
+			fill()
+		}
+		b.ReportMetric(0, "ns/op")
+		b.ReportAllocs()
+	})
 }

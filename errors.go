@@ -25,17 +25,28 @@ const (
 	ReasonDeadline Reason = iota
 	// ReasonMaxWait: the estimated wait exceeds WithMaxWait for the level.
 	ReasonMaxWait
+	// ReasonQueueFull: the lane already has WithMaxQueue attempts waiting.
+	// The lane is saturated.
+	ReasonQueueFull
+	// ReasonTenantQueue: the request's tenant already has WithTenantQueue
+	// attempts waiting in the lane. That tenant is too busy; others may be
+	// served.
+	ReasonTenantQueue
 
 	numReasons
 )
 
-// String returns "deadline" or "max-wait".
+// String returns "deadline", "max-wait", "queue-full" or "tenant-queue".
 func (r Reason) String() string {
 	switch r {
 	case ReasonDeadline:
 		return "deadline"
 	case ReasonMaxWait:
 		return "max-wait"
+	case ReasonQueueFull:
+		return "queue-full"
+	case ReasonTenantQueue:
+		return "tenant-queue"
 	}
 	return fmt.Sprintf("Reason(%d)", int(r))
 }
@@ -52,9 +63,19 @@ type RejectedError struct {
 	Wait       time.Duration
 	RetryAfter time.Duration
 	Limit      time.Duration // the deadline's remaining time, or the max wait
+	// Tenant is the request's tenant (see WithTenant); Queued is, for the
+	// queue bounds, how many attempts were already waiting.
+	Tenant string
+	Queued int
 }
 
 func (e *RejectedError) Error() string {
+	switch e.Reason {
+	case ReasonQueueFull:
+		return fmt.Sprintf("sluice: %s request to %q rejected: %d attempts already queued", e.Priority, e.Key, e.Queued)
+	case ReasonTenantQueue:
+		return fmt.Sprintf("sluice: %s request to %q rejected: tenant %q already has %d attempts queued", e.Priority, e.Key, e.Tenant, e.Queued)
+	}
 	return fmt.Sprintf("sluice: %s request to %q rejected: estimated wait %v exceeds %s %v",
 		e.Priority, e.Key, e.Wait.Round(time.Millisecond), e.Reason, e.Limit.Round(time.Millisecond))
 }

@@ -66,6 +66,7 @@ func newLane(key string, cfg *config) *lane {
 		l.lim = rate.NewLimiter(rate.Limit(r), cfg.burst)
 		l.fb.ceiling, l.fb.peak = r, r
 	}
+	l.q.init(cfg.tenantShare)
 	l.fb.accepted = stats.NewWindow(acceptWindow)
 	l.fb.refused = stats.NewWindow(acceptWindow)
 	l.budget = newRetryBudget()
@@ -145,7 +146,7 @@ func tokensDelay(n, r float64) time.Duration {
 // upper bound when aging lets lower levels move ahead only later. Waiting
 // for an in-flight slot is not included: it depends on latencies not yet
 // observed. mu must be held.
-func (l *lane) estimate(now time.Time, p Priority) time.Duration {
+func (l *lane) estimate(now time.Time, p Priority, tn *tenant) time.Duration {
 	var d time.Duration
 	start := now
 	if until := later(l.cooldown, l.notBefore); now.Before(until) {
@@ -155,7 +156,7 @@ func (l *lane) estimate(now time.Time, p Priority) time.Duration {
 	if l.lim == nil {
 		return d
 	}
-	need := float64(l.q.ahead(p)+1) - l.lim.TokensAt(start)
+	need := float64(l.q.ahead(p, tn)+1) - l.lim.TokensAt(start)
 	w := tokensDelay(need, float64(l.lim.Limit()))
 	if w > math.MaxInt64-d {
 		return math.MaxInt64
@@ -163,23 +164,32 @@ func (l *lane) estimate(now time.Time, p Priority) time.Duration {
 	return d + w
 }
 
-// refuse checks the early-refusal rules for a waiter of level p. mu must be held.
-func (l *lane) refuse(ctx context.Context, now time.Time, p Priority) *RejectedError {
+// refuse checks the early-refusal rules for a waiter of level p and tenant
+// tn. mu must be held.
+func (l *lane) refuse(ctx context.Context, now time.Time, p Priority, tn *tenant) *RejectedError {
+	var rej *RejectedError
+	switch {
+	case l.cfg.maxQueue > 0 && l.q.len() >= l.cfg.maxQueue:
+		rej = &RejectedError{Reason: ReasonQueueFull, Queued: l.q.len()}
+	case l.cfg.tenantQueue > 0 && tn.id != "" && len(tn.waiters) >= l.cfg.tenantQueue:
+		rej = &RejectedError{Reason: ReasonTenantQueue, Queued: len(tn.waiters)}
+	}
 	dl, hasDL := ctx.Deadline()
 	maxWait := l.cfg.maxWait[p]
-	if !hasDL && maxWait == 0 {
+	if rej == nil && !hasDL && maxWait == 0 {
 		return nil
 	}
-	est := l.estimate(now, p)
-	var rej *RejectedError
-	if hasDL && now.Add(est).After(dl) {
+	est := l.estimate(now, p, tn)
+	switch {
+	case rej != nil:
+	case hasDL && now.Add(est).After(dl):
 		rej = &RejectedError{Reason: ReasonDeadline, Limit: dl.Sub(now)}
-	} else if maxWait > 0 && est > maxWait {
+	case maxWait > 0 && est > maxWait:
 		rej = &RejectedError{Reason: ReasonMaxWait, Limit: maxWait}
-	} else {
+	default:
 		return nil
 	}
-	rej.Key, rej.Priority, rej.Wait = l.key, p, est
+	rej.Key, rej.Priority, rej.Tenant, rej.Wait = l.key, p, tn.id, est
 	// Trying again after the estimated wait finds, if nothing else arrives,
 	// the queue ahead drained; it is a hint, not a promise.
 	rej.RetryAfter = est
@@ -187,48 +197,66 @@ func (l *lane) refuse(ctx context.Context, now time.Time, p Priority) *RejectedE
 	return rej
 }
 
+// A grant is what acquire hands an attempt: the enqueue time of its logical
+// request's first attempt (for the next attempt to keep its place), the time
+// of the grant (from which its latency is measured), and its tenant (whose
+// in-flight count it is part of until release).
+type grant struct {
+	enq, start time.Time
+	tn         *tenant
+}
+
 // acquire waits until the lane grants this attempt a token and an in-flight
 // slot, in priority order. enq is the enqueue time of the logical request's
-// first attempt (zero for a first attempt); acquire returns the one to pass
-// to the next attempt, and the time of the grant, from which the attempt's
-// latency is measured. On error nothing is held.
-func (l *lane) acquire(ctx context.Context, p Priority, enq time.Time) (time.Time, time.Time, error) {
+// first attempt (zero for a first attempt). On error nothing is held, and
+// the grant still carries enq.
+func (l *lane) acquire(ctx context.Context, p Priority, enq time.Time) (grant, error) {
+	id := TenantFrom(ctx)
 	l.mu.Lock()
 	now := l.now()
 	first := enq.IsZero()
 	if first {
 		enq = now
 	}
-	// Fast path: nobody waiting, token and slot free. No goroutine hand-off.
-	// With a Backend every token is a call to it, which must not be made
-	// under mu: the dispatcher makes it.
-	if l.be == nil && l.q.len() == 0 && l.tryTake(now) {
+	lv := &l.q.levels[p]
+	tn := lv.tenant(id)
+	// Fast path: nobody waiting, token and slot free, tenant under its
+	// cap. No goroutine hand-off. With a Backend every token is a call to
+	// it, which must not be made under mu: the dispatcher makes it.
+	if l.be == nil && l.q.len() == 0 && tn.inFlight < lv.capOf(l.slot.limit) && l.tryTake(now) {
+		lv.started(tn, l.slot.limit)
 		l.grantedLocked(now, p, first)
 		l.levels[p].wait.Record(0)
 		l.mu.Unlock()
 		// The grant time is the send time, give or take the few
 		// nanoseconds until the caller sends: no clock read is needed.
-		return enq, now, nil
+		return grant{enq, now, tn}, nil
 	}
 	if err := ctx.Err(); err != nil {
+		lv.forget(tn)
 		l.mu.Unlock()
-		return enq, now, err
+		return grant{enq: enq}, err
 	}
-	if rej := l.refuse(ctx, now, p); rej != nil {
+	if rej := l.refuse(ctx, now, p, tn); rej != nil {
+		lv.forget(tn)
 		l.mu.Unlock()
-		return enq, now, rej
+		return grant{enq: enq}, rej
 	}
-	w := &waiter{level: p, enq: enq, start: now, first: first, ready: make(chan struct{})}
-	l.q.push(w)
+	w := &waiter{level: p, tn: tn, enq: enq, start: now, first: first, ready: make(chan struct{})}
+	l.q.push(w, l.slot.limit)
 	if !l.dispatching {
 		l.dispatching = true
 		go l.dispatch()
+	} else {
+		// A waiter the dispatcher can serve now (its tenant was the one
+		// holding everything back) must not wait for a release.
+		l.wake()
 	}
 	l.mu.Unlock()
 
 	select {
 	case <-w.ready:
-		return enq, l.clock(), w.err
+		return grant{enq, l.clock(), tn}, w.err
 	case <-ctx.Done():
 		l.mu.Lock()
 		refunded := false
@@ -236,20 +264,20 @@ func (l *lane) acquire(ctx context.Context, p Priority, enq time.Time) (time.Tim
 			// The grant and the cancellation raced and the grant won: give
 			// the token and the slot back, as if it had not happened. The
 			// caller sees its context's error and sends nothing.
-			l.refundLocked()
+			l.refundLocked(tn)
 			refunded = true
 		} else if w.err == nil {
 			l.q.remove(w)
-			if l.q.len() == 0 {
-				l.wake() // a dispatcher waiting for a slot may now exit
-			}
+			// A dispatcher waiting for a slot may now exit, or serve
+			// another tenant.
+			l.wake()
 		}
 		l.levels[p].cancelled++
 		l.mu.Unlock()
 		if refunded {
 			l.backendDone()
 		}
-		return enq, now, ctx.Err()
+		return grant{enq: enq}, ctx.Err()
 	}
 }
 
@@ -264,9 +292,9 @@ func (l *lane) grantedLocked(now time.Time, p Priority, first bool) {
 
 // refund gives back the token and slot of an attempt that was granted but
 // not sent.
-func (l *lane) refund() {
+func (l *lane) refund(tn *tenant) {
 	l.mu.Lock()
-	l.refundLocked()
+	l.refundLocked(tn)
 	l.mu.Unlock()
 	l.backendDone()
 }
@@ -275,7 +303,7 @@ func (l *lane) refund() {
 // given back (a shared budget cannot take one back safely once others may
 // have been refused for it); its lease is, by the caller's backendDone
 // after mu is released. mu must be held.
-func (l *lane) refundLocked() {
+func (l *lane) refundLocked(tn *tenant) {
 	if l.lim != nil && l.be == nil {
 		// A negative n adds a token back. x/time/rate caps tokens at burst
 		// on its next read, so a refund can never raise the bucket above a
@@ -283,19 +311,21 @@ func (l *lane) refundLocked() {
 		l.lim.AllowN(l.now(), -1)
 	}
 	l.slot.put()
+	l.q.levels[tn.level].finished(tn, l.slot.limit)
 	l.wake()
 }
 
-// release returns the slot of an attempt sent at start that finished with
-// status (0: the base transport failed), and feeds the latency to the
-// concurrency controller.
-func (l *lane) release(start time.Time, status int) {
+// release returns the slot of an attempt of tenant tn sent at start that
+// finished with status (0: the base transport failed), and feeds the latency
+// to the concurrency controller.
+func (l *lane) release(start time.Time, tn *tenant, status int) {
 	// start came from the lane's clock: Since reads the monotonic clock only.
 	t := start.Add(time.Since(start))
 	l.mu.Lock()
 	now := l.at(t)
 	l.ctl.onDone(l, now, now.Sub(start), status)
 	l.settle(now, status)
+	l.q.levels[tn.level].finished(tn, l.slot.limit)
 	if l.slot.put() && l.q.len() > 0 {
 		l.wake()
 	}
@@ -369,12 +399,15 @@ func (l *lane) dispatch() {
 			return
 		}
 		now := l.now()
-		if l.be != nil && l.slot.free() && !now.Before(l.cooldown) && !now.Before(l.notBefore) {
+		// Nobody the gate may serve (every tenant with waiters is at its
+		// cap): only a release can change that.
+		servable := l.q.next(l.slot.limit) != nil
+		if servable && l.be != nil && l.slot.free() && !now.Before(l.cooldown) && !now.Before(l.notBefore) {
 			l.takeShared() // unlocks mu
 			continue
 		}
-		if l.be == nil && l.tryTake(now) {
-			l.grantLocked(now, l.q.pop(), nil)
+		if servable && l.be == nil && l.tryTake(now) {
+			l.grantLocked(now, l.q.pop(l.slot.limit), nil)
 			l.mu.Unlock()
 			continue
 		}
@@ -383,6 +416,7 @@ func (l *lane) dispatch() {
 		// limit) can help: wait for a kick alone.
 		var d time.Duration = -1
 		switch {
+		case !servable:
 		case now.Before(l.cooldown):
 			d = l.cooldown.Sub(now)
 		case l.be != nil && now.Before(l.notBefore) && l.slot.free():
@@ -410,6 +444,7 @@ func (l *lane) grantLocked(now time.Time, w *waiter, err error) {
 		w.err = err
 	} else {
 		w.granted = true
+		l.q.levels[w.level].started(w.tn, l.slot.limit)
 		l.grantedLocked(now, w.level, w.first)
 		l.levels[w.level].wait.Record(now.Sub(w.start))
 	}
@@ -433,7 +468,7 @@ func (l *lane) takeShared() {
 		// The Backend refused to answer: fail one waiter with its error,
 		// and try the next one afresh.
 		l.slot.put()
-		if w := l.q.pop(); w != nil {
+		if w := l.q.pop(l.slot.limit); w != nil {
 			l.grantLocked(now, w, err)
 		}
 	case wait > 0:
@@ -442,7 +477,7 @@ func (l *lane) takeShared() {
 		// applies to a server's Retry-After.
 		l.notBefore = now.Add(min(wait, l.cfg.maxRetryAfter))
 	default:
-		if w := l.q.pop(); w != nil {
+		if w := l.q.pop(l.slot.limit); w != nil {
 			l.grantLocked(now, w, nil)
 			break
 		}

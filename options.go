@@ -74,6 +74,9 @@ type config struct {
 	key           func(*http.Request) string
 	logger        *slog.Logger
 	backend       Backend
+	tenantShare   [numLevels]float64
+	tenantQueue   int
+	maxQueue      int
 }
 
 func defaultConfig() config {

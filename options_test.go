@@ -39,6 +39,13 @@ func TestNewRejectsBadOptions(t *testing.T) {
 		{WithRetryBudget(1.5, 1), "WithRetryBudget(1.5, 1)"},
 		{WithRetryBudget(0.2, -1), "WithRetryBudget(0.2, -1)"},
 		{WithLogger(nil), "WithLogger(nil)"},
+		{WithBackend(nil), "WithBackend(nil)"},
+		{WithTenantShare(Priority(-1), 0.5), "WithTenantShare(Priority(-1), 0.5)"},
+		{WithTenantShare(Batch, 0), "WithTenantShare(batch, 0)"},
+		{WithTenantShare(Batch, 1.5), "WithTenantShare(batch, 1.5)"},
+		{WithTenantShare(Batch, math.NaN()), "WithTenantShare(batch, NaN)"},
+		{WithTenantQueue(0), "WithTenantQueue(0)"},
+		{WithMaxQueue(-1), "WithMaxQueue(-1)"},
 		{nil, "option 0 is nil"},
 	}
 	for _, tt := range tests {

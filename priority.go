@@ -1,7 +1,6 @@
 package sluice
 
 import (
-	"container/heap"
 	"context"
 	"fmt"
 	"math"
@@ -60,38 +59,39 @@ func PriorityFrom(ctx context.Context) Priority {
 // whether it must give the grant back (see lane.acquire).
 type waiter struct {
 	level   Priority
-	rank    int64 // the fixed order key; see waitQueue
+	tn      *tenant // whose work it is
+	rank    int64   // the fixed order key; see waitQueue
 	seq     uint64
 	enq     time.Time // first enqueue time of the logical request (orders it)
 	start   time.Time // enqueue time of this attempt (measures its wait)
-	index   int       // position in its level's heap; -1 once removed
+	index   int       // position in its tenant's heap; -1 once removed
 	ready   chan struct{}
 	first   bool  // the logical request's first attempt
 	granted bool  // set under the lane's lock before ready is closed
 	err     error // set instead of granted when the lane fails the waiter
 }
 
-// levelHeap is a min-heap of the waiters of one level by (rank, seq).
-type levelHeap []*waiter
+// waiterHeap is a min-heap of waiters by (rank, seq).
+type waiterHeap []*waiter
 
-func (h levelHeap) Len() int { return len(h) }
-func (h levelHeap) Less(i, j int) bool {
+func (h waiterHeap) Len() int { return len(h) }
+func (h waiterHeap) Less(i, j int) bool {
 	if h[i].rank != h[j].rank {
 		return h[i].rank < h[j].rank
 	}
 	return h[i].seq < h[j].seq
 }
-func (h levelHeap) Swap(i, j int) {
+func (h waiterHeap) Swap(i, j int) {
 	h[i], h[j] = h[j], h[i]
 	h[i].index = i
 	h[j].index = j
 }
-func (h *levelHeap) Push(x any) {
+func (h *waiterHeap) Push(x any) {
 	w := x.(*waiter)
 	w.index = len(*h)
 	*h = append(*h, w)
 }
-func (h *levelHeap) Pop() any {
+func (h *waiterHeap) Pop() any {
 	old := *h
 	n := len(old)
 	w := old[n-1]
@@ -103,41 +103,53 @@ func (h *levelHeap) Pop() any {
 
 // waitQueue orders the waiters of a lane.
 //
-// Strict priority, FIFO within a level, is the order (level, enqueued, seq).
-// Aging with period d lets a waiter gain one level per d of waiting. That
-// looks like it needs periodic rescoring, but comparing
-// level_a - waited_a/d with level_b - waited_b/d at any instant is the same
-// as comparing level_a*d + enqueued_a with level_b*d + enqueued_b, a key
-// fixed at enqueue time. So rank = enqueued + level*d, and aging costs
-// O(log n) per operation and no timer. Without aging rank is the enqueue
-// time and the level is compared first.
+// Between levels. Strict priority is the order (level, enqueued, seq). Aging
+// with period d lets a waiter gain one level per d of waiting. That looks
+// like it needs periodic rescoring, but comparing level_a - waited_a/d with
+// level_b - waited_b/d at any instant is the same as comparing
+// level_a*d + enqueued_a with level_b*d + enqueued_b, a key fixed at enqueue
+// time. So rank = enqueued + level*d, and aging costs O(log n) per operation
+// and no timer. Without aging rank is the enqueue time and the level is
+// compared first. WithLowShare gives every n-th grant to the lowest level
+// that has a waiter it may serve.
 //
-// Each level has its own heap so that the head of the lowest waiting level is
-// at hand for the low-share rule; the best waiter overall is the best of the
-// (at most three) heads.
+// Within a level, tenants take turns (see tenant.go): each level keeps a
+// rotation of the tenants that have waiters and are under their in-flight
+// cap, and the level's candidate is the first waiter (in rank order, so
+// FIFO) of the tenant at the front of the rotation. A grant sends that
+// tenant to the back. Between levels the candidates' ranks are compared as
+// above. With one tenant, as when no request carries one, this is exactly
+// (level, enqueued, seq).
 //
 // A waitQueue is not safe for concurrent use; the lane's mutex guards it.
 type waitQueue struct {
-	levels   [numLevels]levelHeap
+	levels   [numLevels]levelQueue
 	aging    time.Duration
 	lowShare int    // every lowShare-th grant goes to the lowest waiting level; 0 = never
 	grants   uint64 // grants made, for lowShare
 	seq      uint64
+	n        int // waiters queued
 }
 
-func (q *waitQueue) len() int {
-	return len(q.levels[0]) + len(q.levels[1]) + len(q.levels[2])
+func (q *waitQueue) init(shares [numLevels]float64) {
+	for p := range q.levels {
+		q.levels[p].init(Priority(p), shares[p])
+	}
 }
 
-// push files w under its level. w.level and w.enq must be set.
-func (q *waitQueue) push(w *waiter) {
+func (q *waitQueue) len() int { return q.n }
+
+// push files w under its tenant. w.level, w.tn and w.enq must be set; limit
+// is the lane's in-flight limit, which sets the tenant's cap.
+func (q *waitQueue) push(w *waiter, limit int) {
 	q.seq++
 	w.seq = q.seq
 	w.rank = w.enq.UnixNano()
 	if q.aging > 0 {
 		w.rank = addSat(w.rank, int64(w.level)*int64(q.aging))
 	}
-	heap.Push(&q.levels[w.level], w)
+	q.n++
+	q.levels[w.level].push(w, limit)
 }
 
 // remove takes w out of the queue in O(log n). It is a no-op if w was
@@ -146,7 +158,8 @@ func (q *waitQueue) remove(w *waiter) {
 	if w.index < 0 {
 		return
 	}
-	heap.Remove(&q.levels[w.level], w.index)
+	q.n--
+	q.levels[w.level].remove(w)
 }
 
 // before reports whether a is served before b under the rank order.
@@ -161,14 +174,15 @@ func (q *waitQueue) before(a, b *waiter) bool {
 }
 
 // next returns the waiter the next grant goes to, without removing it, or
-// nil if the queue is empty.
-func (q *waitQueue) next() *waiter {
+// nil if no waiter may be served (the queue is empty, or every tenant with
+// waiters is at its cap). limit is the lane's in-flight limit.
+func (q *waitQueue) next(limit int) *waiter {
 	var best, lowest *waiter
-	for l := range q.levels {
-		if len(q.levels[l]) == 0 {
+	for p := range q.levels {
+		head := q.levels[p].candidate(limit)
+		if head == nil {
 			continue
 		}
-		head := q.levels[l][0]
 		if best == nil || q.before(head, best) {
 			best = head
 		}
@@ -180,34 +194,44 @@ func (q *waitQueue) next() *waiter {
 	return best
 }
 
-// pop removes and returns the waiter next() names, counting the grant.
-func (q *waitQueue) pop() *waiter {
-	w := q.next()
+// pop removes and returns the waiter next names, counting the grant and
+// sending its tenant to the back of its level's rotation.
+func (q *waitQueue) pop(limit int) *waiter {
+	w := q.next(limit)
 	if w != nil {
-		q.remove(w)
+		q.n--
+		q.levels[w.level].pop(w)
 		q.grants++
 	}
 	return w
 }
 
-// ahead counts the waiters at level p or above: an estimate of how many
-// grants come before a new waiter of level p (exact for strict priority).
-func (q *waitQueue) ahead(p Priority) int {
+// ahead estimates how many grants come before a new waiter of tenant tn at
+// level p: every waiter of the levels above (exact for strict priority), and
+// at level p as many of each tenant's waiters as tn's turns take, which is
+// bounded by tn's own queue plus one times the tenants taking turns.
+func (q *waitQueue) ahead(p Priority, tn *tenant) int {
 	n := 0
-	for l := Interactive; l <= p; l++ {
-		n += len(q.levels[l])
+	for l := Interactive; l < p; l++ {
+		n += q.levels[l].n
 	}
-	return n
+	lv := &q.levels[p]
+	turns := (len(tn.waiters) + 1) * (lv.queuing + 1)
+	return n + min(lv.n, turns)
 }
 
 // oldest returns the enqueue time of the longest-waiting waiter of level p.
+// It looks at every tenant of the level: it is for Stats, not the hot path.
 func (q *waitQueue) oldest(p Priority) (time.Time, bool) {
-	h := q.levels[p]
-	if len(h) == 0 {
-		return time.Time{}, false
-	}
-	// Within one level rank order is enqueue order, so the head is the oldest.
-	return h[0].enq, true
+	var t time.Time
+	found := false
+	q.levels[p].each(func(tn *tenant) {
+		// Within one tenant rank order is enqueue order: the head is its oldest.
+		if len(tn.waiters) > 0 && (!found || tn.waiters[0].enq.Before(t)) {
+			t, found = tn.waiters[0].enq, true
+		}
+	})
+	return t, found
 }
 
 func addSat(a, b int64) int64 {

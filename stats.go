@@ -63,6 +63,12 @@ type LevelStats struct {
 	// OldestWait is how long the longest-waiting queued request has waited
 	// (since its first attempt), or 0.
 	OldestWait time.Duration
+
+	// Tenants is how many tenants (see WithTenant) have attempts queued or
+	// in flight at this level, the anonymous one included; Top lists the
+	// busiest of them, at most TopTenants, by in-flight plus queued.
+	Tenants int
+	Top     []TenantStats
 }
 
 // Stats returns a snapshot of every lane. It takes each lane's lock briefly,
@@ -97,7 +103,8 @@ func (l *lane) stats() LaneStats {
 	for p := range ls.Levels {
 		c := &l.levels[p]
 		lv := &ls.Levels[p]
-		lv.Queued = len(l.q.levels[p])
+		lv.Queued = l.q.levels[p].n
+		l.q.levels[p].tenantStats(lv)
 		lv.Granted, lv.Cancelled, lv.Refused = c.granted, c.cancelled, c.refused
 		lv.WaitP50, lv.WaitP99 = c.wait.Quantile(0.5), c.wait.Quantile(0.99)
 		if enq, ok := l.q.oldest(Priority(p)); ok {

@@ -118,7 +118,8 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 // enqueue time (zero for a first attempt); attempt returns it for the next.
 func (t *Transport) attempt(l *lane, req *http.Request, p Priority, enq time.Time) (*http.Response, time.Time, error) {
 	ctx := req.Context()
-	enq, start, err := l.acquire(ctx, p, enq)
+	g, err := l.acquire(ctx, p, enq)
+	enq, start := g.enq, g.start
 	if err != nil {
 		closeBody(req)
 		return nil, enq, err
@@ -126,13 +127,13 @@ func (t *Transport) attempt(l *lane, req *http.Request, p Priority, enq time.Tim
 	if err := ctx.Err(); err != nil {
 		// Cancelled between grant and send: nothing was sent, so the token
 		// and the slot go back.
-		l.refund()
+		l.refund(g.tn)
 		closeBody(req)
 		return nil, enq, err
 	}
 	resp, err := t.base.RoundTrip(req)
 	if err != nil {
-		l.release(start, 0)
+		l.release(start, g.tn, 0)
 		return nil, enq, err
 	}
 	if signals(resp) {
@@ -144,10 +145,10 @@ func (t *Transport) attempt(l *lane, req *http.Request, p Priority, enq time.Tim
 	// A protocol switch keeps the connection for as long as it lives; it is
 	// not a request in flight, and its body must stay writable.
 	if resp.StatusCode == http.StatusSwitchingProtocols || resp.Body == nil || resp.Body == http.NoBody {
-		l.release(start, resp.StatusCode)
+		l.release(start, g.tn, resp.StatusCode)
 		return resp, enq, nil
 	}
-	resp.Body = &body{rc: resp.Body, l: l, start: start, status: resp.StatusCode}
+	resp.Body = &body{rc: resp.Body, l: l, start: start, tn: g.tn, status: resp.StatusCode}
 	return resp, enq, nil
 }
 
@@ -179,6 +180,7 @@ type body struct {
 	rc     io.ReadCloser
 	l      *lane
 	start  time.Time
+	tn     *tenant
 	status int
 	done   atomic.Bool
 }
@@ -199,6 +201,6 @@ func (b *body) Close() error {
 
 func (b *body) finish() {
 	if b.done.CompareAndSwap(false, true) {
-		b.l.release(b.start, b.status)
+		b.l.release(b.start, b.tn, b.status)
 	}
 }

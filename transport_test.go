@@ -297,12 +297,13 @@ func TestCancelAfterGrantRefundsToken(t *testing.T) {
 		tr := mustNew(t, base, WithRate(1, time.Minute))
 		l := tr.lane("api.test")
 		ctx, cancel := context.WithCancel(t.Context())
-		if _, _, err := l.acquire(ctx, Normal, time.Time{}); err != nil {
+		g, err := l.acquire(ctx, Normal, time.Time{})
+		if err != nil {
 			t.Fatal(err)
 		}
 		cancel()
 		// What attempt does when it finds the context ended after the grant.
-		l.refund()
+		l.refund(g.tn)
 		at := time.Now()
 		if err := get(t.Context(), tr, ""); err != nil {
 			t.Fatal(err)
@@ -468,13 +469,14 @@ func TestGrantWinsRaceWithCancel(t *testing.T) {
 			ctx, cancel := context.WithCancel(t.Context())
 			errc := make(chan error)
 			go func() {
-				_, _, err := l.acquire(ctx, Normal, time.Time{})
+				_, err := l.acquire(ctx, Normal, time.Time{})
 				errc <- err
 			}()
 			synctest.Wait() // queued, blocked in select
 			l.mu.Lock()
-			w := l.q.pop()
+			w := l.q.pop(l.slot.limit)
 			w.granted = true
+			l.q.levels[w.level].started(w.tn, l.slot.limit)
 			l.lim.AllowN(l.now(), -1) // as if the token had been earned
 			l.lim.AllowN(l.now(), 1)
 			l.slot.take()
@@ -488,7 +490,7 @@ func TestGrantWinsRaceWithCancel(t *testing.T) {
 			l.mu.Unlock()
 			if err := <-errc; err == nil {
 				outcomes[0]++
-				l.refund() // what attempt does on finding ctx done after the grant
+				l.refund(w.tn) // what attempt does on finding ctx done after the grant
 			} else {
 				outcomes[1]++
 			}

@@ -1,0 +1,283 @@
+package sluice
+
+import (
+	"container/heap"
+	"context"
+	"math"
+	"slices"
+)
+
+type tenantKey struct{}
+
+// WithTenant returns a copy of ctx that carries a tenant id: whose work the
+// requests made with it are, for example the customer a service calls the
+// upstream on behalf of. Within a priority level, tenants take turns at a
+// lane's gate, and WithTenantShare caps what one tenant holds in flight.
+// Requests without a tenant share one anonymous tenant (the empty id).
+func WithTenant(ctx context.Context, id string) context.Context {
+	return context.WithValue(ctx, tenantKey{}, id)
+}
+
+// TenantFrom returns the tenant id carried by ctx, or "" (the anonymous
+// tenant) when it carries none.
+func TenantFrom(ctx context.Context) string {
+	id, _ := ctx.Value(tenantKey{}).(string)
+	return id
+}
+
+// WithTenantShare caps one tenant's attempts in flight at level p to
+// max(1, floor(limit x share)), where limit is the lane's in-flight limit at
+// the time (so the cap follows the adaptive limit). share must be in (0, 1].
+// The floor of 1 is deliberate: a share that rounds to zero still lets the
+// tenant send one attempt at a time, never none.
+//
+// A waiter whose tenant is at its cap keeps its place (and its aging) in the
+// queue while the gate serves other tenants' waiters, and is served as soon
+// as its tenant drops under the cap. By default no level has a cap: tenants
+// only take turns.
+func WithTenantShare(p Priority, share float64) Option {
+	return optionFunc(func(c *config) error {
+		if !p.valid() {
+			return invalid("WithTenantShare(%v, %v): unknown priority", p, share)
+		}
+		if !(share > 0 && share <= 1) { // also refuses NaN
+			return invalid("WithTenantShare(%v, %v): share must be in (0, 1]", p, share)
+		}
+		c.tenantShare[p] = share
+		return nil
+	})
+}
+
+// WithTenantQueue refuses, with ReasonTenantQueue, a request whose tenant
+// already has n attempts waiting in the lane, so that one tenant's flood is
+// turned away at once rather than queued behind its own backlog. It applies
+// to requests that carry a tenant (WithTenant), not to the anonymous tenant;
+// WithMaxQueue bounds the lane as a whole. n must be at least 1. By default
+// a tenant's queue is not bounded.
+func WithTenantQueue(n int) Option {
+	return optionFunc(func(c *config) error {
+		if n < 1 {
+			return invalid("WithTenantQueue(%d): n must be at least 1", n)
+		}
+		c.tenantQueue = n
+		return nil
+	})
+}
+
+// WithMaxQueue refuses, with ReasonQueueFull, a request that finds n
+// attempts already waiting in its lane: past some depth a queue only adds
+// latency, and the caller is better told at once. n must be at least 1. By
+// default the queue is not bounded; requests with deadlines are refused
+// early by their estimated wait anyway.
+func WithMaxQueue(n int) Option {
+	return optionFunc(func(c *config) error {
+		if n < 1 {
+			return invalid("WithMaxQueue(%d): n must be at least 1", n)
+		}
+		c.maxQueue = n
+		return nil
+	})
+}
+
+// A tenant is one tenant's work at one level of one lane: its waiters, in
+// rank order, and its attempts in flight. Named tenants live in their level's
+// map only while they have either; the record is dropped when both are none,
+// so the memory held is for active tenants only, whatever ids come and go.
+type tenant struct {
+	id       string
+	level    Priority
+	waiters  waiterHeap
+	inFlight int
+	// prev and next link the tenant into its level's rotation while it has
+	// waiters and is under its cap.
+	prev, next *tenant
+}
+
+func (t *tenant) inRing() bool { return t.next != nil }
+
+// levelQueue is one level of a waitQueue: its tenants and their rotation.
+type levelQueue struct {
+	anon  tenant             // requests without a tenant
+	named map[string]*tenant // created on first use, dropped when idle
+	ring  tenant             // sentinel of the rotation, a circular list
+	share float64            // the tenant cap's share of the limit; 0: none
+	n     int                // waiters queued at this level
+
+	// queuing counts tenants with waiters (in the rotation or at their cap).
+	queuing int
+}
+
+func (lv *levelQueue) init(p Priority, share float64) {
+	lv.anon.level = p
+	lv.ring.next, lv.ring.prev = &lv.ring, &lv.ring
+	lv.share = share
+}
+
+// tenant returns the record for id, creating it if needed.
+func (lv *levelQueue) tenant(id string) *tenant {
+	if id == "" {
+		return &lv.anon
+	}
+	if t, ok := lv.named[id]; ok {
+		return t
+	}
+	if lv.named == nil {
+		lv.named = make(map[string]*tenant)
+	}
+	t := &tenant{id: id, level: lv.anon.level}
+	lv.named[id] = t
+	return t
+}
+
+// capOf is how many attempts one tenant of this level may have in flight
+// when the lane's limit is limit.
+func (lv *levelQueue) capOf(limit int) int {
+	if lv.share == 0 {
+		return math.MaxInt
+	}
+	return max(1, int(float64(limit)*lv.share))
+}
+
+func (lv *levelQueue) ringPush(t *tenant) {
+	last := lv.ring.prev
+	t.prev, t.next = last, &lv.ring
+	last.next = t
+	lv.ring.prev = t
+}
+
+func (lv *levelQueue) ringRemove(t *tenant) {
+	t.prev.next = t.next
+	t.next.prev = t.prev
+	t.prev, t.next = nil, nil
+}
+
+func (lv *levelQueue) push(w *waiter, limit int) {
+	t := w.tn
+	if len(t.waiters) == 0 {
+		lv.queuing++
+	}
+	heap.Push(&t.waiters, w)
+	lv.n++
+	if !t.inRing() && t.inFlight < lv.capOf(limit) {
+		lv.ringPush(t)
+	}
+}
+
+func (lv *levelQueue) remove(w *waiter) {
+	t := w.tn
+	heap.Remove(&t.waiters, w.index)
+	lv.n--
+	if len(t.waiters) == 0 {
+		lv.queuing--
+		if t.inRing() {
+			lv.ringRemove(t)
+		}
+		lv.forget(t)
+	}
+}
+
+// pop removes w, the level's candidate, and sends its tenant to the back of
+// the rotation: that is the turn-taking.
+func (lv *levelQueue) pop(w *waiter) {
+	t := w.tn
+	heap.Remove(&t.waiters, w.index)
+	lv.n--
+	lv.ringRemove(t)
+	if len(t.waiters) == 0 {
+		lv.queuing--
+	} else {
+		lv.ringPush(t)
+	}
+}
+
+// candidate returns the first waiter of the first tenant in the rotation
+// that is under its cap, or nil. A tenant found at its cap (the limit shrank
+// since it was filed) leaves the rotation until one of its attempts
+// finishes; it has at least one in flight, so that will happen.
+func (lv *levelQueue) candidate(limit int) *waiter {
+	for t := lv.ring.next; t != &lv.ring; t = lv.ring.next {
+		if t.inFlight < lv.capOf(limit) {
+			return t.waiters[0]
+		}
+		lv.ringRemove(t)
+	}
+	return nil
+}
+
+// started counts an attempt of t granted; a tenant that reaches its cap
+// leaves the rotation.
+func (lv *levelQueue) started(t *tenant, limit int) {
+	t.inFlight++
+	if t.inRing() && t.inFlight >= lv.capOf(limit) {
+		lv.ringRemove(t)
+	}
+}
+
+// finished counts an attempt of t done (or given back); a tenant under its
+// cap again rejoins the rotation, at the back.
+func (lv *levelQueue) finished(t *tenant, limit int) {
+	t.inFlight--
+	if len(t.waiters) > 0 && !t.inRing() && t.inFlight < lv.capOf(limit) {
+		lv.ringPush(t)
+	}
+	lv.forget(t)
+}
+
+// forget drops the record of a named tenant that has nothing queued or in
+// flight.
+func (lv *levelQueue) forget(t *tenant) {
+	if t.id != "" && t.inFlight == 0 && len(t.waiters) == 0 {
+		delete(lv.named, t.id)
+	}
+}
+
+// each calls f for every tenant of the level with work (anonymous included).
+func (lv *levelQueue) each(f func(*tenant)) {
+	if lv.anon.inFlight > 0 || len(lv.anon.waiters) > 0 {
+		f(&lv.anon)
+	}
+	for _, t := range lv.named {
+		f(t)
+	}
+}
+
+// TopTenants is how many tenants LevelStats.Top lists.
+const TopTenants = 5
+
+// TenantStats is a snapshot of one tenant's work at one level of a lane.
+type TenantStats struct {
+	ID       string // "" for the anonymous tenant
+	InFlight int
+	Queued   int
+}
+
+// tenantStats fills s with the level's tenant count and its busiest
+// tenants, by in-flight plus queued. It keeps only the top few while it
+// scans, so a snapshot of 10,000 tenants allocates for TopTenants.
+func (lv *levelQueue) tenantStats(s *LevelStats) {
+	busier := func(a, b TenantStats) bool {
+		if x, y := a.InFlight+a.Queued, b.InFlight+b.Queued; x != y {
+			return x > y
+		}
+		return a.ID < b.ID
+	}
+	top := make([]TenantStats, 0, TopTenants)
+	lv.each(func(t *tenant) {
+		s.Tenants++
+		ts := TenantStats{ID: t.id, InFlight: t.inFlight, Queued: len(t.waiters)}
+		if len(top) == TopTenants && !busier(ts, top[len(top)-1]) {
+			return
+		}
+		i, _ := slices.BinarySearchFunc(top, ts, func(e, target TenantStats) int {
+			if busier(e, target) {
+				return -1
+			}
+			return 1
+		})
+		if len(top) == TopTenants {
+			top = top[:len(top)-1]
+		}
+		top = slices.Insert(top, i, ts)
+	})
+	s.Top = top
+}
