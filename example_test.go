@@ -7,6 +7,8 @@ import (
 	"log"
 	"net/http"
 	"net/http/httptest"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/sluice-go/sluice"
@@ -63,4 +65,43 @@ func ExampleWithPriority() {
 
 	fmt.Println(sluice.PriorityFrom(ctx), sluice.PriorityFrom(context.Background()))
 	// Output: interactive normal
+}
+
+func ExampleWithTenant() {
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	defer api.Close()
+
+	// A service calls one API for many customers. Each customer may hold at
+	// most a quarter of the in-flight limit, and customers take turns, so
+	// one customer's flood does not hold up the others.
+	tr, err := sluice.New(nil,
+		sluice.WithRate(100, time.Second),
+		sluice.WithConcurrency(8, 8),
+		sluice.WithTenantShare(sluice.Normal, 0.25),
+		sluice.WithTenantQueue(1000), // refuse a customer's 1,001st queued call at once
+	)
+	if err != nil {
+		log.Fatal(err)
+	}
+	client := &http.Client{Transport: tr}
+
+	var wg sync.WaitGroup
+	for _, customer := range []string{"acme", "acme", "acme", "globex"} {
+		wg.Go(func() {
+			ctx := sluice.WithTenant(context.Background(), customer)
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, api.URL, nil)
+			resp, err := client.Do(req)
+			if err != nil {
+				log.Print(err)
+				return
+			}
+			resp.Body.Close()
+		})
+	}
+	wg.Wait()
+
+	// All four were served; the tenants, now idle, are forgotten.
+	lane, _ := tr.Stats().Lane(strings.TrimPrefix(api.URL, "http://"))
+	fmt.Println(lane.Levels[sluice.Normal].Granted, lane.Levels[sluice.Normal].Tenants)
+	// Output: 4 0
 }
