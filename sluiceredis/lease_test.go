@@ -1,0 +1,113 @@
+package sluiceredis
+
+import (
+	"context"
+	"testing"
+	"time"
+)
+
+func TestInFlightCapAcrossProcesses(t *testing.T) {
+	srv := startRedis(t)
+	c := newClient(t, srv.Addr())
+	b1 := newBackend(t, c, WithInFlight(2, 10*time.Second))
+	b2 := newBackend(t, newClient(t, srv.Addr()), WithInFlight(2, 10*time.Second))
+	ctx := context.Background()
+	zcard := func() int64 { return c.ZCard(ctx, "sluice:{api}:lease").Val() }
+
+	for _, b := range []*Backend{b1, b2} {
+		if w, err := b.Take(ctx, "api", 0, 1); w != 0 || err != nil {
+			t.Fatalf("Take under the cap = %v, %v", w, err)
+		}
+	}
+	if n := zcard(); n != 2 {
+		t.Fatalf("%d leases held, want 2", n)
+	}
+	w, err := b1.Take(ctx, "api", 0, 1)
+	if err != nil || w <= 0 || w > leasePoll {
+		t.Fatalf("Take at the cap = %v, %v; want a wait in (0, %v]", w, err, leasePoll)
+	}
+	b2.Done("api")
+	if n := zcard(); n != 1 {
+		t.Fatalf("%d leases held after Done, want 1", n)
+	}
+	if w, err := b1.Take(ctx, "api", 0, 1); w != 0 || err != nil {
+		t.Fatalf("Take after another process's Done = %v, %v", w, err)
+	}
+	// Done releases only this process's own leases: b2 holds none now.
+	b2.Done("api")
+	b2.Done("never-taken")
+	if n := zcard(); n != 2 {
+		t.Fatalf("%d leases held after Done without a lease, want 2", n)
+	}
+	b1.Done("api")
+	b1.Done("api")
+	if n := zcard(); n != 0 {
+		t.Fatalf("%d leases held after every Done, want 0", n)
+	}
+}
+
+// TestLeasesOfACrashedProcessExpire: a process that never calls Done (it
+// died) holds its leases only until their ttl runs out.
+func TestLeasesOfACrashedProcessExpire(t *testing.T) {
+	srv := startRedis(t)
+	const ttl = 300 * time.Millisecond
+	crashed := newBackend(t, newClient(t, srv.Addr()), WithInFlight(1, ttl))
+	alive := newBackend(t, newClient(t, srv.Addr()), WithInFlight(1, ttl))
+	ctx := context.Background()
+	start := time.Now()
+	if w, err := crashed.Take(ctx, "api", 0, 1); w != 0 || err != nil {
+		t.Fatalf("Take = %v, %v", w, err)
+	}
+	var granted time.Duration
+	for {
+		w, err := alive.Take(ctx, "api", 0, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if w == 0 {
+			granted = time.Since(start)
+			break
+		}
+		if time.Since(start) > 10*ttl {
+			t.Fatalf("no lease after %v with a ttl of %v", time.Since(start), ttl)
+		}
+		time.Sleep(w)
+	}
+	if granted < ttl-10*time.Millisecond {
+		t.Errorf("lease granted after %v, before the crashed process's expired (%v)", granted, ttl)
+	}
+}
+
+// TestReservedTokenCarriesLease: a reserved token takes its lease with it,
+// and a reservation nobody came for gives its lease back with the next call.
+func TestReservedTokenCarriesLease(t *testing.T) {
+	srv := startRedis(t)
+	c := newClient(t, srv.Addr())
+	b := newBackend(t, c, WithInFlight(5, 10*time.Second))
+	ctx := context.Background()
+	zcard := func() int64 { return c.ZCard(ctx, "sluice:{api}:lease").Val() }
+	if w, err := b.Take(ctx, "api", 20, 1); w != 0 || err != nil {
+		t.Fatalf("Take = %v, %v", w, err)
+	}
+	w, err := b.Take(ctx, "api", 20, 1)
+	if err != nil || w <= 0 {
+		t.Fatalf("Take past the burst = %v, %v; want a reservation", w, err)
+	}
+	if n := zcard(); n != 2 {
+		t.Fatalf("%d leases, want 2 (one granted, one reserved)", n)
+	}
+	// Nobody asks for the reservation until well past its due time (and
+	// past the staleness allowance of max(1/rate, 10ms) = 50ms).
+	time.Sleep(w + 200*time.Millisecond)
+	if w, err := b.Take(ctx, "api", 20, 1); w != 0 || err != nil {
+		t.Fatalf("Take after the reservation went stale = %v, %v; want a fresh token", w, err)
+	}
+	if n := zcard(); n != 2 {
+		t.Fatalf("%d leases, want 2: the stale reservation's lease released, a new one taken", n)
+	}
+	b.Done("api")
+	b.Done("api")
+	if n := zcard(); n != 0 {
+		t.Fatalf("%d leases after Done for both grants, want 0", n)
+	}
+}
