@@ -30,6 +30,7 @@ type lane struct {
 	cooldown time.Time
 
 	dispatching bool          // a dispatcher goroutine is running
+	stalled     bool          // it waits for a kick: no waiter's tenant is under its cap
 	kick        chan struct{} // wakes the dispatcher early; capacity 1
 
 	// be, when set, holds the lane's budget (see Backend): tokens come from
@@ -247,9 +248,9 @@ func (l *lane) acquire(ctx context.Context, p Priority, enq time.Time) (grant, e
 	if !l.dispatching {
 		l.dispatching = true
 		go l.dispatch()
-	} else {
-		// A waiter the dispatcher can serve now (its tenant was the one
-		// holding everything back) must not wait for a release.
+	} else if l.stalled {
+		// The dispatcher waits for a release because every tenant with
+		// waiters is at its cap; this waiter's tenant may not be.
 		l.wake()
 	}
 	l.mu.Unlock()
@@ -414,6 +415,7 @@ func (l *lane) dispatch() {
 		// Sleep until the cooldown ends or the token is due. When the
 		// token is there but no slot is free, only a release (or a larger
 		// limit) can help: wait for a kick alone.
+		l.stalled = !servable
 		var d time.Duration = -1
 		switch {
 		case !servable:
