@@ -178,6 +178,12 @@ func TestBackendErrorAndCancel(t *testing.T) {
 		if err := get(t.Context(), tr, ""); !errors.Is(err, errDown) {
 			t.Fatalf("get with the backend down: %v, want %v", err, errDown)
 		}
+		if err := get(WithTenant(t.Context(), "a"), tr, ""); !errors.Is(err, errDown) {
+			t.Fatalf("get with the backend down: %v, want %v", err, errDown)
+		}
+		if lv := levelStats(t, tr, Normal); lv.Tenants != 0 {
+			t.Errorf("%d tenants kept after their only request failed", lv.Tenants)
+		}
 
 		be.mu.Lock()
 		be.err = nil

@@ -444,6 +444,7 @@ func (l *lane) dispatch() {
 func (l *lane) grantLocked(now time.Time, w *waiter, err error) {
 	if err != nil {
 		w.err = err
+		l.q.levels[w.level].forget(w.tn) // it may have been its last waiter
 	} else {
 		w.granted = true
 		l.q.levels[w.level].started(w.tn, l.slot.limit)
