@@ -1,0 +1,66 @@
+package main
+
+import (
+	"context"
+	"io"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestFleet(t *testing.T) {
+	for _, mini := range []bool{false, true} {
+		name := "redis-server"
+		if mini {
+			name = "miniredis"
+		}
+		t.Run(name, func(t *testing.T) {
+			if !mini {
+				if _, err := exec.LookPath("redis-server"); err != nil {
+					if os.Getenv("SLUICE_REQUIRE_REDIS") == "1" {
+						t.Fatalf("SLUICE_REQUIRE_REDIS=1 but redis-server is not in PATH: %v", err)
+					}
+					t.Skip("skipping: redis-server not in PATH (apt-get install redis-server)")
+				}
+			}
+			cfg := config{Procs: 3, Rate: 50, Duration: 2 * time.Second, Workers: 6, MiniRedis: mini}
+			var out strings.Builder
+			sum, err := run(context.Background(), cfg, &out)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Log("\n" + out.String())
+			if !strings.Contains(sum.Store, name) {
+				t.Errorf("used %s, want %s", sum.Store, name)
+			}
+			limit := float64(cfg.Rate) * sum.Elapsed.Seconds()
+			if float64(sum.Accepted) < 0.9*limit || float64(sum.Accepted) > limit+5 {
+				t.Errorf("the fleet sent %d against a limit of %.0f", sum.Accepted, limit)
+			}
+			if float64(sum.Refused) > 0.02*float64(sum.Accepted) {
+				t.Errorf("the upstream refused %d of %d: the processes did not share the budget",
+					sum.Refused, sum.Accepted+sum.Refused)
+			}
+			for i, p := range sum.Procs {
+				if p.OK == 0 {
+					t.Errorf("process %d sent nothing", i+1)
+				}
+			}
+			if !strings.Contains(out.String(), "total") {
+				t.Errorf("no totals in the report:\n%s", out.String())
+			}
+		})
+	}
+}
+
+func TestBadConfig(t *testing.T) {
+	if _, err := run(context.Background(), config{Procs: 0, Rate: 1, Workers: 1, Duration: time.Second}, io.Discard); err == nil {
+		t.Error("run with -procs 0: no error")
+	}
+}

@@ -1,0 +1,41 @@
+package sluiceredis_test
+
+import (
+	"log"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/sluiceredis"
+)
+
+// Every process of a fleet builds its Transport this way; those that use
+// the same Redis and call the same host share its 500 requests a minute,
+// and at most 20 of their requests are in flight at once.
+func Example() {
+	rdb := redis.NewClient(&redis.Options{
+		Addr: "redis.internal:6379",
+		// Required: without it go-redis ignores the deadline of each
+		// call, and a stalled Redis would hold requests for seconds.
+		ContextTimeoutEnabled: true,
+	})
+	defer rdb.Close()
+
+	b, err := sluiceredis.New(rdb,
+		sluiceredis.WithInFlight(20, time.Minute),
+		// Eight processes: while Redis is down, each keeps to an eighth.
+		sluiceredis.WithFallbackShare(1.0/8),
+		sluiceredis.WithLogger(slog.Default()))
+	if err != nil {
+		log.Fatal(err)
+	}
+	tr, err := sluice.New(nil, sluice.WithRate(500, time.Minute), sluice.WithBackend(b))
+	if err != nil {
+		log.Fatal(err)
+	}
+	client := &http.Client{Transport: tr}
+	_ = client // use it as any http.Client
+}
