@@ -245,3 +245,28 @@ func TestWithBackendNil(t *testing.T) {
 		t.Errorf("WithBackend(nil): %v", err)
 	}
 }
+
+// With a Backend the local bucket is never drawn from, so the estimate for
+// early refusal must not count its tokens as available.
+func TestBackendEstimateIgnoresLocalBucket(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		be := newMemBackend()
+		base := &fakeBase{latency: time.Hour}
+		tr := mustNew(t, base, WithRate(1, time.Second), WithBurst(20), WithConcurrency(1, 1), WithBackend(be))
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		for range 20 { // one in flight, 19 queued
+			go get(ctx, tr, "")
+		}
+		synctest.Wait()
+		dl, cancelDL := context.WithTimeout(t.Context(), 5*time.Second)
+		defer cancelDL()
+		err := get(dl, tr, "")
+		var rej *RejectedError
+		if !errors.As(err, &rej) || rej.Reason != ReasonDeadline || rej.Wait < 19*time.Second {
+			t.Errorf("with 19 queued at 1/s and a 5s deadline: %v, want a deadline refusal estimating about 20s", err)
+		}
+		cancel()
+		synctest.Wait()
+	})
+}

@@ -157,7 +157,12 @@ func (l *lane) estimate(now time.Time, p Priority, tn *tenant) time.Duration {
 	if l.lim == nil {
 		return d
 	}
-	need := float64(l.q.ahead(p, tn)+1) - l.lim.TokensAt(start)
+	need := float64(l.q.ahead(p, tn) + 1)
+	if l.be == nil {
+		// With a Backend the local bucket is not drawn from: what it holds
+		// says nothing of the shared budget, which is taken as empty.
+		need -= l.lim.TokensAt(start)
+	}
 	w := tokensDelay(need, float64(l.lim.Limit()))
 	if w > math.MaxInt64-d {
 		return math.MaxInt64
@@ -354,6 +359,10 @@ func (l *lane) shareCooldown() {
 	}
 	l.sharedCool = until
 	l.mu.Unlock()
+	// until is on the lane's clock, whose wall reading is the lane's
+	// creation plus monotonic time; a Backend may use the wall reading
+	// (other processes only have that), so rebase it on time.Now's.
+	until = time.Now().Add(until.Sub(l.clock()))
 	if err := l.be.Cool(context.Background(), l.key, until); err != nil {
 		l.cfg.logger.Warn("sluice: backend could not share a cooldown", "lane", l.key, "until", until, "err", err)
 	}
@@ -373,6 +382,11 @@ func (l *lane) setLimitLocked(n int) {
 		l.cfg.logger.Debug("sluice: in-flight limit changed", "lane", l.key, "from", l.slot.limit, "to", n)
 	}
 	if l.slot.resize(n) && l.q.len() > 0 {
+		for p := range l.q.levels {
+			if l.cfg.tenantShare[p] > 0 {
+				l.q.levels[p].grew(n)
+			}
+		}
 		l.wake()
 	}
 }

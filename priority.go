@@ -119,7 +119,10 @@ func (h *waiterHeap) Pop() any {
 // FIFO) of the tenant at the front of the rotation. A grant sends that
 // tenant to the back. Between levels the candidates' ranks are compared as
 // above. With one tenant, as when no request carries one, this is exactly
-// (level, enqueued, seq).
+// (level, enqueued, seq). With several, a level competes with the rank of
+// its candidate, not of its oldest waiter: aging promotes a level by the
+// waiter whose turn it is, so taking turns can delay an old waiter's
+// promotion by up to one round of its level's tenants.
 //
 // A waitQueue is not safe for concurrent use; the lane's mutex guards it.
 type waitQueue struct {
@@ -200,7 +203,7 @@ func (q *waitQueue) pop(limit int) *waiter {
 	w := q.next(limit)
 	if w != nil {
 		q.n--
-		q.levels[w.level].pop(w)
+		q.levels[w.level].pop(w, limit)
 		q.grants++
 	}
 	return w

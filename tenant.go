@@ -33,8 +33,10 @@ func TenantFrom(ctx context.Context) string {
 //
 // A waiter whose tenant is at its cap keeps its place (and its aging) in the
 // queue while the gate serves other tenants' waiters, and is served as soon
-// as its tenant drops under the cap. By default no level has a cap: tenants
-// only take turns.
+// as its tenant drops under the cap, or the limit grows. Requests without a
+// tenant are one tenant, the anonymous one, and are capped like any other:
+// with a share for level p, tag every caller of that level. By default no
+// level has a cap: tenants only take turns.
 func WithTenantShare(p Priority, share float64) Option {
 	return optionFunc(func(c *config) error {
 		if !p.valid() {
@@ -88,18 +90,22 @@ type tenant struct {
 	level    Priority
 	waiters  waiterHeap
 	inFlight int
-	// prev and next link the tenant into its level's rotation while it has
-	// waiters and is under its cap.
+	// prev and next link a tenant with waiters into one of its level's two
+	// lists: the rotation, while it is under its cap, or held, while it is
+	// at its cap. A tenant without waiters is in neither.
 	prev, next *tenant
+	held       bool
 }
 
-func (t *tenant) inRing() bool { return t.next != nil }
+func (t *tenant) linked() bool { return t.next != nil }
+func (t *tenant) inRing() bool { return t.next != nil && !t.held }
 
 // levelQueue is one level of a waitQueue: its tenants and their rotation.
 type levelQueue struct {
 	anon  tenant             // requests without a tenant
 	named map[string]*tenant // created on first use, dropped when idle
 	ring  tenant             // sentinel of the rotation, a circular list
+	held  tenant             // sentinel of the tenants with waiters at their cap
 	share float64            // the tenant cap's share of the limit; 0: none
 	n     int                // waiters queued at this level
 
@@ -110,6 +116,7 @@ type levelQueue struct {
 func (lv *levelQueue) init(p Priority, share float64) {
 	lv.anon.level = p
 	lv.ring.next, lv.ring.prev = &lv.ring, &lv.ring
+	lv.held.next, lv.held.prev = &lv.held, &lv.held
 	lv.share = share
 }
 
@@ -138,17 +145,24 @@ func (lv *levelQueue) capOf(limit int) int {
 	return max(1, int(float64(limit)*lv.share))
 }
 
-func (lv *levelQueue) ringPush(t *tenant) {
-	last := lv.ring.prev
-	t.prev, t.next = last, &lv.ring
+// link puts t at the back of the rotation if it is under its cap, or in
+// the held list if not.
+func (lv *levelQueue) link(t *tenant, limit int) {
+	list := &lv.ring
+	t.held = t.inFlight >= lv.capOf(limit)
+	if t.held {
+		list = &lv.held
+	}
+	last := list.prev
+	t.prev, t.next = last, list
 	last.next = t
-	lv.ring.prev = t
+	list.prev = t
 }
 
-func (lv *levelQueue) ringRemove(t *tenant) {
+func (lv *levelQueue) unlink(t *tenant) {
 	t.prev.next = t.next
 	t.next.prev = t.prev
-	t.prev, t.next = nil, nil
+	t.prev, t.next, t.held = nil, nil, false
 }
 
 func (lv *levelQueue) push(w *waiter, limit int) {
@@ -158,8 +172,8 @@ func (lv *levelQueue) push(w *waiter, limit int) {
 	}
 	heap.Push(&t.waiters, w)
 	lv.n++
-	if !t.inRing() && t.inFlight < lv.capOf(limit) {
-		lv.ringPush(t)
+	if !t.linked() {
+		lv.link(t, limit)
 	}
 }
 
@@ -169,65 +183,83 @@ func (lv *levelQueue) remove(w *waiter) {
 	lv.n--
 	if len(t.waiters) == 0 {
 		lv.queuing--
-		if t.inRing() {
-			lv.ringRemove(t)
-		}
+		lv.unlink(t)
 		lv.forget(t)
 	}
 }
 
 // pop removes w, the level's candidate, and sends its tenant to the back of
 // the rotation: that is the turn-taking.
-func (lv *levelQueue) pop(w *waiter) {
+func (lv *levelQueue) pop(w *waiter, limit int) {
 	t := w.tn
 	heap.Remove(&t.waiters, w.index)
 	lv.n--
-	lv.ringRemove(t)
+	lv.unlink(t)
 	if len(t.waiters) == 0 {
 		lv.queuing--
 	} else {
-		lv.ringPush(t)
+		lv.link(t, limit)
 	}
 }
 
 // candidate returns the first waiter of the first tenant in the rotation
 // that is under its cap, or nil. A tenant found at its cap (the limit shrank
-// since it was filed) leaves the rotation until one of its attempts
-// finishes; it has at least one in flight, so that will happen.
+// since it was filed) moves to the held list.
 func (lv *levelQueue) candidate(limit int) *waiter {
 	for t := lv.ring.next; t != &lv.ring; t = lv.ring.next {
 		if t.inFlight < lv.capOf(limit) {
 			return t.waiters[0]
 		}
-		lv.ringRemove(t)
+		lv.unlink(t)
+		lv.link(t, limit)
 	}
 	return nil
 }
 
 // started counts an attempt of t granted; a tenant that reaches its cap
-// leaves the rotation.
+// leaves the rotation for the held list.
 func (lv *levelQueue) started(t *tenant, limit int) {
 	t.inFlight++
 	if t.inRing() && t.inFlight >= lv.capOf(limit) {
-		lv.ringRemove(t)
+		lv.unlink(t)
+		lv.link(t, limit)
 	}
 }
 
-// finished counts an attempt of t done (or given back); a tenant under its
-// cap again rejoins the rotation, at the back.
+// finished counts an attempt of t done (or given back); a held tenant under
+// its cap again rejoins the rotation, at the back.
 func (lv *levelQueue) finished(t *tenant, limit int) {
 	t.inFlight--
-	if len(t.waiters) > 0 && !t.inRing() && t.inFlight < lv.capOf(limit) {
-		lv.ringPush(t)
+	if t.held && t.inFlight < lv.capOf(limit) {
+		lv.unlink(t)
+		lv.link(t, limit)
 	}
 	lv.forget(t)
 }
 
+// grew moves the held tenants that a larger limit puts under their cap back
+// into the rotation. Each held tenant holds at least one slot, so the list
+// is never longer than the limit.
+func (lv *levelQueue) grew(limit int) {
+	for t := lv.held.next; t != &lv.held; {
+		next := t.next
+		if t.inFlight < lv.capOf(limit) {
+			lv.unlink(t)
+			lv.link(t, limit)
+		}
+		t = next
+	}
+}
+
 // forget drops the record of a named tenant that has nothing queued or in
-// flight.
+// flight. The map itself goes when it empties: a Go map keeps the buckets
+// of its largest size, and a burst of many tenant ids must not pin them.
 func (lv *levelQueue) forget(t *tenant) {
 	if t.id != "" && t.inFlight == 0 && len(t.waiters) == 0 {
 		delete(lv.named, t.id)
+		if len(lv.named) == 0 {
+			lv.named = nil
+		}
 	}
 }
 

@@ -395,3 +395,34 @@ func levelStats(t *testing.T, tr *Transport, p Priority) LevelStats {
 	}
 	return ls.Levels[p]
 }
+
+// A tenant held at its cap is served as soon as a larger limit lifts the
+// cap, not only when one of its own attempts ends.
+func TestTenantCapFollowsLimitUp(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		base := &fakeBase{latency: time.Hour}
+		tr := mustNew(t, base, WithConcurrency(1, 20), WithTenantShare(Normal, 0.5))
+		l := tr.lane("api.test")
+		l.mu.Lock()
+		l.setLimitLocked(2) // a cap of 1
+		l.mu.Unlock()
+		ctx, cancel := context.WithCancel(WithTenant(t.Context(), "a"))
+		defer cancel()
+		for range 2 {
+			go get(ctx, tr, "")
+			synctest.Wait()
+		}
+		if n := len(base.times()); n != 1 {
+			t.Fatalf("%d sent under a cap of 1, want 1", n)
+		}
+		l.mu.Lock()
+		l.setLimitLocked(10) // a cap of 5
+		l.mu.Unlock()
+		synctest.Wait()
+		if n := len(base.times()); n != 2 {
+			t.Errorf("%d sent after the cap grew to 5, want 2", n)
+		}
+		cancel()
+		synctest.Wait()
+	})
+}
