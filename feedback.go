@@ -23,41 +23,124 @@ import (
 // lane's cooldown instead: nothing of any priority is sent before it ends.
 //
 // The throttle rate. A 429 means the lane sent faster than the server
-// accepts. The rate it failed at, r_f, is the share of the current pace the
-// server accepted over the last acceptWindow (pace x accepted / answered:
-// this is how a configured rate of 2R learns R from its first 429s), or,
-// for a lane not yet paced, the rate at which the server accepted its
-// requests over that window (how a lane with no configured rate learns
-// one). The rate drops to
-// throttleCut x r_f, then:
+// accepts. What it says depends on what came before it:
 //
-//  1. climbs back linearly to throttlePlateau x r_f within throttleRamp,
-//     a few seconds, because most of the loss is behind it;
-//  2. creeps from there to r_f at throttleCreep of the ceiling per second,
-//     a minute for the last 3%, so that a lane paced just under a strict
-//     limit stays there instead of probing into a 429 (and a cooldown) every
-//     few seconds;
+//   - An edge 429 comes after a run of at least edgeRun accepted responses
+//     since the last cut, or is the first 429 of a lane still at its
+//     configured rate: the lane is at the server's limit, and lost to the
+//     jitter between its clock and the server's (a strict GCRA limiter
+//     refuses a request that arrives even 1 ms early). The rate it failed
+//     at, r_f, is the pace itself.
+//   - Any other 429 (one right after a cut: the server took at most a few
+//     requests before refusing again) means the lane is well above the
+//     limit. r_f is the share of the pace the server accepted over the last
+//     acceptWindow (pace x accepted / answered), or, for a lane not yet
+//     paced, the rate at which the server accepted its requests over that
+//     window (how a lane with no configured rate learns one).
+//
+// The first 429 at the configured rate is taken for an edge because the
+// configured rate is the published allowance: a 429 there is more often
+// jitter than a wrong rate, and one refusal after one acceptance is all a
+// strict limiter lets the lane see either way (1 of 2 accepted, at R with
+// jitter and at 2R alike). A wrong configured rate shows on the next 429,
+// which comes at once.
+//
+// The rate drops to throttleCutKnown x r_f (throttleCut x r_f when nothing
+// tells r_f from the pace), then, counting only time after the cooldown
+// ends (nothing is sent before):
+//
+//  1. climbs back linearly to the plateau, (1 - margin) x r_f, within
+//     throttleRamp, because most of the loss is behind it;
+//  2. after an edge 429, creeps from the plateau to r_f at throttleMargin
+//     x r_f per creep period; after any other, skips this step: r_f was an
+//     estimate, not a rate that failed;
 //  3. beyond r_f grows by throttleProbe per second, multiplicatively, so a
-//     lane that was driven low by an outage recovers within a minute or so,
-//     not hours; at the ceiling the throttle rate is dropped.
+//     lane that a wrong configured rate or an outage drove low is back
+//     within seconds (an outage: from the floor in about 15 s), not hours;
+//     at the ceiling the throttle rate is dropped.
+//
+// An edge 429 after an edge 429 adapts steps 1 and 2: one that came during
+// the creep (between the plateau and r_f) doubles the creep period, so a
+// lane creeps back to a rate that failed ever more slowly; one at or under
+// the plateau, after a cut from a sustained pace (edgeRun accepted or
+// more), doubles the margin, because the jitter is wider than the margin
+// allowed for. Such a 429 counts as an edge even when it comes right after
+// the cooldown: the server took a faster pace for a while, so the lane is
+// not far over. Only once, though: a second in a row is an outage or a
+// lowered limit, and cuts on the accepted share. Any other 429 resets the
+// margin and the creep.
 //
 // A 429 for an attempt sent before the last cut is not a new signal (it was
 // already on its way) and does not cut again. The rate never drops below
 // the floor, throttleFloor of the highest rate known for the lane, so a run
 // of 429s cannot stop a lane.
 const (
-	throttleCut      = 0.8
+	// throttleCut is the cut when the 429 says nothing of r_f (the lane is
+	// paced but no answers were counted): TCP-like, deep enough that the
+	// next try is likely under the limit, shallow enough that a lane at
+	// the limit loses little.
+	throttleCut = 0.8
+	// throttleCutKnown is the cut from a known r_f: the ramp climbs from
+	// it to the plateau, so the lane's first sends after a cooldown are
+	// below the limit even when r_f is a little high.
 	throttleCutKnown = 0.9
-	ratioSamples     = 20
+	// ratioSamples is the fewest answers (accepted and refused) the
+	// accepted share of the pace is computed from. Two is enough because
+	// it is used only for a 429 right after a cut, when the server has
+	// just refused a pace the lane had already lowered: the share of 1 of
+	// 2 halves the pace, as AIMD does.
+	ratioSamples = 2
+	// ratioTrusted and edgeShare: with at least ratioTrusted answers in
+	// the window and under edgeShare of them accepted, the server refuses
+	// too much of the pace for the 429 to be jitter at the edge, even the
+	// first one at the configured rate. Jitter at the edge refuses a few
+	// percent; a pace of 2R over a strict limiter, half.
+	ratioTrusted = 20
+	edgeShare    = 0.9
 	// minAcceptedSample is the fewest accepted responses an acceptance
 	// rate is computed from.
 	minAcceptedSample = 4
-	throttlePlateau   = 0.98
-	throttleRamp      = 2 * time.Second
-	throttleCreep     = 60 * time.Second
-	throttleProbe     = 0.05
-	throttleFloor     = 0.05
-	minRate           = 0.01 // per second: one request per 100 s, whatever is known
+	// edgeRun is how many accepted responses since the last cut make the
+	// next 429 an edge 429: the server took a sustained run at this pace.
+	// A strict limiter over the pace refuses the second request after a
+	// cooldown; a bursty one refuses after about its burst.
+	edgeRun = 10
+	// throttleMargin is how far under r_f the plateau first sits: 2% of a
+	// 50/s pace is 400 us a request, twice the 200 us of jitter the
+	// virtual-time test injects; wider jitter doubles it (below). A 429
+	// costs the whole cooldown (Retry-After in whole seconds: 50 tokens at
+	// 50/s) while sitting 2% low costs 1 token a second, so the plateau
+	// errs low. A margin read from the spread of observed latencies was
+	// tried and lost: the estimate dipped under the true spread, and each
+	// dip cost a 429 (0.948 of R instead of 0.965 at R).
+	throttleMargin = 0.02
+	// maxMargin bounds the doubling of the margin: 16% covers 3 ms of
+	// jitter at 50/s.
+	maxMargin = 0.16
+	// throttleRamp is how long the climb from the cut to the plateau takes.
+	throttleRamp = 2 * time.Second
+	// edgeCreep is the first creep period from the plateau to r_f after an
+	// edge 429. The creep gains at most throttleMargin of the rate, 1% on
+	// average, and ends in a 429 when r_f was the limit, which costs a
+	// cooldown (at least a second) and a ramp: it pays only over minutes.
+	// Measured at 50/s with 200 us of jitter, a 1-minute creep meets the
+	// limit after 30 s and brings a second cooldown into every minute.
+	edgeCreep = 4 * time.Minute
+	// maxCreep bounds the doubling of the creep period, so that a lane
+	// under a limit the server has since raised finds out within the hour.
+	maxCreep = 32 * time.Minute
+	// throttleProbe is the growth per second beyond r_f. A lane cut on an
+	// estimate (half its pace after a 429 right after a cut, or the floor
+	// after an outage) climbs from it to the limit in seconds, and the 429
+	// that ends the climb is an edge 429, which settles the lane. Measured
+	// at 50/s with 200 us of jitter, lanes configured at 1.5R to 5R reach
+	// 0.937-0.956 of R over seconds 5-60 with 5% a second, 0.953-0.964
+	// with 20%; after a 10 s outage, 20% is back near R in about 12 s.
+	throttleProbe = 0.2
+	// throttleFloor is the share of the highest known rate the throttle
+	// rate never goes under.
+	throttleFloor = 0.05
+	minRate       = 0.01 // per second: one request per 100 s, whatever is known
 
 	acceptWindow = 2 * time.Second
 )
@@ -71,6 +154,13 @@ type feedback struct {
 	failAt   time.Time // when the last cut was made
 	grown    time.Time // when throttle was last grown
 	peak     float64   // highest rate known: ceiling, or accepted rate seen
+	margin   float64   // share of fail the plateau is below it
+	okRun    int       // responses accepted since the last cut
+	// sustained: fail is a pace the server took for edgeRun responses or
+	// more, so a 429 at or under it is jitter, not a pace far too high.
+	sustained bool
+	edge      bool          // the last cut was at the edge: a 429 after a run the server took
+	creep     time.Duration // how long the last cut's creep from plateau to fail takes; 0: no creep
 
 	coolFrom, coolTo time.Time // the latest cooldown
 
@@ -116,6 +206,7 @@ func earlier(a, b time.Time) time.Time {
 }
 
 func (f *feedback) countAccepted(now time.Time) {
+	f.okRun++
 	if f.firstSeen.IsZero() {
 		f.firstSeen = now
 	}
@@ -132,14 +223,25 @@ func (f *feedback) cut(now, sent time.Time, current float64) {
 	if !f.failAt.IsZero() && sent.Before(f.failAt) {
 		return // sent before the last cut: not news
 	}
-	rf, cut := current, throttleCut
-	if acc, thr := f.accepted.Sum(now), f.refused.Sum(now); current > 0 && acc+thr >= ratioSamples {
-		// Enough answers to tell what share of the pace the server takes.
-		rf, cut = current*float64(acc)/float64(acc+thr), throttleCutKnown
-	} else if current == 0 {
+	const same = 1e-3 // rates within 0.1% are one level: float noise
+	acc, thr := f.accepted.Sum(now), f.refused.Sum(now)
+	share := float64(acc) / float64(max(1, acc+thr))
+	atCeiling := f.throttle == 0 && f.ceiling > 0 && current >= f.ceiling*(1-1e-9)
+	rf, cut, edge := current, throttleCut, false
+	switch {
+	case current == 0:
 		// Not paced yet: the rate the server took while the lane was
 		// sending is the first estimate of its limit.
 		rf = f.acceptedRate(now)
+	case acc+thr >= ratioTrusted && share < edgeShare:
+		// Answers enough to show the server refusing much of the pace
+		// (many were in flight): the lane is well over, whatever came
+		// before.
+		rf, cut = current*share, throttleCutKnown
+	case atCeiling || f.okRun >= edgeRun || (f.sustained && current <= f.fail*(1+same)):
+		rf, cut, edge = current, throttleCutKnown, true
+	case acc > 0 && acc+thr >= ratioSamples:
+		rf, cut = current*share, throttleCutKnown
 	}
 	if rf <= 0 {
 		if current == 0 {
@@ -147,9 +249,24 @@ func (f *feedback) cut(now, sent time.Time, current float64) {
 		}
 		rf = f.floor()
 	}
+	plateau := (1 - f.margin) * f.fail
+	switch {
+	case edge && f.edge && rf > plateau*(1+same) && rf <= f.fail*(1+same):
+		// Failed again while creeping back: creep more slowly.
+		f.creep = min(2*f.creep, maxCreep)
+	case edge && f.sustained && rf <= plateau*(1+same):
+		// Failed again at or under the plateau, below a pace the server
+		// took: the jitter is wider than the margin.
+		f.margin, f.creep = min(2*f.margin, maxMargin), edgeCreep
+	case edge:
+		f.margin, f.creep = throttleMargin, edgeCreep
+	default:
+		f.margin, f.creep = throttleMargin, 0
+	}
+	f.edge, f.sustained, f.okRun = edge, edge && f.okRun >= edgeRun, 0
 	f.peak = max(f.peak, rf)
 	f.fail, f.failAt, f.grown = rf, now, now
-	f.throttle = max(f.floor(), cut*rf)
+	f.throttle = max(f.floor(), min(cut, 1-f.margin)*rf)
 	f.cutTo = f.throttle
 }
 
@@ -158,18 +275,20 @@ func (f *feedback) grow(now time.Time) {
 	if f.throttle == 0 {
 		return
 	}
-	dt := now.Sub(f.grown).Seconds()
-	f.grown = now
+	// The lane sends nothing while it cools down: recovery starts after.
+	from := later(f.grown, f.coolTo)
+	f.grown = later(now, f.grown)
+	dt := now.Sub(from).Seconds()
 	if dt <= 0 {
 		return
 	}
-	plateau := throttlePlateau * f.fail
+	plateau := (1 - f.margin) * f.fail
 	switch {
 	case f.throttle < plateau:
 		step := (plateau - f.cutTo) / throttleRamp.Seconds()
 		f.throttle = min(plateau, f.throttle+step*dt)
-	case f.throttle < f.fail:
-		f.throttle = min(f.fail, f.throttle+(1-throttlePlateau)*f.fail/throttleCreep.Seconds()*dt)
+	case f.throttle < f.fail && f.creep > 0:
+		f.throttle = min(f.fail, f.throttle+throttleMargin*f.fail/f.creep.Seconds()*dt)
 	default:
 		f.throttle *= 1 + throttleProbe*dt
 	}

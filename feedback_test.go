@@ -287,10 +287,18 @@ func gcraRow(w io.Writer, name string, g gcraResult) {
 
 // TestLearnFromStrictGCRA: against an upstream that enforces R/s with
 // burst 1 and answers 429 + Retry-After in whole seconds, a client paced at
-// exactly R loses to jitter; sluice learns from the 429s and keeps <= 1% of
-// attempts refused, configured at R or at 2R. The target is >= 95%
-// of R in both; what is asserted here is what the controller reaches now
-// (about 0.94 and 0.85 over 60 s), so that a regression fails.
+// exactly R loses to jitter; sluice learns from the 429s. Configured at R
+// it reaches 95% of R over the whole run with <= 1% of attempts refused.
+// Configured at 2R it settles near R within seconds and keeps <= 1%
+// refused, but over the whole run it reaches about 0.92 R, not the issue's
+// 0.95: it pays three cooldowns of a second each (50 tokens each, 5% of the
+// run together). The first 429 at 2R looks exactly like the first at R with
+// jitter (one request accepted, the next refused, at the configured rate),
+// and the lane treats it as jitter; the second, at once, tells it the rate
+// is wrong; the climb from the estimate that follows ends in the third, at
+// R. Landing under R on the first 429 would need the lane to halve on it,
+// and then sluice at R, whose first 429 is the same, would halve too
+// (measured: 0.92 of R at R, 0.947 at 2R).
 func TestLearnFromStrictGCRA(t *testing.T) {
 	const r = 50
 	var table strings.Builder
@@ -299,20 +307,34 @@ func TestLearnFromStrictGCRA(t *testing.T) {
 	naive := runGCRA(t, r, gcraDuration, 200*time.Microsecond, 1, naiveGCRAClient(r))
 	gcraRow(&table, "x/time/rate at R (sleeps 429s)", naive)
 	for _, cfg := range []struct {
-		name string
-		n    int
-		want float64
-	}{{"sluice WithRate(R)", r, 0.93}, {"sluice WithRate(2R)", 2 * r, 0.83}} {
-		res := runGCRA(t, r, gcraDuration, 200*time.Microsecond, 1, sluiceAt(t, cfg.n))
-		gcraRow(&table, cfg.name, res)
-		if res.whole < cfg.want || res.whole > 1 {
-			t.Errorf("%s: %.3f of R over the run, want >= %.2f (and never above R)", cfg.name, res.whole, cfg.want)
-		}
-		if res.whole < naive.whole*1.5 {
-			t.Errorf("%s: %.3f of R is not much better than the naive client's %.3f", cfg.name, res.whole, naive.whole)
-		}
-		if frac := res.refusedShare(); frac > 0.01 {
-			t.Errorf("%s: %.2f%% of attempts refused, want <= 1%%", cfg.name, 100*frac)
+		name                string
+		n                   int
+		whole, late, steady float64
+	}{
+		{"sluice WithRate(R)", r, 0.95, 0.95, 0.95},
+		{"sluice WithRate(2R)", 2 * r, 0.91, 0.95, 0.97},
+	} {
+		// Several jitter sequences, so that no lucky one carries the
+		// result; the table shows the first.
+		for seed := uint64(1); seed <= 4; seed++ {
+			res := runGCRA(t, r, gcraDuration, 200*time.Microsecond, seed, sluiceAt(t, cfg.n))
+			if seed == 1 {
+				gcraRow(&table, cfg.name, res)
+			}
+			name := fmt.Sprintf("%s, jitter seed %d", cfg.name, seed)
+			if res.whole < cfg.whole || res.whole > 1 {
+				t.Errorf("%s: %.3f of R over the run, want >= %.2f (and never above R)", name, res.whole, cfg.whole)
+			}
+			if res.late < cfg.late || res.steady < cfg.steady {
+				t.Errorf("%s: %.3f of R over seconds 5-60 and %.3f over the last 30 s, want >= %.2f and %.2f: not settled near R",
+					name, res.late, res.steady, cfg.late, cfg.steady)
+			}
+			if frac := res.refusedShare(); frac > 0.01 {
+				t.Errorf("%s: %.2f%% of attempts refused, want <= 1%%", name, 100*frac)
+			}
+			if res.whole < naive.whole*1.5 {
+				t.Errorf("%s: %.3f of R is not much better than the naive client's %.3f", name, res.whole, naive.whole)
+			}
 		}
 	}
 	t.Log(table.String())
@@ -351,4 +373,56 @@ func TestIETFHeadersOnly(t *testing.T) {
 			t.Errorf("%d 429s of %d attempts, want <= 1%%", rej, acc+rej)
 		}
 	})
+}
+
+// outage answers every request from from to to (after its start) with 429
+// and the given header lines, without passing it on.
+func outage(base http.RoundTripper, from, to time.Duration, hdr ...string) http.RoundTripper {
+	start := time.Now()
+	refuse := answerWith(1<<30, 429, hdr...)
+	return rtFunc(func(req *http.Request) (*http.Response, error) {
+		if d := time.Since(start); d >= from && d < to {
+			resp := refuse(req)
+			resp.Request = req
+			return resp, nil
+		}
+		return base.RoundTrip(req)
+	})
+}
+
+// TestRecoverAfterOutage: a 10 s outage that answers everything with 429
+// drives the throttle rate to its floor; once the server is back, the lane
+// is back near R within seconds (about 12 measured), not the minutes an
+// additive climb from the floor would take, and settles there.
+func TestRecoverAfterOutage(t *testing.T) {
+	const r = 50
+	for _, hdr := range [][]string{{"Retry-After: 1"}, nil} {
+		name := "no Retry-After"
+		if hdr != nil {
+			name = hdr[0]
+		}
+		t.Run(name, func(t *testing.T) {
+			res := runGCRA(t, r, gcraDuration, 200*time.Microsecond, 1, func(base http.RoundTripper) http.RoundTripper {
+				return mustNew(t, outage(base, 10*time.Second, 20*time.Second, hdr...), WithRate(r, time.Second))
+			})
+			t.Logf("accepted per second: %v", res.perSecond)
+			back := -1
+			for i := 20; i < len(res.perSecond); i++ {
+				if res.perSecond[i] >= 0.9*r {
+					back = i - 20
+					break
+				}
+			}
+			if back < 0 || back > 20 {
+				t.Errorf("not back at 90%% of R within 20 s of the outage's end (%d s)", back)
+			}
+			n := 0
+			for _, c := range res.perSecond[40:] {
+				n += c
+			}
+			if got := float64(n) / 20 / r; got < 0.95 {
+				t.Errorf("%.3f of R over seconds 40-60, want >= 0.95", got)
+			}
+		})
+	}
 }
