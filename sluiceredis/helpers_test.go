@@ -21,6 +21,8 @@ import (
 const childEnv = "SLUICEREDIS_TEST_CHILD"
 
 func TestMain(m *testing.M) {
+	// go-redis logs every failed dial; the tests kill Redis on purpose.
+	redis.SetLogger(quiet{})
 	if os.Getenv(childEnv) != "" {
 		// A child of TestFleetProcesses: it runs one test and reports on
 		// stdout; its goroutines are the parent's concern.
@@ -28,6 +30,10 @@ func TestMain(m *testing.M) {
 	}
 	goleak.VerifyTestMain(m)
 }
+
+type quiet struct{}
+
+func (quiet) Printf(context.Context, string, ...any) {}
 
 // newClient returns a client for addr that honours context deadlines, as
 // New requires, and closes it when t ends.

@@ -2,6 +2,7 @@ package sluiceredis
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"net/http"
@@ -254,5 +255,29 @@ func TestTransportSurvivesRedisKill(t *testing.T) {
 	if log.count(slog.LevelWarn) != 1 || log.count(slog.LevelInfo) != 1 {
 		t.Errorf("logged %d warnings and %d recoveries for one outage, want 1 and 1",
 			log.count(slog.LevelWarn), log.count(slog.LevelInfo))
+	}
+}
+
+// TestTransportRefusesWithoutFallback: with WithFallbackShare(0) and no
+// Redis, requests fail at once with ErrUnavailable and never reach the
+// upstream.
+func TestTransportRefusesWithoutFallback(t *testing.T) {
+	var hits atomic.Int64
+	up := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { hits.Add(1) }))
+	defer up.Close()
+	tr, _ := transport(t, deadAddr(t), nil, []Option{WithFallbackShare(0)}, sluice.WithRate(10, time.Second))
+	for range 3 {
+		req, _ := http.NewRequest("GET", up.URL, nil)
+		start := time.Now()
+		resp, err := tr.RoundTrip(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		if !errors.Is(err, ErrUnavailable) || time.Since(start) > time.Second {
+			t.Fatalf("RoundTrip without Redis or fallback = %v after %v; want ErrUnavailable at once", err, time.Since(start))
+		}
+	}
+	if n := hits.Load(); n != 0 {
+		t.Errorf("%d requests reached the upstream", n)
 	}
 }
