@@ -5,7 +5,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -91,16 +90,28 @@ func BenchmarkTakeFleet(b *testing.B) {
 	b.ReportMetric(float64(grants.Load())/elapsed.Seconds(), "grants/s")
 }
 
+// nopBackend grants everything at once: what a Backend costs the lane
+// besides its own work.
+type nopBackend struct{}
+
+func (nopBackend) Take(context.Context, string, float64, int) (time.Duration, error) { return 0, nil }
+func (nopBackend) Done(string)                                                       {}
+func (nopBackend) Cool(context.Context, string, time.Time) error                     { return nil }
+
 // BenchmarkRoundTrip compares a request through a Transport with a local
-// budget and with a Redis Backend, against a local upstream.
+// budget, with a Backend that does nothing (the lane's own cost of a
+// Backend), and with a Redis Backend, against a local upstream.
 func BenchmarkRoundTrip(b *testing.B) {
 	up := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
 	defer up.Close()
-	for _, shared := range []bool{false, true} {
-		b.Run("redis="+strconv.FormatBool(shared), func(b *testing.B) {
+	for _, backend := range []string{"local", "nop", "redis"} {
+		b.Run("budget="+backend, func(b *testing.B) {
 			opts := []sluice.Option{sluice.WithRate(1e8, time.Second)}
 			var n *counter
-			if shared {
+			if backend == "nop" {
+				opts = append(opts, sluice.WithBackend(nopBackend{}))
+			}
+			if backend == "redis" {
 				srv := startRedis(b)
 				c := newClient(b, srv.Addr())
 				be := newBackend(b, c)

@@ -123,7 +123,10 @@ func (l *logs) count(level slog.Level) int {
 }
 
 // startRedis starts a redis-server for t (see redistest.Start).
-func startRedis(t testing.TB) *redistest.Server { return redistest.Start(t) }
+func startRedis(t testing.TB) *redistest.Server {
+	t.Helper()
+	return redistest.Start(t)
+}
 
 // deadAddr returns a loopback address nothing listens on.
 func deadAddr(t testing.TB) string {
