@@ -85,7 +85,10 @@ func invalid(format string, args ...any) error {
 // of a budget named key are prefix + "{" + key + "}" + a suffix: the braces
 // are a Redis Cluster hash tag, so that one budget's keys share a slot and
 // one script can touch them all. So the prefix must not contain braces
-// itself. Default DefaultPrefix ("sluice:").
+// itself. (An empty key makes an empty tag, which a Cluster ignores: its
+// keys would then fall in different slots and every script call would fail
+// over to the fallback. Lanes keyed by host are never empty.) Default
+// DefaultPrefix ("sluice:").
 func WithPrefix(p string) Option {
 	return optionFunc(func(c *config) error {
 		if strings.ContainsAny(p, "{}") {
