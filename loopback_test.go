@@ -2,6 +2,7 @@ package sluice
 
 import (
 	"context"
+	"flag"
 	"io"
 	"net/http"
 	"sync"
@@ -12,10 +13,15 @@ import (
 )
 
 // loopbackRun is how long one iteration of BenchmarkStrictGCRALoopback
-// sends: long enough for the learning (the first cooldown alone is a
-// second) to be a part of the result rather than all of it, short enough
-// for three clients to run in half a minute.
-const loopbackRun = 10 * time.Second
+// sends: by default long enough for the learning (the first cooldown alone
+// is a second) to be a part of the result rather than all of it, short
+// enough for three clients to run in half a minute. -sluice.loopback=60s
+// matches the virtual-time test's run.
+var loopbackRun time.Duration
+
+func init() {
+	flag.DurationVar(&loopbackRun, "sluice.loopback", 10*time.Second, "how long each BenchmarkStrictGCRALoopback run sends")
+}
 
 // BenchmarkStrictGCRALoopback is TestLearnFromStrictGCRA in real time over
 // loopback TCP, with the machine's own scheduling and network jitter
