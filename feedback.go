@@ -205,8 +205,13 @@ func earlier(a, b time.Time) time.Time {
 	return b
 }
 
-func (f *feedback) countAccepted(now time.Time) {
-	f.okRun++
+func (f *feedback) countAccepted(now, sent time.Time) {
+	// Only an attempt sent after the last cut says the new pace is
+	// accepted; answers to attempts already on their way when it was made
+	// (many, when calls are slow) say nothing about it.
+	if !sent.Before(f.failAt) {
+		f.okRun++
+	}
 	if f.firstSeen.IsZero() {
 		f.firstSeen = now
 	}
@@ -398,15 +403,16 @@ func (l *lane) observe(resp *http.Response, sent time.Time) {
 	l.applyRate(now)
 }
 
-// settle is called, with mu held, when an attempt finishes with status (0:
+// settle is called, with mu held, when an attempt sent at sent finishes with
+// status (0:
 // the base transport failed): an accepted request feeds the acceptance rate
 // and the throttle rate's recovery.
-func (l *lane) settle(now time.Time, status int) {
+func (l *lane) settle(now, sent time.Time, status int) {
 	if status == 0 || status == http.StatusTooManyRequests || status >= 500 {
 		return
 	}
 	f := &l.fb
-	f.countAccepted(now)
+	f.countAccepted(now, sent)
 	if f.throttle > 0 || f.header > 0 {
 		f.peak = max(f.peak, f.acceptedRate(now))
 		f.grow(now)

@@ -330,7 +330,7 @@ func (l *lane) release(start time.Time, tn *tenant, status int) {
 	l.mu.Lock()
 	now := l.at(t)
 	l.ctl.onDone(l, now, now.Sub(start), status)
-	l.settle(now, status)
+	l.settle(now, start, status)
 	l.q.levels[tn.level].finished(tn, l.slot.limit)
 	if l.slot.put() && l.q.len() > 0 {
 		l.wake()
