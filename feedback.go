@@ -404,9 +404,8 @@ func (l *lane) observe(resp *http.Response, sent time.Time) {
 }
 
 // settle is called, with mu held, when an attempt sent at sent finishes with
-// status (0:
-// the base transport failed): an accepted request feeds the acceptance rate
-// and the throttle rate's recovery.
+// status (0: the base transport failed): an accepted request feeds the
+// acceptance rate and the throttle rate's recovery.
 func (l *lane) settle(now, sent time.Time, status int) {
 	if status == 0 || status == http.StatusTooManyRequests || status >= 500 {
 		return
