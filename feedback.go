@@ -421,16 +421,9 @@ func (l *lane) settle(now, sent time.Time, status int) {
 
 // currentRate returns the lane's pace now, 0 if not paced. mu must be held.
 func (l *lane) currentRate() float64 {
-	if l.lim == nil {
-		return 0
-	}
-	// One read: each takes the limiter's own lock, and this is on the path
-	// of every response.
-	r := l.lim.Limit()
-	if r == rate.Inf {
-		return 0
-	}
-	return float64(r)
+	// A copy of the limiter's rate, kept under mu: reading the limiter
+	// takes its own lock, and this is on the path of every response.
+	return l.rate
 }
 
 // coolLocked extends the lane's cooldown to until. mu must be held.
@@ -458,6 +451,7 @@ func (l *lane) applyRate(now time.Time) {
 		return
 	case l.lim == nil:
 		l.lim = rate.NewLimiter(rate.Limit(r), l.cfg.burst)
+		l.rate = r
 		// A new limiter starts full; what the lane just sent used it.
 		l.lim.AllowN(now, l.cfg.burst)
 		return
@@ -471,6 +465,7 @@ func (l *lane) applyRate(now time.Time) {
 		return
 	}
 	l.lim.SetLimitAt(now, lim)
+	l.rate = r
 	if lim > old && l.q.len() > 0 {
 		l.wake()
 	}

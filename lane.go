@@ -23,6 +23,7 @@ type lane struct {
 
 	mu   sync.Mutex
 	lim  *rate.Limiter // nil: the lane is not paced
+	rate float64       // lim's rate, 0 if nil or unlimited; see currentRate
 	last time.Time     // the latest time given to lim; see now
 	q    waitQueue
 	slot slots
@@ -65,6 +66,7 @@ func newLane(key string, cfg *config) *lane {
 	}
 	if r := cfg.perSecond(); r > 0 {
 		l.lim = rate.NewLimiter(rate.Limit(r), cfg.burst)
+		l.rate = r
 		l.fb.ceiling, l.fb.peak = r, r
 	}
 	l.q.init(cfg.tenantShare)
