@@ -50,10 +50,14 @@ func newClient(t testing.TB, addr string) *redis.Client {
 	return c
 }
 
-// newBackend is New that fails t on error.
+// newBackend is New that fails t on error. Its timeout is a second, not
+// DefaultTimeout, so that a slow call on a busy test machine does not send
+// a test that is not about the fallback to it (which would add the
+// fallback share to the shared budget); tests of the fallback pass
+// WithTimeout(DefaultTimeout), which comes later and wins.
 func newBackend(t testing.TB, c redis.UniversalClient, opts ...Option) *Backend {
 	t.Helper()
-	b, err := New(c, opts...)
+	b, err := New(c, append([]Option{WithTimeout(time.Second)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}

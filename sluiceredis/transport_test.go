@@ -204,7 +204,7 @@ func TestTransportSurvivesRedisKill(t *testing.T) {
 	}))
 	defer up.Close()
 	log := new(logs)
-	tr, _ := transport(t, srv.Addr(), nil, []Option{WithFallbackShare(share), WithLogger(slog.New(log))},
+	tr, _ := transport(t, srv.Addr(), nil, []Option{WithTimeout(DefaultTimeout), WithFallbackShare(share), WithLogger(slog.New(log))},
 		sluice.WithRate(rate, time.Second))
 
 	start := time.Now()
@@ -265,7 +265,7 @@ func TestTransportRefusesWithoutFallback(t *testing.T) {
 	var hits atomic.Int64
 	up := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { hits.Add(1) }))
 	defer up.Close()
-	tr, _ := transport(t, deadAddr(t), nil, []Option{WithFallbackShare(0)}, sluice.WithRate(10, time.Second))
+	tr, _ := transport(t, deadAddr(t), nil, []Option{WithTimeout(DefaultTimeout), WithFallbackShare(0)}, sluice.WithRate(10, time.Second))
 	for range 3 {
 		req, _ := http.NewRequest("GET", up.URL, nil)
 		start := time.Now()
