@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -45,7 +46,7 @@ type budget struct {
 	pending []reservation // tokens reserved in Redis and not yet due, by due time
 	held    []string      // leases of attempts granted and not yet Done; "" for a fallback grant
 	local   int           // fallback grants in held
-	release []string      // leases to remove with the next script call
+	release []string      // leases to remove with the next call to Redis for the key
 	lim     *rate.Limiter // the fallback budget; nil until first needed
 	last    time.Time     // the latest time given to lim
 }
@@ -55,7 +56,18 @@ type budget struct {
 // key answer without a round trip.
 type reservation struct {
 	due   time.Time
-	lease string // "" without an in-flight cap
+	stale time.Time // after this it is dropped: due + staleAfter(rate)
+	lease string    // "" without an in-flight cap
+}
+
+// staleAfter is how long after its due time a reservation nobody came for
+// is dropped, at rate.
+func staleAfter(rate float64) time.Duration {
+	stale := 10 * time.Millisecond
+	if rate > 0 {
+		stale = max(stale, time.Duration(min(float64(time.Second)/rate, float64(time.Hour))))
+	}
+	return stale
 }
 
 // New returns a Backend that keeps its budgets in the Redis behind client.
@@ -115,13 +127,30 @@ func contextTimeouts(c redis.UniversalClient) bool {
 // processes contend. A reservation is dropped (its token wasted) when
 // nobody asks for it within max(1/rate, 10ms) of its due time, because a
 // token used late would add to a window the rest of the fleet has already
-// filled.
+// filled, and when this process learns of a cooldown that ends after its
+// due time (see Cool).
+//
+// Every process sharing key shares one GCRA state, whatever rate each
+// passes: each token a process takes moves the state on by its own
+// 1/rate. So processes that pass different rates for one key (one has
+// learned a lower rate from the server and another not yet) are together
+// bounded by the highest rate among them, not the lowest, until each has
+// learned. Rates are paced to a fraction of a microsecond per token (never
+// faster than asked; slower by at most 1/4us per token, 1% at 40,000/s),
+// above 1,000,000/s at 1,000,000/s, and a burst is cut to about 3 years'
+// worth of tokens.
 //
 // When Redis cannot be reached within the timeout, Take falls back to a
 // local budget of WithFallbackShare of the rate and returns no error, or,
 // with a share of 0, returns an error wrapping ErrUnavailable. While Redis
 // is down, one Take a second tries it again; the others do not wait for it.
-// An error is also returned if ctx ends during the call.
+// Redis answering with an error that concerns this call (for example
+// WRONGTYPE, when something else wrote one of the budget's keys) is not an
+// outage: that Take returns the error, and other keys are not affected. An
+// error reply that says the server cannot serve at all (LOADING, BUSY,
+// READONLY, OOM, MASTERDOWN, CLUSTERDOWN, NOREPLICAS, MISCONF, NOAUTH, max
+// clients) counts as Redis being unreachable. An error is also returned if
+// ctx ends during the call.
 func (b *Backend) Take(ctx context.Context, key string, rate float64, burst int) (time.Duration, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
@@ -129,12 +158,11 @@ func (b *Backend) Take(ctx context.Context, key string, rate float64, burst int)
 	bg := b.budget(key)
 	now := time.Now()
 	bg.mu.Lock()
-	if w, ok := bg.takeLocal(now, rate); ok {
+	if w, ok := bg.takeLocal(now); ok {
 		bg.mu.Unlock()
 		return w, nil
 	}
-	release := bg.release
-	bg.release = nil
+	release := bg.takeRelease()
 	bg.mu.Unlock()
 
 	if !b.health.use(now) {
@@ -162,17 +190,24 @@ func (b *Backend) Take(ctx context.Context, key string, rate float64, burst int)
 		if ctx.Err() != nil {
 			return 0, ctx.Err() // the caller gave up; that says nothing of Redis
 		}
+		if !unreachable(err) {
+			b.recovered(now) // it answered
+			return 0, fmt.Errorf("sluiceredis: take from %q: %w", key, err)
+		}
 		b.failed(now, err)
 		return b.fallback(bg, now, rate, burst)
 	}
 	b.recovered(now)
-	return bg.apply(now, st, wait, lease), nil
+	return bg.apply(now, st, wait, lease, rate), nil
 }
 
 // Done releases one of this process's leases on key, when WithInFlight is
 // set; otherwise it does nothing. The release is one Redis call bounded by
-// the timeout; while Redis is unreachable it is not tried, and the lease
-// goes with the next Take's call, or expires.
+// the timeout, which also gives back the leases of this process's stale
+// reservations on key and those whose release did not reach Redis earlier.
+// While Redis is unreachable it is not tried, and the lease goes with the
+// next call for key (Take, Done or Cool). A lease whose key sees no further
+// call is held until its ttl (WithInFlight) runs out.
 func (b *Backend) Done(key string) {
 	if b.cfg.leases == 0 {
 		return
@@ -184,45 +219,58 @@ func (b *Backend) Done(key string) {
 		return
 	}
 	bg.mu.Lock()
-	n := len(bg.held)
-	if n == 0 {
+	bg.prune(time.Now())
+	if n := len(bg.held); n > 0 {
+		id := bg.held[n-1]
+		bg.held = bg.held[:n-1]
+		if id == "" {
+			bg.local--
+		} else {
+			bg.release = append(bg.release, id)
+		}
+	}
+	if len(bg.release) == 0 || !b.health.up() {
 		bg.mu.Unlock()
 		return
 	}
-	id := bg.held[n-1]
-	bg.held = bg.held[:n-1]
-	if id == "" {
-		bg.local--
-		bg.mu.Unlock()
-		return
-	}
-	if !b.health.up() {
-		bg.release = append(bg.release, id)
-		bg.mu.Unlock()
-		return
-	}
+	ids := bg.takeRelease()
 	bg.mu.Unlock()
 
 	ctx, cancel := context.WithTimeout(context.Background(), b.cfg.timeout)
-	err := b.client.ZRem(ctx, bg.keys.lease(), id).Err()
+	err := b.client.ZRem(ctx, bg.keys.lease(), toAny(ids)...).Err()
 	cancel()
-	if err != nil {
-		bg.requeue([]string{id})
+	if err != nil && unreachable(err) {
+		bg.requeue(ids)
 		b.failed(time.Now(), err)
 	}
+	// An error reply (the lease key holds another type) would come again:
+	// the leases are left to expire.
 }
 
 // Cool records that nothing may be sent under key before until, in this
 // process at once and, through Redis, in every process that shares key.
-// Other processes learn of it at their next Take for key; one that already
-// holds a reserved token may still send it. The cooldown is sent to Redis
-// as a duration from now, so process clocks do not matter. If Redis cannot
-// be reached, the cooldown holds in this process only and Cool returns an
-// error wrapping ErrUnavailable.
+// The cooldown is sent to Redis as a duration from now, so process clocks
+// do not matter; a cooldown longer than 24 hours holds in full in this
+// process, and for 24 hours in the others (who learn the rest from the
+// server when it ends).
+//
+// A process that learns of a cooldown, from Cool or from a Take that meets
+// it in Redis, drops its reservations due before the cooldown ends and
+// gives back their leases: sending them when it ends, on top of the burst
+// the budget has regained by then, would overshoot. (Its next Take after
+// the cooldown reserves again, for one round trip.) Other processes learn
+// of a cooldown at their next Take for key that reaches Redis: until then,
+// one that holds a reservation may still send it during the cooldown, one
+// token per reservation, which Take answers without Redis.
+//
+// If Redis cannot be reached, the cooldown holds in this process only and
+// Cool returns an error wrapping ErrUnavailable. If Redis answers with an
+// error reply about this call (see Take), Cool returns it.
 func (b *Backend) Cool(ctx context.Context, key string, until time.Time) error {
 	bg := b.budget(key)
 	now := time.Now()
 	bg.mu.Lock()
+	bg.prune(now)
 	bg.coolUntil(until)
 	bg.mu.Unlock()
 	d := until.Sub(now)
@@ -232,13 +280,21 @@ func (b *Backend) Cool(ctx context.Context, key string, until time.Time) error {
 	if !b.health.use(now) {
 		return fmt.Errorf("sluiceredis: cooldown of %q not shared: %w", key, b.health.unavailable())
 	}
+	bg.mu.Lock()
+	release := bg.takeRelease()
+	bg.mu.Unlock()
 	cctx, cancel := context.WithTimeout(ctx, b.cfg.timeout)
-	err := runCool(cctx, b.client, bg.keys, d)
+	err := runCool(cctx, b.client, bg.keys, d, release)
 	cancel()
 	now = time.Now()
 	if err != nil {
+		bg.requeue(release)
 		if ctx.Err() != nil {
 			return ctx.Err()
+		}
+		if !unreachable(err) {
+			b.recovered(now)
+			return fmt.Errorf("sluiceredis: cooldown of %q not shared: %w", key, err)
 		}
 		b.failed(now, err)
 		return fmt.Errorf("sluiceredis: cooldown of %q not shared: %w: %w", key, ErrUnavailable, err)
@@ -302,20 +358,11 @@ func (b *Backend) recovered(now time.Time) {
 
 // takeLocal answers a Take without Redis when it can: during a cooldown it
 // knows of, or from a reservation. bg.mu must be held.
-func (bg *budget) takeLocal(now time.Time, rate float64) (time.Duration, bool) {
+func (bg *budget) takeLocal(now time.Time) (time.Duration, bool) {
 	if d := bg.cool.Sub(now); d > 0 {
 		return d, true
 	}
-	stale := 10 * time.Millisecond
-	if rate > 0 {
-		stale = max(stale, time.Duration(float64(time.Second)/rate))
-	}
-	for len(bg.pending) > 0 && now.Sub(bg.pending[0].due) > stale {
-		if l := bg.pending[0].lease; l != "" {
-			bg.release = append(bg.release, l)
-		}
-		bg.pending = bg.pending[1:]
-	}
+	bg.prune(now)
 	if len(bg.pending) == 0 {
 		return 0, false
 	}
@@ -330,8 +377,36 @@ func (bg *budget) takeLocal(now time.Time, rate float64) (time.Duration, bool) {
 	return 0, true
 }
 
+// prune drops the reservations nobody came for in time, and queues their
+// leases for release. bg.mu must be held.
+func (bg *budget) prune(now time.Time) {
+	bg.pending = slices.DeleteFunc(bg.pending, func(r reservation) bool {
+		if !now.After(r.stale) {
+			return false
+		}
+		if r.lease != "" {
+			bg.release = append(bg.release, r.lease)
+		}
+		return true
+	})
+}
+
+// takeRelease returns up to maxRelease leases to give back with a call to
+// Redis, and keeps the rest for the next. bg.mu must be held.
+func (bg *budget) takeRelease() []string {
+	n := len(bg.release)
+	if n == 0 {
+		return nil
+	}
+	k := min(n, maxRelease)
+	ids := slices.Clone(bg.release[n-k:])
+	clear(bg.release[n-k:])
+	bg.release = bg.release[:n-k]
+	return ids
+}
+
 // apply records what take.lua decided and returns Take's wait.
-func (bg *budget) apply(now time.Time, st status, wait time.Duration, lease string) time.Duration {
+func (bg *budget) apply(now time.Time, st status, wait time.Duration, lease string, rate float64) time.Duration {
 	bg.mu.Lock()
 	defer bg.mu.Unlock()
 	switch st {
@@ -342,7 +417,8 @@ func (bg *budget) apply(now time.Time, st status, wait time.Duration, lease stri
 		return 0
 	case reserved:
 		// Counted from after the reply: the token is due no earlier.
-		r := reservation{due: now.Add(wait), lease: lease}
+		due := now.Add(wait)
+		r := reservation{due: due, stale: due.Add(staleAfter(rate)), lease: lease}
 		i := len(bg.pending)
 		for i > 0 && bg.pending[i-1].due.After(r.due) {
 			i--
@@ -355,18 +431,25 @@ func (bg *budget) apply(now time.Time, st status, wait time.Duration, lease stri
 }
 
 // coolUntil extends the cooldown this process knows of. Reserved tokens due
-// before it ends are kept and come due when it ends: sending them later
-// than reserved stays within the budget. bg.mu must be held.
+// before it ends are dropped, and their leases queued for release: take.lua
+// does not move the GCRA state during a cooldown, so when it ends the
+// budget has its burst back, and tokens reserved before it would come on
+// top. Tokens due after it ends are kept (the GCRA state accounts for
+// them). bg.mu must be held.
 func (bg *budget) coolUntil(t time.Time) {
 	if !t.After(bg.cool) {
 		return
 	}
 	bg.cool = t
-	for i := range bg.pending {
-		if bg.pending[i].due.Before(t) {
-			bg.pending[i].due = t
+	bg.pending = slices.DeleteFunc(bg.pending, func(r reservation) bool {
+		if !r.due.Before(t) {
+			return false
 		}
-	}
+		if r.lease != "" {
+			bg.release = append(bg.release, r.lease)
+		}
+		return true
+	})
 }
 
 // requeue keeps leases whose release did not reach Redis for the next call.
@@ -377,4 +460,32 @@ func (bg *budget) requeue(ids []string) {
 	bg.mu.Lock()
 	bg.release = append(bg.release, ids...)
 	bg.mu.Unlock()
+}
+
+// unreachable reports whether err from a Redis call means that Redis
+// cannot serve now (the Backend then falls back to its local budget until a
+// probe succeeds), rather than an error reply about this call, which is
+// returned to its caller and changes nothing else. A transport error, a
+// timeout and anything that is not a reply count as unreachable; so do the
+// replies by which a server says it cannot serve any key at the moment.
+func unreachable(err error) bool {
+	var re redis.Error
+	if !errors.As(err, &re) {
+		return true
+	}
+	if errors.Is(err, redis.Nil) {
+		return false
+	}
+	return redis.IsLoadingError(err) || redis.IsReadOnlyError(err) || redis.IsOOMError(err) ||
+		redis.IsMasterDownError(err) || redis.IsClusterDownError(err) || redis.IsNoReplicasError(err) ||
+		redis.IsMaxClientsError(err) || redis.IsAuthError(err) ||
+		redis.HasErrorPrefix(err, "BUSY") || redis.HasErrorPrefix(err, "MISCONF")
+}
+
+func toAny(ss []string) []any {
+	a := make([]any, len(ss))
+	for i, s := range ss {
+		a[i] = s
+	}
+	return a
 }

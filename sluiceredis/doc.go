@@ -23,8 +23,14 @@
 // it is due: each admitted request costs exactly one Redis call, however
 // many processes contend. With WithInFlight, Done costs one more call, to
 // release the lease. Keys are named prefix + "{" + key + "}" + a suffix (a
-// Redis Cluster hash tag, so that one budget lives in one slot) and expire
-// when idle.
+// Redis Cluster hash tag, so that one budget lives in one slot; see
+// WithPrefix for keys with braces) and expire when idle.
+//
+// Processes share one budget per key, whatever rate each passes to it:
+// while they disagree (one has learned a lower rate from the server, the
+// others not yet), the fleet is bounded by the highest rate any of them
+// passes. A cooldown (Cool) reaches another process at its next Take that
+// asks Redis; a token it reserved before may still be sent in between.
 //
 // # When Redis is down
 //
@@ -34,5 +40,7 @@
 // once, tries Redis again once a second, and logs once more when it is
 // back. No request waits on a dead Redis for more than the timeout. With
 // WithFallbackShare(0) it refuses instead: Take returns an error wrapping
-// ErrUnavailable, and sluice fails the request with it.
+// ErrUnavailable, and sluice fails the request with it. An error reply
+// about one call (such as WRONGTYPE, when something else wrote a budget's
+// key) is not an outage: it fails that call only (see Backend.Take).
 package sluiceredis

@@ -85,9 +85,9 @@ func invalid(format string, args ...any) error {
 // of a budget named key are prefix + "{" + key + "}" + a suffix: the braces
 // are a Redis Cluster hash tag, so that one budget's keys share a slot and
 // one script can touch them all. So the prefix must not contain braces
-// itself. (An empty key makes an empty tag, which a Cluster ignores: its
-// keys would then fall in different slots and every script call would fail
-// over to the fallback. Lanes keyed by host are never empty.) Default
+// itself. (A key that is empty or contains a brace, which would make an
+// empty or a cut tag, is written in hex inside the braces instead, and
+// marked: prefix + "{=" + hex(key) + "}=:" + a suffix.) Default
 // DefaultPrefix ("sluice:").
 func WithPrefix(p string) Option {
 	return optionFunc(func(c *config) error {
@@ -101,7 +101,9 @@ func WithPrefix(p string) Option {
 
 // WithTimeout bounds every Redis call (Take's script, Cool, and the lease
 // release in Done). A call that runs out of time counts as Redis being
-// unreachable. Default DefaultTimeout (50ms).
+// unreachable, and sends the Backend to its fallback for at least a probe
+// interval (a second): set it well above the slowest answer you expect
+// from a healthy Redis. Default DefaultTimeout (50ms).
 func WithTimeout(d time.Duration) Option {
 	return optionFunc(func(c *config) error {
 		if d <= 0 {

@@ -3,9 +3,11 @@ package sluiceredis
 import (
 	"context"
 	_ "embed"
+	"encoding/hex"
 	"fmt"
 	"math"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -45,8 +47,21 @@ const (
 // keys are the Redis keys of one budget, in take.lua's KEYS order.
 type keys [3]string
 
+// newKeys names the keys of the budget named key: prefix + "{" + key +
+// "}:" + a suffix, so that the three share key as their Redis Cluster hash
+// tag (the text between the first '{' and the first '}' after it) and so
+// one slot. A key that is empty or holds a brace would make an empty or a
+// cut tag (an empty tag is ignored, and the keys would fall in different
+// slots); it is written as "=" and its bytes in hex instead, and marked by
+// a '=' after the closing brace too, which no key written as is can put
+// there: prefix + "{=" + hex(key) + "}=:" + a suffix.
 func newKeys(prefix, key string) keys {
-	base := prefix + "{" + key + "}:"
+	var base string
+	if key == "" || strings.ContainsAny(key, "{}") {
+		base = prefix + "{=" + hex.EncodeToString([]byte(key)) + "}=:"
+	} else {
+		base = prefix + "{" + key + "}:"
+	}
 	return keys{base + "tat", base + "cool", base + "lease"}
 }
 
@@ -61,20 +76,46 @@ type takeArgs struct {
 	member   string
 }
 
+// The range of GCRA's arguments, in microseconds. take.lua keeps times in
+// doubles, exact to a quarter microsecond today (see take.lua); these
+// bounds keep every time it computes far below 2^53.
+const (
+	// minInterval paces rates above 1,000,000 a second at that rate.
+	minInterval = 1.0
+	// maxInterval (about 3.2 years) paces rates below one token in that
+	// long at one token in that long.
+	maxInterval = 1e14
+	// maxTolerance caps the burst of a slow rate: interval x (burst-1) is
+	// cut to about 3.2 years' worth of tokens.
+	maxTolerance = 1e14
+)
+
+// gcra returns take.lua's emission interval and burst tolerance for rate
+// and burst, in microseconds: 0, 0 when rate is not positive. The interval
+// is not rounded to a whole microsecond, which would under-deliver a fast
+// rate (600,000/s would get 83% of it).
+func gcra(rate float64, burst int) (interval, tolerance float64) {
+	if !(rate > 0) { // also NaN
+		return 0, 0
+	}
+	interval = min(max(1e6/rate, minInterval), maxInterval)
+	tolerance = min(interval*float64(max(burst, 1)-1), maxTolerance)
+	return interval, tolerance
+}
+
+// maxRelease bounds the leases one script call gives back; the rest wait
+// for the next call. (Lua's unpack fails beyond a few thousand values, and
+// a long outage can queue many.)
+const maxRelease = 256
+
 // runTake runs take.lua: one round trip (two the first time a server sees
 // the script: EVALSHA, then EVAL, which caches it).
 func runTake(ctx context.Context, c redis.Scripter, k keys, a takeArgs, release []string) (status, time.Duration, error) {
-	var interval, tolerance int64
-	if a.rate > 0 {
-		// Rounded up: a budget a microsecond slow per token is safe; one a
-		// fraction fast would overshoot over a long run.
-		interval = int64(min(math.Ceil(1e6/a.rate), 1e15))
-		tolerance = interval * int64(max(a.burst, 1)-1)
-	}
+	interval, tolerance := gcra(a.rate, a.burst)
 	args := make([]any, 0, 6+len(release))
 	args = append(args,
-		interval,
-		tolerance,
+		strconv.FormatFloat(interval, 'g', -1, 64),
+		strconv.FormatFloat(tolerance, 'g', -1, 64),
 		a.leases,
 		a.leaseTTL.Microseconds(),
 		a.member,
@@ -89,13 +130,33 @@ func runTake(ctx context.Context, c redis.Scripter, k keys, a takeArgs, release 
 	if len(v) != 2 || v[0] < int64(taken) || v[0] > int64(full) || v[1] < 0 {
 		return 0, 0, fmt.Errorf("sluiceredis: take.lua returned %v", v)
 	}
-	return status(v[0]), time.Duration(v[1]) * time.Microsecond, nil
+	return status(v[0]), micros(v[1]), nil
 }
+
+// micros converts a wait from take.lua, saturating.
+func micros(us int64) time.Duration {
+	if us > math.MaxInt64/int64(time.Microsecond) {
+		return math.MaxInt64
+	}
+	return time.Duration(us) * time.Microsecond
+}
+
+// maxCool is the longest cooldown shared through Redis. A longer one holds
+// in full in the process that learned it; the others learn the rest from
+// the server when it ends.
+const maxCool = 24 * time.Hour
 
 // runCool runs cool.lua: the cooldown is sent as a duration, not a time, so
 // that it ends at the same instant for every process whatever their clocks.
-func runCool(ctx context.Context, c redis.Scripter, k keys, d time.Duration) error {
+// It gives back the leases in release with the same call.
+func runCool(ctx context.Context, c redis.Scripter, k keys, d time.Duration, release []string) error {
+	d = min(d, maxCool) // and so no overflow below
 	// Rounded up, so that the shared cooldown never ends before the local one.
 	us := (d + time.Microsecond - 1) / time.Microsecond
-	return coolScript.Run(ctx, c, k[1:2], strconv.FormatInt(int64(us), 10)).Err()
+	args := make([]any, 0, 1+len(release))
+	args = append(args, strconv.FormatInt(int64(us), 10))
+	for _, r := range release {
+		args = append(args, r)
+	}
+	return coolScript.Run(ctx, c, []string{k[1], k[2]}, args...).Err()
 }

@@ -1,18 +1,21 @@
 -- One admission decision for one budget, in one round trip: the shared
--- cooldown, then the in-flight leases, then GCRA. Times are integer
--- microseconds of the Redis server's clock, so process clocks do not matter.
+-- cooldown, then the in-flight leases, then GCRA. Times are microseconds of
+-- the Redis server's clock, so process clocks do not matter. They are
+-- doubles: integers until 2^53 (year 2255), with a fraction of 1/4 us
+-- (until 2041, 1/2 us after), so that an emission interval need not be a
+-- whole number of microseconds.
 --
 -- KEYS[1] GCRA theoretical arrival time   KEYS[2] cooldown end
 -- KEYS[3] leases (sorted set, score = expiry)
 -- ARGV[1] emission interval (0: not paced)   ARGV[2] burst tolerance
 -- ARGV[3] lease cap (0: none)   ARGV[4] lease ttl   ARGV[5] lease member
 -- ARGV[6] longest wait to return when every lease is held
--- ARGV[7..] this process's leases to remove first
+-- ARGV[7..] this process's leases to remove first (a bounded number)
 --
--- Returns {status, wait}: 0 taken now; 1 reserved, due in wait (the token
--- is the caller's, it must not send before then); 2 cooling down for wait;
--- 3 every lease held, ask again in wait. With a lease cap, statuses 0 and 1
--- also take the lease ARGV[5].
+-- Returns {status, wait}, wait in whole microseconds rounded up: 0 taken
+-- now; 1 reserved, due in wait (the token is the caller's, it must not send
+-- before then); 2 cooling down for wait; 3 every lease held, ask again in
+-- wait. With a lease cap, statuses 0 and 1 also take the lease ARGV[5].
 
 -- Writes after TIME need effects replication; it is the only mode from
 -- Redis 7 on, and this call turns it on for Redis 3.2 to 6.
@@ -26,7 +29,7 @@ end
 
 local cool = tonumber(redis.call('GET', KEYS[2]))
 if cool and cool > now then
-  return {2, cool - now}
+  return {2, math.ceil(cool - now)}
 end
 
 local cap = tonumber(ARGV[3])
@@ -35,7 +38,7 @@ if cap > 0 then
   if redis.call('ZCARD', KEYS[3]) >= cap then
     local first = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
     local wait = math.min(tonumber(first[2]) - now, tonumber(ARGV[6]))
-    return {3, math.max(wait, 1)}
+    return {3, math.max(math.ceil(wait), 1)}
   end
 end
 
@@ -48,18 +51,25 @@ if interval > 0 then
   local tat = math.max(tonumber(redis.call('GET', KEYS[1])) or now, now)
   wait = math.max(tat - tonumber(ARGV[2]) - now, 0)
   local nt = tat + interval
+  -- tat + interval is rounded to the nearest double; never down, which
+  -- would hand out a fraction of a token too many every time.
+  if nt - tat < interval then
+    local _, e = math.frexp(nt)
+    nt = nt + 2 ^ (e - 53)
+  end
   -- Once nt has passed the state is the same as no state: let it vanish.
-  redis.call('SET', KEYS[1], string.format('%.0f', nt), 'PX', math.ceil((nt - now) / 1000))
+  -- %.17g keeps every digit of the double.
+  redis.call('SET', KEYS[1], string.format('%.17g', nt), 'PX', math.max(1, math.ceil((nt - now) / 1000)))
 end
 
 if cap > 0 then
   -- A reserved token's lease starts counting at the token's due time.
-  redis.call('ZADD', KEYS[3], string.format('%.0f', now + wait + tonumber(ARGV[4])), ARGV[5])
+  redis.call('ZADD', KEYS[3], string.format('%.0f', math.ceil(now + wait + tonumber(ARGV[4]))), ARGV[5])
   local last = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')
-  redis.call('PEXPIRE', KEYS[3], math.ceil((tonumber(last[2]) - now) / 1000))
+  redis.call('PEXPIRE', KEYS[3], math.max(1, math.ceil((tonumber(last[2]) - now) / 1000)))
 end
 
 if wait > 0 then
-  return {1, wait}
+  return {1, math.ceil(wait)}
 end
 return {0, 0}
