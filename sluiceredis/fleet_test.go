@@ -61,6 +61,7 @@ func TestFleetProcesses(t *testing.T) {
 	reports := make([]string, fleetProcs)
 	for i := range fleetProcs {
 		cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestFleetChild$", "-test.v")
+		cmd.SysProcAttr = childProcAttr()
 		cmd.Env = append(os.Environ(),
 			childEnv+"=fleet",
 			"FLEET_REDIS="+srv.Addr(),

@@ -12,6 +12,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -78,7 +79,7 @@ func StartServer() (*Server, error) {
 	var last error
 	// The free port is found by binding and releasing it; another process
 	// may take it in between, so a failed start is retried on a new port.
-	for range 3 {
+	for range 5 {
 		port, err := freePort()
 		if err != nil {
 			return nil, err
@@ -119,6 +120,11 @@ func (s *Server) Restart() error {
 		"--appendonly", "no",
 		"--logfile", "")
 	cmd.Stdout, cmd.Stderr = nil, nil
+	// On Linux, the kernel kills the server when the test binary dies, even
+	// by SIGKILL (a go test -timeout, a CI job cancelled), where no Cleanup
+	// runs. (Strictly, when the OS thread that started it exits; the Go
+	// runtime keeps its threads unless a goroutine locked to one exits.)
+	cmd.SysProcAttr = sysProcAttr()
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("redistest: starting %s: %w", Binary, err)
 	}
@@ -127,7 +133,10 @@ func (s *Server) Restart() error {
 	go func() { waitErr = cmd.Wait(); close(exited) }()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		if err := ping(s.Addr()); err == nil {
+		// The answer must come from this server: if another process took
+		// the port first, this one fails to bind and exits (below), but the
+		// other may answer PING in the meantime.
+		if pid, err := serverPID(s.Addr()); err == nil && pid == cmd.Process.Pid {
 			s.cmd, s.exited = cmd, exited
 			return nil
 		}
@@ -174,27 +183,40 @@ func (s *Server) signal(sig os.Signal) error {
 	return s.cmd.Process.Signal(sig)
 }
 
-// ping sends an inline PING and expects +PONG, without a client library, so
-// that the helper does not depend on the code under test.
-func ping(addr string) error {
+// serverPID asks the server at addr for its process id (INFO server),
+// without a client library, so that the helper does not depend on the code
+// under test.
+func serverPID(addr string) (int, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 	defer cancel()
 	var d net.Dialer
 	c, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(500 * time.Millisecond))
-	if _, err := c.Write([]byte("PING\r\n")); err != nil {
-		return err
+	if _, err := c.Write([]byte("INFO server\r\n")); err != nil {
+		return 0, err
 	}
-	line, err := bufio.NewReader(c).ReadString('\n')
+	r := bufio.NewReader(c)
+	line, err := r.ReadString('\n')
 	if err != nil {
-		return err
+		return 0, err
 	}
-	if strings.TrimSpace(line) != "+PONG" {
-		return fmt.Errorf("redistest: PING answered %q", line)
+	line = strings.TrimSpace(line)
+	n, err := strconv.Atoi(strings.TrimPrefix(line, "$"))
+	if !strings.HasPrefix(line, "$") || err != nil || n < 0 || n > 1<<20 {
+		return 0, fmt.Errorf("redistest: INFO answered %q", line)
 	}
-	return nil
+	body := make([]byte, n)
+	if _, err := io.ReadFull(r, body); err != nil {
+		return 0, err
+	}
+	for _, l := range strings.Split(string(body), "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(l), "process_id:"); ok {
+			return strconv.Atoi(v)
+		}
+	}
+	return 0, errors.New("redistest: no process_id in INFO server")
 }
