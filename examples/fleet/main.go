@@ -27,6 +27,8 @@
 //	-workers 8      concurrent requests each process keeps waiting
 //	-redis ADDR     an existing Redis (host:port)
 //	-miniredis      use the in-process fake even when redis-server is installed
+//	-timeout 50ms   sluiceredis.WithTimeout: a call slower than this sends a
+//	                process to its local fallback budget for a second
 package main
 
 import (
@@ -56,8 +58,9 @@ type config struct {
 	Rate      int
 	Duration  time.Duration
 	Workers   int
-	Redis     string // address of an existing Redis; "" to start one
-	MiniRedis bool   // use miniredis even if redis-server is installed
+	Redis     string        // address of an existing Redis; "" to start one
+	MiniRedis bool          // use miniredis even if redis-server is installed
+	Timeout   time.Duration // sluiceredis.WithTimeout; 0: DefaultTimeout
 }
 
 // result is what one simulated process achieved.
@@ -82,6 +85,7 @@ func main() {
 	flag.IntVar(&cfg.Workers, "workers", 8, "concurrent requests per process")
 	flag.StringVar(&cfg.Redis, "redis", "", "an existing Redis, host:port (default: start one)")
 	flag.BoolVar(&cfg.MiniRedis, "miniredis", false, "use the in-process Redis fake")
+	flag.DurationVar(&cfg.Timeout, "timeout", sluiceredis.DefaultTimeout, "bound on each Redis call (sluiceredis.WithTimeout)")
 	flag.Parse()
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -94,8 +98,11 @@ func main() {
 
 func run(ctx context.Context, cfg config, out io.Writer) (summary, error) {
 	var sum summary
-	if cfg.Procs < 1 || cfg.Rate < 1 || cfg.Workers < 1 || cfg.Duration <= 0 {
-		return sum, errors.New("-procs, -rate, -workers and -duration must be positive")
+	if cfg.Procs < 1 || cfg.Rate < 1 || cfg.Workers < 1 || cfg.Duration <= 0 || cfg.Timeout < 0 {
+		return sum, errors.New("-procs, -rate, -workers, -duration and -timeout must be positive")
+	}
+	if cfg.Timeout == 0 {
+		cfg.Timeout = sluiceredis.DefaultTimeout
 	}
 	addr, store, closeStore, err := openStore(cfg)
 	if err != nil {
@@ -111,25 +118,31 @@ func run(ctx context.Context, cfg config, out io.Writer) (summary, error) {
 	fmt.Fprintf(out, "the upstream allows %d/s and refuses the excess with 429. Running for %v...\n\n",
 		cfg.Rate, cfg.Duration)
 
+	// Every process is set up before any starts sending, so that an error
+	// returns with no goroutine running.
+	trs := make([]http.RoundTripper, cfg.Procs)
+	for i := range trs {
+		// Each process has its own client and Backend; only Redis and
+		// the key (the upstream's host) are shared.
+		rdb := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
+		defer rdb.Close()
+		b, err := sluiceredis.New(rdb, sluiceredis.WithTimeout(cfg.Timeout))
+		if err != nil {
+			return sum, err
+		}
+		trs[i], err = sluice.New(up.Transport(), sluice.WithRate(cfg.Rate, time.Second),
+			sluice.WithBackend(b), sluice.WithRetry(0))
+		if err != nil {
+			return sum, err
+		}
+	}
+
 	ctx, cancel := context.WithTimeout(ctx, cfg.Duration)
 	defer cancel()
 	sum.Procs = make([]result, cfg.Procs)
 	var wg sync.WaitGroup
 	start := time.Now()
-	for i := range cfg.Procs {
-		// Each process has its own client and Backend; only Redis and
-		// the key (the upstream's host) are shared.
-		rdb := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
-		defer rdb.Close()
-		b, err := sluiceredis.New(rdb)
-		if err != nil {
-			return sum, err
-		}
-		tr, err := sluice.New(up.Transport(), sluice.WithRate(cfg.Rate, time.Second),
-			sluice.WithBackend(b), sluice.WithRetry(0))
-		if err != nil {
-			return sum, err
-		}
+	for i, tr := range trs {
 		wg.Go(func() { sum.Procs[i] = send(ctx, tr, up.URL(), cfg.Workers) })
 	}
 	wg.Wait()

@@ -29,7 +29,11 @@ func TestFleet(t *testing.T) {
 					t.Skip("skipping: redis-server not in PATH (apt-get install redis-server)")
 				}
 			}
-			cfg := config{Procs: 3, Rate: 50, Duration: 2 * time.Second, Workers: 6, MiniRedis: mini}
+			// A timeout of a second, not the default 50ms: one slow call on
+			// a busy test machine would send a process to its fallback,
+			// whose budget comes on top of the shared one.
+			cfg := config{Procs: 3, Rate: 50, Duration: 2 * time.Second, Workers: 6, MiniRedis: mini,
+				Timeout: time.Second}
 			var out strings.Builder
 			sum, err := run(context.Background(), cfg, &out)
 			if err != nil {
@@ -62,5 +66,33 @@ func TestFleet(t *testing.T) {
 func TestBadConfig(t *testing.T) {
 	if _, err := run(context.Background(), config{Procs: 0, Rate: 1, Workers: 1, Duration: time.Second}, io.Discard); err == nil {
 		t.Error("run with -procs 0: no error")
+	}
+	if _, err := run(context.Background(), config{Procs: 1, Rate: 1, Workers: 1, Duration: time.Second,
+		Timeout: -time.Second}, io.Discard); err == nil {
+		t.Error("run with -timeout -1s: no error")
+	}
+}
+
+// TestStoreStartsOnAFreshPort: redis-server is started on a free port and
+// answers as itself; a second one gets another port.
+func TestStoreStartsOnAFreshPort(t *testing.T) {
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		if os.Getenv("SLUICE_REQUIRE_REDIS") == "1" {
+			t.Fatalf("SLUICE_REQUIRE_REDIS=1 but redis-server is not in PATH: %v", err)
+		}
+		t.Skip("skipping: redis-server not in PATH (apt-get install redis-server)")
+	}
+	a1, stop1, err := startRedisServer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop1()
+	a2, stop2, err := startRedisServer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop2()
+	if a1 == a2 {
+		t.Errorf("two servers on %s", a1)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"net"
 	"os/exec"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
@@ -40,8 +41,22 @@ func openStore(cfg config) (addr, name string, stop func(), err error) {
 }
 
 // startRedisServer runs redis-server on a free loopback port without
-// persistence, and waits until it answers.
+// persistence, and waits until it answers. The free port is found by
+// binding and releasing it; another process may take it in between, so a
+// failed start is retried on a new port.
 func startRedisServer() (string, func(), error) {
+	var err error
+	for range 5 {
+		var addr string
+		var stop func()
+		if addr, stop, err = tryRedisServer(); err == nil {
+			return addr, stop, nil
+		}
+	}
+	return "", nil, err
+}
+
+func tryRedisServer() (string, func(), error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return "", nil, err
@@ -51,6 +66,9 @@ func startRedisServer() (string, func(), error) {
 	addr := "127.0.0.1:" + strconv.Itoa(port)
 	cmd := exec.Command("redis-server", "--port", strconv.Itoa(port), "--bind", "127.0.0.1",
 		"--save", "", "--appendonly", "no", "--logfile", "")
+	// On Linux the kernel kills the server if this program dies without
+	// stopping it (SIGKILL, a test binary's timeout).
+	cmd.SysProcAttr = sysProcAttr()
 	if err := cmd.Start(); err != nil {
 		return "", nil, fmt.Errorf("starting redis-server: %w", err)
 	}
@@ -63,10 +81,12 @@ func startRedisServer() (string, func(), error) {
 	rdb := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
 	defer rdb.Close()
 	for deadline := time.Now().Add(10 * time.Second); ; {
+		// The answer must come from this server: if another process took
+		// the port, this one exits (below), but the other may answer first.
 		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
-		err := rdb.Ping(ctx).Err()
+		pid, err := serverPID(ctx, rdb)
 		cancel()
-		if err == nil {
+		if err == nil && pid == cmd.Process.Pid {
 			return addr, stop, nil
 		}
 		select {
@@ -76,7 +96,21 @@ func startRedisServer() (string, func(), error) {
 		}
 		if time.Now().After(deadline) {
 			stop()
-			return "", nil, fmt.Errorf("redis-server on %s did not answer: %w", addr, err)
+			return "", nil, fmt.Errorf("redis-server on %s did not answer: %v", addr, err)
 		}
 	}
+}
+
+// serverPID returns the process id of the Redis behind rdb.
+func serverPID(ctx context.Context, rdb *redis.Client) (int, error) {
+	info, err := rdb.Info(ctx, "server").Result()
+	if err != nil {
+		return 0, err
+	}
+	for _, l := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(l), "process_id:"); ok {
+			return strconv.Atoi(v)
+		}
+	}
+	return 0, errors.New("no process_id in INFO server")
 }
