@@ -19,8 +19,14 @@ import (
 // matches the virtual-time test's run.
 var loopbackRun time.Duration
 
+// loopbackRate is the upstream's limit R. At 50/s a token interval is 20 ms
+// and a few milliseconds of loopback jitter are a tenth of it; at 10/s the
+// same jitter is a fiftieth (-sluice.loopback.rate=10).
+var loopbackRate int
+
 func init() {
 	flag.DurationVar(&loopbackRun, "sluice.loopback", 10*time.Second, "how long each BenchmarkStrictGCRALoopback run sends")
+	flag.IntVar(&loopbackRate, "sluice.loopback.rate", 50, "the upstream's limit in BenchmarkStrictGCRALoopback, per second")
 }
 
 // BenchmarkStrictGCRALoopback is TestLearnFromStrictGCRA in real time over
@@ -33,12 +39,12 @@ func init() {
 // half, and the share of attempts answered 429. A benchmark, not a test,
 // because it makes claims about real time on a shared machine.
 func BenchmarkStrictGCRALoopback(b *testing.B) {
-	const r = 50
+	r := loopbackRate
 	for _, c := range []struct {
 		name string
 		wrap func(base http.RoundTripper) http.RoundTripper
 	}{
-		{"rate_at_R", naiveGCRAClient(r)},
+		{"rate_at_R", naiveGCRAClient(float64(r))},
 		{"sluice_at_R", func(base http.RoundTripper) http.RoundTripper { return mustNew(b, base, WithRate(r, time.Second)) }},
 		{"sluice_at_2R", func(base http.RoundTripper) http.RoundTripper { return mustNew(b, base, WithRate(2*r, time.Second)) }},
 	} {
@@ -47,11 +53,11 @@ func BenchmarkStrictGCRALoopback(b *testing.B) {
 			var cools uint64
 			n := 0
 			for b.Loop() {
-				a, rj, l, cl := loopbackGCRA(r, c.wrap)
+				a, rj, l, cl := loopbackGCRA(float64(r), c.wrap)
 				accepted, rejected, late, cools, n = accepted+a, rejected+rj, late+l, cools+cl, n+1
 			}
-			b.ReportMetric(float64(accepted)/loopbackRun.Seconds()/float64(n)/r, "rate/R")
-			b.ReportMetric(float64(late)/(loopbackRun.Seconds()/2)/float64(n)/r, "rate/R-2nd-half")
+			b.ReportMetric(float64(accepted)/loopbackRun.Seconds()/float64(n)/float64(r), "rate/R")
+			b.ReportMetric(float64(late)/(loopbackRun.Seconds()/2)/float64(n)/float64(r), "rate/R-2nd-half")
 			b.ReportMetric(100*float64(rejected)/float64(max(1, accepted+rejected)), "429%")
 			b.ReportMetric(float64(cools)/float64(n), "cooldowns/run")
 		})
