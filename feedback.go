@@ -347,7 +347,7 @@ func signals(resp *http.Response) bool {
 // observe reads what a response says, when its headers arrive: the attempt
 // was sent at sent. It is called only for responses for which signals is
 // true; the parsing happens before the lane's lock is taken.
-func (l *lane) observe(resp *http.Response, sent time.Time) {
+func (l *lane) observe(resp *http.Response, sent time.Time, p Priority) {
 	h := resp.Header
 	q, hasQuota := headers.Parse(h, time.Now())
 	ra, hasRA := headers.RetryAfter(h, time.Now(), l.cfg.maxRetryAfter)
@@ -366,6 +366,7 @@ func (l *lane) observe(resp *http.Response, sent time.Time) {
 	f := &l.fb
 	if throttled {
 		f.throttled++
+		l.levels[p].throttled++
 		f.refused.Add(now, 1)
 	}
 	// Retry-After wins over everything.

@@ -74,6 +74,10 @@ func TestRetryAfterCoolsWholeLane(t *testing.T) {
 				if s.Throttled != 1 || s.Cooldowns != 1 {
 					t.Errorf("Throttled %d Cooldowns %d, want 1 and 1", s.Throttled, s.Cooldowns)
 				}
+				// The 429 answered the first request, which was Normal.
+				if got := [3]uint64{s.Levels[0].Throttled, s.Levels[1].Throttled, s.Levels[2].Throttled}; got != [3]uint64{0, 1, 0} {
+					t.Errorf("Throttled by level %v, want [0 1 0]", got)
+				}
 			})
 		})
 	}

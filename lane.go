@@ -50,6 +50,7 @@ type lane struct {
 type levelCounters struct {
 	granted   uint64
 	cancelled uint64
+	throttled uint64
 	refused   [numReasons]uint64
 	wait      stats.Histogram
 }

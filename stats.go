@@ -55,6 +55,7 @@ type LevelStats struct {
 	Queued    int    // waiting now
 	Granted   uint64 // attempts granted a token and a slot
 	Cancelled uint64 // waiters whose context ended before they were sent
+	Throttled uint64 // attempts answered "too many requests" (429, GitHub's 403)
 	// Refused counts early refusals, indexed by Reason.
 	Refused [numReasons]uint64
 	// WaitP50 and WaitP99 are quantiles of the time from enqueue to grant
@@ -106,6 +107,7 @@ func (l *lane) stats() LaneStats {
 		lv.Queued = l.q.levels[p].n
 		l.q.levels[p].tenantStats(lv)
 		lv.Granted, lv.Cancelled, lv.Refused = c.granted, c.cancelled, c.refused
+		lv.Throttled = c.throttled
 		lv.WaitP50, lv.WaitP99 = c.wait.Quantile(0.5), c.wait.Quantile(0.99)
 		if enq, ok := l.q.oldest(Priority(p)); ok {
 			lv.OldestWait = now.Sub(enq)

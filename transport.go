@@ -137,7 +137,7 @@ func (t *Transport) attempt(l *lane, req *http.Request, p Priority, enq time.Tim
 		return nil, enq, err
 	}
 	if signals(resp) {
-		l.observe(resp, start)
+		l.observe(resp, start, p)
 		if l.be != nil {
 			l.shareCooldown()
 		}
