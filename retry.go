@@ -135,6 +135,11 @@ func (t *Transport) retryable(ctx context.Context, req *http.Request, resp *http
 	}
 	policy := t.cfg.checkRetry
 	if policy == nil {
+		// What DefaultRetryPolicy answers for a response that is neither
+		// a 429 nor a server error, without the call: most responses.
+		if err == nil && resp.StatusCode > 0 && resp.StatusCode < 500 && resp.StatusCode != http.StatusTooManyRequests {
+			return false
+		}
 		policy = retryablehttp.DefaultRetryPolicy
 	}
 	retry, perr := policy(ctx, resp, err)

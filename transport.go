@@ -38,6 +38,9 @@ type Transport struct {
 	// mu.
 	lanes atomic.Pointer[map[string]*lane]
 	mu    sync.Mutex
+	// hot is the lane used last: most Transports call one host, and
+	// comparing its key is cheaper than hashing it into lanes.
+	hot atomic.Pointer[lane]
 }
 
 // New returns a Transport that sends requests through base, or through
@@ -66,7 +69,11 @@ func New(base http.RoundTripper, opts ...Option) (*Transport, error) {
 
 // lane returns the lane for key, creating it on first use.
 func (t *Transport) lane(key string) *lane {
+	if l := t.hot.Load(); l != nil && l.key == key {
+		return l
+	}
 	if l, ok := (*t.lanes.Load())[key]; ok {
+		t.hot.Store(l)
 		return l
 	}
 	t.mu.Lock()
