@@ -270,3 +270,43 @@ func TestBackendEstimateIgnoresLocalBucket(t *testing.T) {
 		synctest.Wait()
 	})
 }
+
+// With a Backend each Transport still serves its own waiters by priority:
+// the shared budget's tokens go to its interactive waiters first.
+func TestBackendKeepsPriorityOrder(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		be := newMemBackend()
+		base := &fakeBase{}
+		tr := mustNew(t, base, WithRate(10, time.Second), WithBackend(be))
+		var wg sync.WaitGroup
+		for range 20 {
+			wg.Go(func() { get(WithPriority(t.Context(), Batch), tr, "batch") })
+		}
+		synctest.Wait()
+		time.Sleep(250 * time.Millisecond) // a few batch requests are sent
+		for range 5 {
+			wg.Go(func() { get(WithPriority(t.Context(), Interactive), tr, "interactive") })
+		}
+		wg.Wait()
+		var order []string
+		base.mu.Lock()
+		for _, a := range base.arrivals {
+			order = append(order, a.class)
+		}
+		base.mu.Unlock()
+		// The first few are batch (alone at first); once the interactive
+		// ones arrive, the next five tokens are theirs.
+		i := 0
+		for i < len(order) && order[i] == "batch" {
+			i++
+		}
+		if i == 0 || i > 5 || len(order) < i+5 {
+			t.Fatalf("send order %v", order)
+		}
+		for _, c := range order[i : i+5] {
+			if c != "interactive" {
+				t.Fatalf("after the interactive requests arrived, sent %v; want the next five interactive", order[i:])
+			}
+		}
+	})
+}
