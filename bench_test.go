@@ -34,6 +34,8 @@ func (bodyBase) RoundTrip(req *http.Request) (*http.Response, error) {
 // x/time/rate plus x/sync/semaphore composed by hand.
 func BenchmarkRoundTrip(b *testing.B) {
 	req, _ := http.NewRequest("GET", "http://api.test/", nil)
+	// A request that carries a tenant: what a multi-tenant service sends.
+	treq := req.WithContext(WithTenant(context.Background(), "acme"))
 	for _, base := range []http.RoundTripper{nopBase{}, bodyBase{}} {
 		name := fmt.Sprintf("%T", base)[len("sluice."):]
 		tr := mustNew(b, base, WithRate(1e9, time.Second), WithBurst(1<<30))
@@ -46,6 +48,7 @@ func BenchmarkRoundTrip(b *testing.B) {
 		}{
 			{"bare", func() error { return send(base, req) }},
 			{"sluice", func() error { return send(tr, req) }},
+			{"sluice+tenant", func() error { return send(tr, treq) }},
 			{"rate+semaphore", func() error {
 				if err := lim.Wait(ctx); err != nil {
 					return err

@@ -104,6 +104,8 @@ func (t *tenant) inRing() bool { return t.next != nil && !t.held }
 type levelQueue struct {
 	anon  tenant             // requests without a tenant
 	named map[string]*tenant // created on first use, dropped when idle
+	spare []*tenant          // records to reuse; see forget
+	big   bool               // named has held more than bigTenants
 	ring  tenant             // sentinel of the rotation, a circular list
 	held  tenant             // sentinel of the tenants with waiters at their cap
 	share float64            // the tenant cap's share of the limit; 0: none
@@ -131,8 +133,15 @@ func (lv *levelQueue) tenant(id string) *tenant {
 	if lv.named == nil {
 		lv.named = make(map[string]*tenant)
 	}
-	t := &tenant{id: id, level: lv.anon.level}
+	var t *tenant
+	if n := len(lv.spare); n > 0 {
+		t, lv.spare = lv.spare[n-1], lv.spare[:n-1]
+		t.id = id
+	} else {
+		t = &tenant{id: id, level: lv.anon.level}
+	}
 	lv.named[id] = t
+	lv.big = lv.big || len(lv.named) > bigTenants
 	return t
 }
 
@@ -252,16 +261,29 @@ func (lv *levelQueue) grew(limit int) {
 }
 
 // forget drops the record of a named tenant that has nothing queued or in
-// flight. The map itself goes when it empties: a Go map keeps the buckets
-// of its largest size, and a burst of many tenant ids must not pin them.
+// flight, and keeps it for reuse (up to spareTenants of them): a tenant
+// whose requests are sent at once, one at a time, would otherwise allocate
+// a record for each. A map that has held more than bigTenants goes when
+// it empties: a Go map keeps the buckets of its largest size, and a burst
+// of many tenant ids must not pin them.
 func (lv *levelQueue) forget(t *tenant) {
-	if t.id != "" && t.inFlight == 0 && len(t.waiters) == 0 {
-		delete(lv.named, t.id)
-		if len(lv.named) == 0 {
-			lv.named = nil
-		}
+	if t.id == "" || t.inFlight != 0 || len(t.waiters) != 0 {
+		return
+	}
+	delete(lv.named, t.id)
+	if len(lv.spare) < spareTenants {
+		t.id = ""
+		lv.spare = append(lv.spare, t)
+	}
+	if len(lv.named) == 0 && lv.big {
+		lv.named, lv.big = nil, false
 	}
 }
+
+const (
+	spareTenants = 16
+	bigTenants   = 1024
+)
 
 // each calls f for every tenant of the level with work (anonymous included).
 func (lv *levelQueue) each(f func(*tenant)) {
