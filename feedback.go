@@ -346,12 +346,14 @@ func signals(resp *http.Response) bool {
 
 // observe reads what a response says, when its headers arrive: the attempt
 // was sent at sent. It is called only for responses for which signals is
-// true; the parsing happens before the lane's lock is taken.
-func (l *lane) observe(resp *http.Response, sent time.Time, p Priority) {
+// true; the parsing happens before the lane's lock is taken. It reports
+// whether the response refused the attempt for its rate (a 429, or GitHub's
+// 403 with nothing remaining).
+func (l *lane) observe(resp *http.Response, sent time.Time, p Priority) (throttled bool) {
 	h := resp.Header
 	q, hasQuota := headers.Parse(h, time.Now())
 	ra, hasRA := headers.RetryAfter(h, time.Now(), l.cfg.maxRetryAfter)
-	throttled := resp.StatusCode == http.StatusTooManyRequests ||
+	throttled = resp.StatusCode == http.StatusTooManyRequests ||
 		// GitHub answers its rate limits with 403 and remaining 0.
 		(resp.StatusCode == http.StatusForbidden && hasQuota && q.Remaining == 0)
 	preciseQuota := hasQuota && q.Remaining >= 0 && q.Reset > 0
@@ -376,7 +378,7 @@ func (l *lane) observe(resp *http.Response, sent time.Time, p Priority) {
 			f.cut(now, sent, l.currentRate())
 		}
 		l.applyRate(now)
-		return
+		return throttled
 	}
 	switch {
 	case hasQuota && q.Remaining == 0 && q.Reset > 0:
@@ -402,6 +404,7 @@ func (l *lane) observe(resp *http.Response, sent time.Time, p Priority) {
 		f.cut(now, sent, l.currentRate())
 	}
 	l.applyRate(now)
+	return throttled
 }
 
 // settle is called, with mu held, when an attempt sent at sent finishes with

@@ -15,6 +15,8 @@ import (
 
 	"golang.org/x/time/rate"
 
+	"github.com/sluice-go/sluice/internal/stats"
+
 	"github.com/sluice-go/sluice/internal/upstream"
 )
 
@@ -428,5 +430,42 @@ func TestRecoverAfterOutage(t *testing.T) {
 				t.Errorf("%.3f of R over seconds 40-60, want >= 0.95", got)
 			}
 		})
+	}
+}
+
+// GitHub refuses for its rate with 403 and nothing remaining: that attempt
+// is a 429 to the lane, not an accepted request that would count toward the
+// run marking the next 429 as jitter at the limit.
+func TestGitHub403IsNotAccepted(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		base := &fakeBase{answer: answerWith(1, http.StatusForbidden, "X-RateLimit-Remaining: 0", "X-RateLimit-Reset: 1")}
+		tr := mustNew(t, base, WithRate(10, time.Second), WithRetry(0))
+		if err := get(t.Context(), tr, ""); err != nil {
+			t.Fatal(err)
+		}
+		l := tr.lane("api.test")
+		l.mu.Lock()
+		ok, accepted := l.fb.okRun, l.fb.accepted.Sum(l.now())
+		l.mu.Unlock()
+		s, _ := tr.Stats().Lane("api.test")
+		if s.Throttled != 1 || ok != 0 || accepted != 0 {
+			t.Errorf("after a rate-limit 403: throttled %d, run %d, accepted %d; want 1, 0, 0", s.Throttled, ok, accepted)
+		}
+	})
+}
+
+// Only an attempt sent after the last cut counts toward the run of accepted
+// responses: answers to attempts already on their way say nothing of the
+// new pace.
+func TestRunCountsAttemptsSentAfterCut(t *testing.T) {
+	t0 := time.Unix(1e9, 0)
+	f := feedback{accepted: stats.NewWindow(acceptWindow), refused: stats.NewWindow(acceptWindow), failAt: t0}
+	f.countAccepted(t0.Add(time.Second), t0.Add(-time.Millisecond))
+	if f.okRun != 0 {
+		t.Errorf("an answer to an attempt sent before the cut counted: run %d", f.okRun)
+	}
+	f.countAccepted(t0.Add(time.Second), t0.Add(time.Millisecond))
+	if f.okRun != 1 {
+		t.Errorf("an answer to an attempt sent after the cut: run %d, want 1", f.okRun)
 	}
 }

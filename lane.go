@@ -265,24 +265,34 @@ func (l *lane) acquire(ctx context.Context, p Priority, enq time.Time) (grant, e
 
 	select {
 	case <-w.ready:
-		return grant{enq, l.clock(), tn}, w.err
+		if w.err != nil {
+			return grant{enq: enq}, w.err
+		}
+		return grant{enq, l.clock(), tn}, nil
 	case <-ctx.Done():
 		l.mu.Lock()
-		refunded := false
+		refunded, failed := false, false
 		if w.granted {
 			// The grant and the cancellation raced and the grant won: give
 			// the token and the slot back, as if it had not happened. The
 			// caller sees its context's error and sends nothing.
 			l.refundLocked(tn)
 			refunded = true
-		} else if w.err == nil {
+		} else if w.err != nil {
+			failed = true // the lane failed it first; it was not cancelled
+		} else {
 			l.q.remove(w)
 			// A dispatcher waiting for a slot may now exit, or serve
 			// another tenant.
 			l.wake()
 		}
-		l.levels[p].cancelled++
+		if !failed {
+			l.levels[p].cancelled++
+		}
 		l.mu.Unlock()
+		if failed {
+			return grant{enq: enq}, w.err
+		}
 		if refunded {
 			l.backendDone()
 		}
@@ -501,8 +511,9 @@ func (l *lane) takeShared() {
 			l.grantLocked(now, w, nil)
 			break
 		}
-		// Every waiter left during the call. The shared token is spent;
-		// the slot and any lease go back.
+		// No waiter may be served now: every one left during the call, or
+		// the limit shrank and their tenants are at the lower cap. The
+		// shared token is spent; the slot and any lease go back.
 		l.slot.put()
 		l.mu.Unlock()
 		l.be.Done(l.key)

@@ -2,6 +2,7 @@ package sluice
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"io"
@@ -10,6 +11,8 @@ import (
 	"sync"
 	"testing"
 	"testing/synctest"
+
+	"github.com/hashicorp/go-retryablehttp"
 	"time"
 
 	"github.com/sluice-go/sluice/internal/upstream"
@@ -136,5 +139,29 @@ func failFirst(n int, status int) http.HandlerFunc {
 			return
 		}
 		io.WriteString(w, "ok\n")
+	}
+}
+
+// The Transport skips the call to go-retryablehttp's DefaultRetryPolicy for
+// responses it never retries: its answer must be the policy's, for every
+// status, method and context state.
+func TestDefaultRetryPolicyShortcut(t *testing.T) {
+	tr := mustNew(t, nopBase{})
+	cancelled, cancel := context.WithCancel(context.Background())
+	cancel()
+	for _, ctx := range []context.Context{context.Background(), cancelled} {
+		for _, method := range []string{http.MethodGet, http.MethodPost} {
+			req, _ := http.NewRequestWithContext(ctx, method, "http://api.test/", nil)
+			for status := -2; status < 1000; status++ {
+				resp := &http.Response{StatusCode: status}
+				want, _ := retryablehttp.DefaultRetryPolicy(ctx, resp, nil)
+				if !idempotent(req) && status != http.StatusTooManyRequests && status != http.StatusServiceUnavailable {
+					want = false // sluice's own rule comes first
+				}
+				if got := tr.retryable(ctx, req, resp, nil); got != want {
+					t.Fatalf("%s, status %d, ctx err %v: retryable %v, policy says %v", method, status, ctx.Err(), got, want)
+				}
+			}
+		}
 	}
 }

@@ -83,8 +83,9 @@ func WithMaxQueue(n int) Option {
 
 // A tenant is one tenant's work at one level of one lane: its waiters, in
 // rank order, and its attempts in flight. Named tenants live in their level's
-// map only while they have either; the record is dropped when both are none,
-// so the memory held is for active tenants only, whatever ids come and go.
+// map only while they have either; when both are none the record leaves the
+// map (a few are kept for reuse, see forget), so the memory held is for
+// active tenants only, whatever ids come and go.
 type tenant struct {
 	id       string
 	level    Priority
@@ -103,7 +104,7 @@ func (t *tenant) inRing() bool { return t.next != nil && !t.held }
 // levelQueue is one level of a waitQueue: its tenants and their rotation.
 type levelQueue struct {
 	anon  tenant             // requests without a tenant
-	named map[string]*tenant // created on first use, dropped when idle
+	named map[string]*tenant // active named tenants; see forget
 	spare []*tenant          // records to reuse; see forget
 	big   bool               // named has held more than bigTenants
 	ring  tenant             // sentinel of the rotation, a circular list
@@ -273,6 +274,9 @@ func (lv *levelQueue) forget(t *tenant) {
 	delete(lv.named, t.id)
 	if len(lv.spare) < spareTenants {
 		t.id = ""
+		if cap(t.waiters) > spareWaiters {
+			t.waiters = nil // a flood's queue is not kept for the next tenant
+		}
 		lv.spare = append(lv.spare, t)
 	}
 	if len(lv.named) == 0 && lv.big {
@@ -282,6 +286,7 @@ func (lv *levelQueue) forget(t *tenant) {
 
 const (
 	spareTenants = 16
+	spareWaiters = 64
 	bigTenants   = 1024
 )
 

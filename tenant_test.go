@@ -350,10 +350,10 @@ func TestTenantStatsBounded(t *testing.T) {
 		}
 		l := tr.lane("api.test")
 		l.mu.Lock()
-		left := len(l.q.levels[Normal].named)
+		named, spare := l.q.levels[Normal].named, len(l.q.levels[Normal].spare)
 		l.mu.Unlock()
-		if left != 0 {
-			t.Errorf("%d tenant records kept after all went idle", left)
+		if named != nil || spare > spareTenants {
+			t.Errorf("after all went idle: map %v (want none: it held 10,000), %d spare records (want at most %d)", len(named), spare, spareTenants)
 		}
 	})
 }
@@ -424,5 +424,40 @@ func TestTenantCapFollowsLimitUp(t *testing.T) {
 		}
 		cancel()
 		synctest.Wait()
+	})
+}
+
+// An idle tenant's record is kept for the next tenant, but not the queue a
+// flood grew in it.
+func TestTenantRecordsReused(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		base := &fakeBase{latency: 10 * time.Millisecond}
+		tr := mustNew(t, base, WithConcurrency(1, 1))
+		l := tr.lane("api.test")
+		lv := &l.q.levels[Normal]
+		var wg sync.WaitGroup
+		for range 200 { // one tenant's flood: its queue grows past spareWaiters
+			wg.Go(func() {
+				if err := get(WithTenant(t.Context(), "flood"), tr, ""); err != nil {
+					t.Error(err)
+				}
+			})
+		}
+		wg.Wait()
+		l.mu.Lock()
+		if len(lv.spare) != 1 || lv.spare[0].id != "" || lv.spare[0].waiters != nil || lv.named["flood"] != nil {
+			t.Errorf("after the flood: %d spare, %+v", len(lv.spare), lv.spare)
+		}
+		rec := lv.spare[0]
+		l.mu.Unlock()
+
+		if err := get(WithTenant(t.Context(), "next"), tr, ""); err != nil {
+			t.Fatal(err)
+		}
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		if len(lv.spare) != 1 || lv.spare[0] != rec || rec.inFlight != 0 || len(lv.named) != 0 {
+			t.Errorf("the next tenant did not reuse the record cleanly: %d spare, record %+v, %d named", len(lv.spare), rec, len(lv.named))
+		}
 	})
 }

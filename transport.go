@@ -38,8 +38,9 @@ type Transport struct {
 	// mu.
 	lanes atomic.Pointer[map[string]*lane]
 	mu    sync.Mutex
-	// hot is the lane used last: most Transports call one host, and
-	// comparing its key is cheaper than hashing it into lanes.
+	// hot is the first lane created: most Transports call one host, and
+	// comparing its key is cheaper than hashing it into lanes. It is never
+	// moved, so requests to several hosts do not contend on it.
 	hot atomic.Pointer[lane]
 }
 
@@ -73,7 +74,6 @@ func (t *Transport) lane(key string) *lane {
 		return l
 	}
 	if l, ok := (*t.lanes.Load())[key]; ok {
-		t.hot.Store(l)
 		return l
 	}
 	t.mu.Lock()
@@ -89,6 +89,9 @@ func (t *Transport) lane(key string) *lane {
 	l := newLane(key, &t.cfg)
 	m[key] = l
 	t.lanes.Store(&m)
+	if len(old) == 0 {
+		t.hot.Store(l)
+	}
 	return l
 }
 
@@ -143,8 +146,14 @@ func (t *Transport) attempt(l *lane, req *http.Request, p Priority, enq time.Tim
 		l.release(start, g.tn, 0)
 		return nil, enq, err
 	}
+	// status is what the lane learns from when the attempt is done: a
+	// refusal for the rate in another form (GitHub's 403) counts as a 429,
+	// neither accepted nor a latency sample.
+	status := resp.StatusCode
 	if signals(resp) {
-		l.observe(resp, start, p)
+		if l.observe(resp, start, p) {
+			status = http.StatusTooManyRequests
+		}
 		if l.be != nil {
 			l.shareCooldown()
 		}
@@ -152,10 +161,10 @@ func (t *Transport) attempt(l *lane, req *http.Request, p Priority, enq time.Tim
 	// A protocol switch keeps the connection for as long as it lives; it is
 	// not a request in flight, and its body must stay writable.
 	if resp.StatusCode == http.StatusSwitchingProtocols || resp.Body == nil || resp.Body == http.NoBody {
-		l.release(start, g.tn, resp.StatusCode)
+		l.release(start, g.tn, status)
 		return resp, enq, nil
 	}
-	resp.Body = &body{rc: resp.Body, l: l, start: start, tn: g.tn, status: resp.StatusCode}
+	resp.Body = &body{rc: resp.Body, l: l, start: start, tn: g.tn, status: status}
 	return resp, enq, nil
 }
 
