@@ -10,7 +10,12 @@
 // Each request draws on a lane, one per key (by default the URL's host). An
 // attempt first waits for a token from the lane's token bucket, then for an
 // in-flight slot; waiters are served by priority (see WithPriority), FIFO
-// within a level.
+// within a level. Within a level, tenants take turns (see WithTenant and
+// WithTenantShare), so one caller's flood does not hold up the others.
+//
+// A lane learns from the server: Retry-After pauses it, 429s lower its pace
+// and rate-limit headers set it. Processes that share an API key can share
+// one budget through a Backend (see WithBackend and package sluiceredis).
 package sluice
 
 import (
