@@ -461,3 +461,19 @@ func TestTenantRecordsReused(t *testing.T) {
 		}
 	})
 }
+
+// The seed's worked caps (002, "Per-tenant caps"): a pool of 24 in flight,
+// shares 0.25 / 0.10 / 0.04 give 6 / 2 / 1; the last rounds to zero and the
+// floor of 1 keeps the tenant served.
+func TestTenantCapSeed(t *testing.T) {
+	for _, c := range []struct {
+		share float64
+		want  int
+	}{{0.25, 6}, {0.10, 2}, {0.04, 1}, {1, 24}} {
+		var lv levelQueue
+		lv.init(Normal, c.share)
+		if got := lv.capOf(24); got != c.want {
+			t.Errorf("share %v of 24: cap %d, want %d", c.share, got, c.want)
+		}
+	}
+}
