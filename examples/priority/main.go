@@ -39,7 +39,6 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
-	"slices"
 	"sync"
 	"syscall"
 	"text/tabwriter"
@@ -51,6 +50,7 @@ import (
 	"gonum.org/v1/plot/vg"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/stats"
 	"github.com/sluice-go/sluice/internal/upstream"
 )
 
@@ -320,17 +320,6 @@ func queued(tr *sluice.Transport) int {
 	return n
 }
 
-// quantile returns the q-quantile of ds (nearest rank).
-func quantile(ds []time.Duration, q float64) time.Duration {
-	if len(ds) == 0 {
-		return 0
-	}
-	ds = slices.Clone(ds)
-	slices.Sort(ds)
-	i := int(math.Ceil(q*float64(len(ds)))) - 1
-	return ds[max(0, min(i, len(ds)-1))]
-}
-
 func printTable(w io.Writer, rs []*result, d time.Duration, scale float64) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	defer tw.Flush()
@@ -360,7 +349,7 @@ func printTable(w io.Writer, rs []*result, d time.Duration, scale float64) {
 		}
 		fmt.Fprintf(tw, "%s\t%d/s, batch %d\t%v / %v\t%s\t%d\t%s\t\t%v / %v\t%s\t%s\n",
 			r.name, sc.interRate, r.batch,
-			round(quantile(r.interWaits, 0.5)), round(quantile(r.interWaits, 0.99)),
+			round(stats.Quantile(r.interWaits, 0.5)), round(stats.Quantile(r.interWaits, 0.99)),
 			served, r.batchIn, batchDone,
 			round(time.Duration(float64(pub.p50)*ws)), round(time.Duration(float64(pub.p99)*ws)),
 			pubServed, pubBatch)

@@ -49,6 +49,7 @@ import (
 	"time"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/stats"
 	"github.com/sluice-go/sluice/internal/upstream"
 )
 
@@ -333,17 +334,6 @@ func maxInFlight(arrivals []upstream.Arrival) map[string]int {
 	return out
 }
 
-// quantile returns the q-quantile of ds (nearest rank).
-func quantile(ds []time.Duration, q float64) time.Duration {
-	if len(ds) == 0 {
-		return 0
-	}
-	ds = slices.Clone(ds)
-	slices.Sort(ds)
-	i := int(math.Ceil(q*float64(len(ds)))) - 1
-	return ds[max(0, min(i, len(ds)-1))]
-}
-
 // printTable prints one run: the big tenant, and the nine as ranges.
 func printTable(w io.Writer, title string, r *result) {
 	fmt.Fprintln(w, title)
@@ -351,11 +341,11 @@ func printTable(w io.Writer, title string, r *result) {
 	fmt.Fprintf(tw, "  tenant\tserved\twait p50\twait p99\tmax in flight\tdone at\t\n")
 	b := r.big()
 	fmt.Fprintf(tw, "  big\t%d\t%v\t%v\t%d\t%v\t\n", b.served,
-		round(quantile(b.waits, 0.5)), round(quantile(b.waits, 0.99)), b.maxIn, round(b.doneAt))
+		round(stats.Quantile(b.waits, 0.5)), round(stats.Quantile(b.waits, 0.99)), b.maxIn, round(b.doneAt))
 	fmt.Fprintf(tw, "  nine small\t%s each\t%s\t%s\t%s\t%s\t\n",
 		span(r.small(), func(tn *tenantResult) int { return tn.served }),
-		span(r.small(), func(tn *tenantResult) time.Duration { return round(quantile(tn.waits, 0.5)) }),
-		span(r.small(), func(tn *tenantResult) time.Duration { return round(quantile(tn.waits, 0.99)) }),
+		span(r.small(), func(tn *tenantResult) time.Duration { return round(stats.Quantile(tn.waits, 0.5)) }),
+		span(r.small(), func(tn *tenantResult) time.Duration { return round(stats.Quantile(tn.waits, 0.99)) }),
 		span(r.small(), func(tn *tenantResult) int { return tn.maxIn }),
 		span(r.small(), func(tn *tenantResult) time.Duration { return round(tn.doneAt) }))
 	tw.Flush()

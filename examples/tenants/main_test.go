@@ -8,6 +8,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/sluice-go/sluice/internal/stats"
 	"go.uber.org/goleak"
 )
 
@@ -77,7 +78,7 @@ func TestFairness(t *testing.T) {
 func smallP99s(r *result) []time.Duration {
 	var out []time.Duration
 	for _, tn := range r.small() {
-		out = append(out, quantile(tn.waits, 0.99))
+		out = append(out, stats.Quantile(tn.waits, 0.99))
 	}
 	return out
 }
