@@ -719,3 +719,65 @@ func TestAdaptiveJitter(t *testing.T) {
 	}
 	t.Log(summary.String())
 }
+
+// TestTimeNextSamples: below sampleAbove requests a second every attempt is
+// timed; above it, exactly one in sampleEvery.
+func TestTimeNextSamples(t *testing.T) {
+	for _, tc := range []struct {
+		rate float64
+		want int // timed of 800
+	}{
+		{0, 800},
+		{sampleAbove - 1, 800},
+		{sampleAbove, 800 / sampleEvery},
+		{1e9, 800 / sampleEvery},
+	} {
+		l := &lane{rate: tc.rate}
+		got := 0
+		for range 800 {
+			if l.timeNext() {
+				got++
+			}
+		}
+		if got != tc.want {
+			t.Errorf("rate %v: %d of 800 timed, want %d", tc.rate, got, tc.want)
+		}
+	}
+}
+
+// TestSampledLaneStillLearns: a lane at 4,000/s times one release in eight,
+// yet its latency is the calls' (40 ms), its limit is Little's law's, and
+// every response, timed or not, is counted for feedback.
+func TestSampledLaneStillLearns(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		base := &fakeBase{latency: 40 * time.Millisecond}
+		tr := mustNew(t, base, WithRate(4000, time.Second), WithConcurrency(1, 1000))
+		const workers, each = 200, 10
+		var wg sync.WaitGroup
+		for range workers {
+			wg.Go(func() {
+				for range each {
+					if err := get(context.Background(), tr, ""); err != nil {
+						t.Error(err)
+					}
+				}
+			})
+		}
+		wg.Wait()
+		l := tr.lane("api.test")
+		l.mu.Lock()
+		accepted := l.fb.accepted.Sum(l.clock())
+		l.mu.Unlock()
+		if accepted != workers*each {
+			t.Errorf("feedback counted %d responses, want %d", accepted, workers*each)
+		}
+		s := tr.Stats().Lanes[0]
+		if s.Latency != base.latency {
+			t.Errorf("latency %v, want %v", s.Latency, base.latency)
+		}
+		// ceil(1.1 · 4000 · 0.04) = 176 with no deviation.
+		if s.Limit != 176 {
+			t.Errorf("limit %d, want 176", s.Limit)
+		}
+	})
+}

@@ -30,6 +30,8 @@ type lane struct {
 	// cooldown: nothing of this lane is sent before it (Retry-After, reset).
 	cooldown time.Time
 
+	untimed int // releases not timed since the last timed one; see timeNext
+
 	dispatching bool          // a dispatcher goroutine is running
 	stalled     bool          // it waits for a kick: no waiter's tenant is under its cap
 	kick        chan struct{} // wakes the dispatcher early; capacity 1
@@ -208,11 +210,40 @@ func (l *lane) refuse(ctx context.Context, now time.Time, p Priority, tn *tenant
 
 // A grant is what acquire hands an attempt: the enqueue time of its logical
 // request's first attempt (for the next attempt to keep its place), the time
-// of the grant (from which its latency is measured), and its tenant (whose
-// in-flight count it is part of until release).
+// of the grant (from which its latency is measured), its tenant (whose
+// in-flight count it is part of until release), and whether its latency is
+// measured (see timeNext).
 type grant struct {
 	enq, start time.Time
 	tn         *tenant
+	timed      bool
+}
+
+const (
+	// Above sampleAbove requests a second, one release in sampleEvery is
+	// timed; below, every one is. A clock read and a controller update are
+	// about a third of what a request costs sluice when nothing waits, and
+	// at such rates a sample of the latencies is as good as all of them:
+	// 1,000/s sampled gives the controller 125 samples a second, and its
+	// smoothing (an eighth per sample) forgets a sample within tens of
+	// milliseconds. Slower lanes, where the cost is lost in the call's, are
+	// measured in full. Responses are counted for feedback either way.
+	sampleAbove = 1000
+	sampleEvery = 8
+)
+
+// timeNext reports whether the attempt being granted is to be timed from its
+// grant to its release. mu must be held.
+func (l *lane) timeNext() bool {
+	if l.rate < sampleAbove {
+		return true // including 0: an unpaced lane sizes itself by latency alone
+	}
+	l.untimed++
+	if l.untimed < sampleEvery {
+		return false
+	}
+	l.untimed = 0
+	return true
 }
 
 // acquire waits until the lane grants this attempt a token and an in-flight
@@ -236,10 +267,11 @@ func (l *lane) acquire(ctx context.Context, p Priority, enq time.Time) (grant, e
 		lv.started(tn, l.slot.limit)
 		l.grantedLocked(now, p, first)
 		l.levels[p].wait.Record(0)
+		timed := l.timeNext()
 		l.mu.Unlock()
 		// The grant time is the send time, give or take the few
 		// nanoseconds until the caller sends: no clock read is needed.
-		return grant{enq, now, tn}, nil
+		return grant{enq, now, tn, timed}, nil
 	}
 	if err := ctx.Err(); err != nil {
 		lv.forget(tn)
@@ -268,7 +300,7 @@ func (l *lane) acquire(ctx context.Context, p Priority, enq time.Time) (grant, e
 		if w.err != nil {
 			return grant{enq: enq}, w.err
 		}
-		return grant{enq, l.clock(), tn}, nil
+		return grant{enq, l.clock(), tn, w.timed}, nil
 	case <-ctx.Done():
 		l.mu.Lock()
 		refunded, failed := false, false
@@ -335,15 +367,27 @@ func (l *lane) refundLocked(tn *tenant) {
 }
 
 // release returns the slot of an attempt of tenant tn sent at start that
-// finished with status (0: the base transport failed), and feeds the latency
-// to the concurrency controller.
-func (l *lane) release(start time.Time, tn *tenant, status int) {
-	// start came from the lane's clock: Since reads the monotonic clock only.
-	t := start.Add(time.Since(start))
+// finished with status (0: the base transport failed), counts the response
+// for feedback and, if the attempt was timed, feeds its latency to the
+// concurrency controller.
+func (l *lane) release(start time.Time, tn *tenant, status int, timed bool) {
+	var t time.Time
+	if timed {
+		// start came from the lane's clock: Since reads the monotonic
+		// clock only.
+		t = start.Add(time.Since(start))
+	}
 	l.mu.Lock()
-	now := l.at(t)
-	l.ctl.onDone(l, now, now.Sub(start), status)
-	l.settle(now, start, status)
+	if timed {
+		now := l.at(t)
+		l.ctl.onDone(l, now, now.Sub(start), status)
+		l.settle(now, start, status)
+	} else {
+		// Untimed only on a lane busy enough that the latest clock
+		// reading, from a grant, is at most a few milliseconds old: good
+		// enough to count the response in a window of seconds.
+		l.settle(l.last, start, status)
+	}
 	l.q.levels[tn.level].finished(tn, l.slot.limit)
 	if l.slot.put() && l.q.len() > 0 {
 		l.wake()
@@ -474,6 +518,7 @@ func (l *lane) grantLocked(now time.Time, w *waiter, err error) {
 		l.q.levels[w.level].forget(w.tn) // it may have been its last waiter
 	} else {
 		w.granted = true
+		w.timed = l.timeNext()
 		l.q.levels[w.level].started(w.tn, l.slot.limit)
 		l.grantedLocked(now, w.level, w.first)
 		l.levels[w.level].wait.Record(now.Sub(w.start))

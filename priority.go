@@ -68,6 +68,7 @@ type waiter struct {
 	ready   chan struct{}
 	first   bool  // the logical request's first attempt
 	granted bool  // set under the lane's lock before ready is closed
+	timed   bool  // with granted: its latency is measured; see lane.timeNext
 	err     error // set instead of granted when the lane fails the waiter
 }
 

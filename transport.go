@@ -148,7 +148,7 @@ func (t *Transport) attempt(l *lane, req *http.Request, p Priority, enq time.Tim
 	}
 	resp, err := t.base.RoundTrip(req)
 	if err != nil {
-		l.release(start, g.tn, 0)
+		l.release(start, g.tn, 0, g.timed)
 		return nil, enq, err
 	}
 	// status is what the lane learns from when the attempt is done: a
@@ -166,10 +166,10 @@ func (t *Transport) attempt(l *lane, req *http.Request, p Priority, enq time.Tim
 	// A protocol switch keeps the connection for as long as it lives; it is
 	// not a request in flight, and its body must stay writable.
 	if resp.StatusCode == http.StatusSwitchingProtocols || resp.Body == nil || resp.Body == http.NoBody {
-		l.release(start, g.tn, status)
+		l.release(start, g.tn, status, g.timed)
 		return resp, enq, nil
 	}
-	resp.Body = &body{rc: resp.Body, l: l, start: start, tn: g.tn, status: status}
+	resp.Body = &body{rc: resp.Body, l: l, start: start, tn: g.tn, status: status, timed: g.timed}
 	return resp, enq, nil
 }
 
@@ -203,6 +203,7 @@ type body struct {
 	start  time.Time
 	tn     *tenant
 	status int
+	timed  bool
 	done   atomic.Bool
 }
 
@@ -222,6 +223,6 @@ func (b *body) Close() error {
 
 func (b *body) finish() {
 	if b.done.CompareAndSwap(false, true) {
-		b.l.release(b.start, b.tn, b.status)
+		b.l.release(b.start, b.tn, b.status, b.timed)
 	}
 }
