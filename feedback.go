@@ -5,8 +5,6 @@ import (
 	"net/http"
 	"time"
 
-	"golang.org/x/time/rate"
-
 	"github.com/sluice-go/sluice/internal/headers"
 	"github.com/sluice-go/sluice/internal/stats"
 )
@@ -454,21 +452,21 @@ func (l *lane) applyRate(now time.Time) {
 	case l.lim == nil && r == 0:
 		return
 	case l.lim == nil:
-		l.lim = rate.NewLimiter(rate.Limit(r), l.cfg.burst)
+		l.lim = newBucket(r, l.cfg.burst)
 		l.rate = r
-		// A new limiter starts full; what the lane just sent used it.
-		l.lim.AllowN(now, l.cfg.burst)
+		// A new bucket starts full; what the lane just sent used it.
+		l.lim.drain(now)
 		return
 	}
-	lim := rate.Limit(r)
+	lim := r
 	if r == 0 {
-		lim = rate.Inf
+		lim = math.Inf(1)
 	}
-	old := l.lim.Limit()
-	if old == lim || (old != rate.Inf && lim != rate.Inf && math.Abs(float64(lim-old)) < 1e-4*float64(old)) {
+	old := l.lim.rate
+	if old == lim || (!math.IsInf(old, 1) && !math.IsInf(lim, 1) && math.Abs(lim-old) < 1e-4*old) {
 		return
 	}
-	l.lim.SetLimitAt(now, lim)
+	l.lim.setRate(now, lim)
 	l.rate = r
 	if lim > old && l.q.len() > 0 {
 		l.wake()

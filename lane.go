@@ -7,8 +7,6 @@ import (
 	"sync"
 	"time"
 
-	"golang.org/x/time/rate"
-
 	"github.com/sluice-go/sluice/internal/stats"
 )
 
@@ -22,9 +20,9 @@ type lane struct {
 	epoch time.Time // see clock
 
 	mu   sync.Mutex
-	lim  *rate.Limiter // nil: the lane is not paced
-	rate float64       // lim's rate, 0 if nil or unlimited; see currentRate
-	last time.Time     // the latest time given to lim; see now
+	lim  *bucket   // nil: the lane is not paced
+	rate float64   // lim's rate, 0 if nil or unlimited; see currentRate
+	last time.Time // the latest time given to lim; see now
 	q    waitQueue
 	slot slots
 	// cooldown: nothing of this lane is sent before it (Retry-After, reset).
@@ -68,7 +66,7 @@ func newLane(key string, cfg *config) *lane {
 		be:    cfg.backend,
 	}
 	if r := cfg.perSecond(); r > 0 {
-		l.lim = rate.NewLimiter(rate.Limit(r), cfg.burst)
+		l.lim = newBucket(r, cfg.burst)
 		l.rate = r
 		l.fb.ceiling, l.fb.peak = r, r
 	}
@@ -81,10 +79,10 @@ func newLane(key string, cfg *config) *lane {
 }
 
 // now returns the current time, never earlier than a time already given to
-// the limiter. x/time/rate over-admits when it is handed times that run
-// backwards (golang/go#65508): reserveN stores an earlier t as its last
-// update, so the interval is credited twice. Reading the clock under mu and
-// clamping makes every call see a non-decreasing time. mu must be held.
+// the bucket. Reading the clock under mu and clamping makes every call see
+// a non-decreasing time, so that the lane's clock-based state (the bucket,
+// the cooldown, the windows) never sees time run backwards; the bucket
+// also guards itself against it (see bucket). mu must be held.
 func (l *lane) now() time.Time {
 	return l.at(l.clock())
 }
@@ -114,7 +112,7 @@ func (l *lane) tryTake(now time.Time) bool {
 	if now.Before(l.cooldown) || !l.slot.free() {
 		return false
 	}
-	if l.lim != nil && !l.lim.AllowN(now, 1) {
+	if l.lim != nil && !l.lim.take(now) {
 		return false
 	}
 	l.slot.take()
@@ -126,7 +124,7 @@ func (l *lane) tokenDelay(now time.Time) time.Duration {
 	if l.lim == nil {
 		return 0
 	}
-	return tokensDelay(1-l.lim.TokensAt(now), float64(l.lim.Limit()))
+	return tokensDelay(1-l.lim.tokensAt(now), l.lim.rate)
 }
 
 // tokensDelay returns how long a bucket filling at r per second takes to gain
@@ -166,9 +164,9 @@ func (l *lane) estimate(now time.Time, p Priority, tn *tenant) time.Duration {
 	if l.be == nil {
 		// With a Backend the local bucket is not drawn from: what it holds
 		// says nothing of the shared budget, which is taken as empty.
-		need -= l.lim.TokensAt(start)
+		need -= l.lim.tokensAt(start)
 	}
-	w := tokensDelay(need, float64(l.lim.Limit()))
+	w := tokensDelay(need, l.lim.rate)
 	if w > math.MaxInt64-d {
 		return math.MaxInt64
 	}
@@ -356,10 +354,10 @@ func (l *lane) refund(tn *tenant) {
 // after mu is released. mu must be held.
 func (l *lane) refundLocked(tn *tenant) {
 	if l.lim != nil && l.be == nil {
-		// A negative n adds a token back. x/time/rate caps tokens at burst
-		// on its next read, so a refund can never raise the bucket above a
-		// full one: the state is as if the grant had not been made.
-		l.lim.AllowN(l.now(), -1)
+		// The bucket caps its tokens at burst on its next read, so a
+		// refund can never raise it above a full one: the state is as if
+		// the grant had not been made.
+		l.lim.refund(l.now())
 	}
 	l.slot.put()
 	l.q.levels[tn.level].finished(tn, l.slot.limit)

@@ -464,7 +464,7 @@ func TestGrantWinsRaceWithCancel(t *testing.T) {
 		var outcomes [2]int
 		for i := range 200 {
 			l.mu.Lock()
-			l.lim.AllowN(l.now(), 1) // empty the bucket so the waiter queues
+			l.lim.take(l.now()) // empty the bucket so the waiter queues
 			l.mu.Unlock()
 			ctx, cancel := context.WithCancel(t.Context())
 			errc := make(chan error)
@@ -477,8 +477,8 @@ func TestGrantWinsRaceWithCancel(t *testing.T) {
 			w := l.q.pop(l.slot.limit)
 			w.granted = true
 			l.q.levels[w.level].started(w.tn, l.slot.limit)
-			l.lim.AllowN(l.now(), -1) // as if the token had been earned
-			l.lim.AllowN(l.now(), 1)
+			l.lim.refund(l.now()) // as if the token had been earned
+			l.lim.take(l.now())
 			l.slot.take()
 			if i%2 == 0 {
 				close(w.ready)
@@ -495,7 +495,7 @@ func TestGrantWinsRaceWithCancel(t *testing.T) {
 				outcomes[1]++
 			}
 			l.mu.Lock()
-			inUse, tokens, queued := l.slot.inUse, l.lim.TokensAt(l.now()), l.q.len()
+			inUse, tokens, queued := l.slot.inUse, l.lim.tokensAt(l.now()), l.q.len()
 			l.mu.Unlock()
 			if inUse != 0 || tokens < 0.999 || queued != 0 {
 				t.Fatalf("after race: in use %d, tokens %.3f, queued %d", inUse, tokens, queued)
