@@ -13,6 +13,10 @@ type Window struct {
 	width  int64 // bucket width in nanoseconds
 	counts [windowBuckets]uint64
 	epoch  [windowBuckets]int64 // the bucket number each count belongs to
+	// The bucket the last Add went to, and the span of Unix nanoseconds it
+	// covers: most Adds land there, and skip a 64-bit division.
+	cur      int
+	from, to int64
 }
 
 // NewWindow returns a Window of the given length (at least windowBuckets ns).
@@ -22,12 +26,18 @@ func NewWindow(length time.Duration) Window {
 
 // Add counts n events at time now.
 func (w *Window) Add(now time.Time, n uint64) {
-	b := now.UnixNano() / w.width
+	ns := now.UnixNano()
+	if ns >= w.from && ns < w.to {
+		w.counts[w.cur] += n
+		return
+	}
+	b := ns / w.width
 	i := int(uint64(b) % windowBuckets)
 	if w.epoch[i] != b {
 		w.epoch[i], w.counts[i] = b, 0
 	}
 	w.counts[i] += n
+	w.cur, w.from, w.to = i, b*w.width, (b+1)*w.width
 }
 
 // Sum returns the events counted in the window that ends at now.

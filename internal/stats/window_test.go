@@ -1,6 +1,7 @@
 package stats
 
 import (
+	"math/rand/v2"
 	"testing"
 	"time"
 )
@@ -28,5 +29,47 @@ func TestWindowSlides(t *testing.T) {
 	}
 	if w.Length() != time.Second {
 		t.Errorf("Length = %v", w.Length())
+	}
+}
+
+// TestWindowCacheChangesNothing: a Window remembers the bucket of its last
+// Add and skips the division for times inside it. Whatever the order of the
+// times it is given, it must count as the plain per-slot algorithm does
+// (each Add resets its slot if the slot holds another bucket number),
+// modelled here without the shortcut.
+func TestWindowCacheChangesNothing(t *testing.T) {
+	rnd := rand.New(rand.NewPCG(1, 2))
+	w := NewWindow(time.Second)
+	width := int64(100 * time.Millisecond)
+	var slotB [windowBuckets]int64
+	var slotN [windowBuckets]uint64
+	now := time.Unix(1000, 0).UnixNano()
+	for i := range 20000 {
+		// Mostly forward by a little, sometimes back, sometimes far ahead.
+		switch r := rnd.IntN(100); {
+		case r < 80:
+			now += rnd.Int64N(width / 10)
+		case r < 95:
+			now -= rnd.Int64N(width)
+		default:
+			now += rnd.Int64N(3 * int64(time.Second))
+		}
+		n := uint64(1 + rnd.IntN(3))
+		w.Add(time.Unix(0, now), n)
+		b := now / width
+		if s := b % windowBuckets; slotB[s] != b {
+			slotB[s], slotN[s] = b, n
+		} else {
+			slotN[s] += n
+		}
+		var want uint64
+		for s := range slotB {
+			if d := b - slotB[s]; d >= 0 && d < windowBuckets {
+				want += slotN[s]
+			}
+		}
+		if got := w.Sum(time.Unix(0, now)); got != want {
+			t.Fatalf("event %d: Sum = %d, want %d", i, got, want)
+		}
 	}
 }
