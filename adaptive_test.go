@@ -766,7 +766,7 @@ func TestSampledLaneStillLearns(t *testing.T) {
 		wg.Wait()
 		l := tr.lane("api.test")
 		l.mu.Lock()
-		accepted := l.fb.accepted.Sum(l.clock())
+		accepted := l.fb.accepted.Sum(l.now())
 		l.mu.Unlock()
 		if accepted != workers*each {
 			t.Errorf("feedback counted %d responses, want %d", accepted, workers*each)

@@ -17,12 +17,15 @@ import (
 // it was given counts as no time at all, and does not move that latest time
 // back, so no interval is credited twice (golang/go#65508, where a Limiter
 // over-admits when given times that run backwards). The lane feeds it
-// non-decreasing times anyway (see lane.now).
+// non-decreasing times anyway (see lane.tick).
+//
+// Times are readings of the lane's clock (see lane.clock): offsets from an
+// epoch, not time.Time, which costs more to subtract and compare.
 type bucket struct {
 	rate   float64 // tokens a second, > 0; +Inf: no limit
 	burst  float64
 	tokens float64 // at last; may exceed burst until the next advance
-	last   time.Time
+	last   time.Duration
 }
 
 func newBucket(rate float64, burst int) *bucket {
@@ -30,24 +33,24 @@ func newBucket(rate float64, burst int) *bucket {
 }
 
 // advance returns the tokens held at now.
-func (b *bucket) advance(now time.Time) float64 {
+func (b *bucket) advance(now time.Duration) float64 {
 	t := b.tokens
-	if d := now.Sub(b.last); d > 0 {
+	if d := now - b.last; d > 0 {
 		t += d.Seconds() * b.rate
 	}
 	return min(t, b.burst)
 }
 
 // set records that the bucket holds t tokens at now.
-func (b *bucket) set(now time.Time, t float64) {
+func (b *bucket) set(now time.Duration, t float64) {
 	b.tokens = t
-	if now.After(b.last) {
+	if now > b.last {
 		b.last = now
 	}
 }
 
 // take takes a token at now if there is one, and reports whether it did.
-func (b *bucket) take(now time.Time) bool {
+func (b *bucket) take(now time.Duration) bool {
 	if math.IsInf(b.rate, 1) {
 		return true
 	}
@@ -64,7 +67,7 @@ func (b *bucket) take(now time.Time) bool {
 // refund gives back a token taken and not used. The bucket may hold more
 // than burst until its next advance, which caps it: a refund to a full
 // bucket is lost, as if the token had never been taken.
-func (b *bucket) refund(now time.Time) {
+func (b *bucket) refund(now time.Duration) {
 	if math.IsInf(b.rate, 1) {
 		return
 	}
@@ -72,12 +75,12 @@ func (b *bucket) refund(now time.Time) {
 }
 
 // drain empties the bucket at now.
-func (b *bucket) drain(now time.Time) {
+func (b *bucket) drain(now time.Duration) {
 	b.set(now, 0)
 }
 
 // tokensAt returns the tokens held at now; burst with no limit.
-func (b *bucket) tokensAt(now time.Time) float64 {
+func (b *bucket) tokensAt(now time.Duration) float64 {
 	if math.IsInf(b.rate, 1) {
 		return b.burst
 	}
@@ -85,7 +88,7 @@ func (b *bucket) tokensAt(now time.Time) float64 {
 }
 
 // setRate changes the rate from now on.
-func (b *bucket) setRate(now time.Time, rate float64) {
+func (b *bucket) setRate(now time.Duration, rate float64) {
 	if !math.IsInf(b.rate, 1) {
 		b.set(now, b.advance(now))
 	} else {

@@ -203,19 +203,6 @@ func earlier(a, b time.Time) time.Time {
 	return b
 }
 
-func (f *feedback) countAccepted(now, sent time.Time) {
-	// Only an attempt sent after the last cut says the new pace is
-	// accepted; answers to attempts already on their way when it was made
-	// (many, when calls are slow) say nothing about it.
-	if !sent.Before(f.failAt) {
-		f.okRun++
-	}
-	if f.firstSeen.IsZero() {
-		f.firstSeen = now
-	}
-	f.accepted.Add(now, 1)
-}
-
 // floor is the lowest throttle rate.
 func (f *feedback) floor() float64 {
 	return max(minRate, throttleFloor*f.peak)
@@ -405,19 +392,30 @@ func (l *lane) observe(resp *http.Response, sent time.Time, p Priority) (throttl
 	return throttled
 }
 
-// settle is called, with mu held, when an attempt sent at sent finishes with
-// status (0: the base transport failed): an accepted request feeds the
-// acceptance rate and the throttle rate's recovery.
-func (l *lane) settle(now, sent time.Time, status int) {
+// settle is called, with mu held, when an attempt sent at sent finishes at
+// now (both on the lane's clock) with status (0: the base transport
+// failed): an accepted request feeds the acceptance rate and the throttle
+// rate's recovery.
+func (l *lane) settle(now, sent time.Duration, status int) {
 	if status == 0 || status == http.StatusTooManyRequests || status >= 500 {
 		return
 	}
 	f := &l.fb
-	f.countAccepted(now, sent)
+	// Only an attempt sent after the last cut says the new pace is
+	// accepted; answers to attempts already on their way when it was made
+	// (many, when calls are slow) say nothing about it.
+	if f.failAt.IsZero() || sent >= f.failAt.Sub(l.epoch) {
+		f.okRun++
+	}
+	if f.firstSeen.IsZero() {
+		f.firstSeen = l.timeOf(now)
+	}
+	f.accepted.AddNano(l.epochNS+int64(now), 1)
 	if f.throttle > 0 || f.header > 0 {
-		f.peak = max(f.peak, f.acceptedRate(now))
-		f.grow(now)
-		l.applyRate(now)
+		t := l.timeOf(now)
+		f.peak = max(f.peak, f.acceptedRate(t))
+		f.grow(t)
+		l.applyRate(t)
 	}
 }
 
@@ -433,13 +431,15 @@ func (l *lane) coolLocked(until time.Time, why string) {
 	if !until.After(l.cooldown) {
 		return
 	}
-	if !l.cooldown.After(l.last) { // a new cooldown, not an extension
+	last := l.timeOf(l.last)
+	if !l.cooldown.After(last) { // a new cooldown, not an extension
 		l.fb.cooldowns++
-		l.cfg.logger.Info("sluice: lane cooling down", "lane", l.key, "for", until.Sub(l.last).Round(time.Millisecond), "why", why)
-		l.fb.coolFrom = l.last
+		l.cfg.logger.Info("sluice: lane cooling down", "lane", l.key, "for", until.Sub(last).Round(time.Millisecond), "why", why)
+		l.fb.coolFrom = last
 	}
 	l.fb.coolTo = until
 	l.cooldown = until
+	l.coolTick = until.Sub(l.epoch)
 }
 
 // applyRate sets the limiter to the pace feedback asks for. mu must be held.
@@ -455,7 +455,7 @@ func (l *lane) applyRate(now time.Time) {
 		l.lim = newBucket(r, l.cfg.burst)
 		l.rate = r
 		// A new bucket starts full; what the lane just sent used it.
-		l.lim.drain(now)
+		l.lim.drain(now.Sub(l.epoch))
 		return
 	}
 	lim := r
@@ -466,7 +466,7 @@ func (l *lane) applyRate(now time.Time) {
 	if old == lim || (!math.IsInf(old, 1) && !math.IsInf(lim, 1) && math.Abs(lim-old) < 1e-4*old) {
 		return
 	}
-	l.lim.setRate(now, lim)
+	l.lim.setRate(now.Sub(l.epoch), lim)
 	l.rate = r
 	if lim > old && l.q.len() > 0 {
 		l.wake()

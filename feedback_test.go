@@ -15,8 +15,6 @@ import (
 
 	"golang.org/x/time/rate"
 
-	"github.com/sluice-go/sluice/internal/stats"
-
 	"github.com/sluice-go/sluice/internal/upstream"
 )
 
@@ -458,14 +456,21 @@ func TestGitHub403IsNotAccepted(t *testing.T) {
 // responses: answers to attempts already on their way say nothing of the
 // new pace.
 func TestRunCountsAttemptsSentAfterCut(t *testing.T) {
-	t0 := time.Unix(1e9, 0)
-	f := feedback{accepted: stats.NewWindow(acceptWindow), refused: stats.NewWindow(acceptWindow), failAt: t0}
-	f.countAccepted(t0.Add(time.Second), t0.Add(-time.Millisecond))
-	if f.okRun != 0 {
-		t.Errorf("an answer to an attempt sent before the cut counted: run %d", f.okRun)
+	tr := mustNew(t, nopBase{}, WithRate(10, time.Second))
+	l := tr.lane("api.test")
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	cut := time.Minute
+	l.fb.failAt = l.timeOf(cut)
+	l.settle(cut+time.Second, cut-time.Millisecond, http.StatusOK)
+	if l.fb.okRun != 0 {
+		t.Errorf("an answer to an attempt sent before the cut counted: run %d", l.fb.okRun)
 	}
-	f.countAccepted(t0.Add(time.Second), t0.Add(time.Millisecond))
-	if f.okRun != 1 {
-		t.Errorf("an answer to an attempt sent after the cut: run %d, want 1", f.okRun)
+	l.settle(cut+time.Second, cut+time.Millisecond, http.StatusOK)
+	if l.fb.okRun != 1 {
+		t.Errorf("an answer to an attempt sent after the cut: run %d, want 1", l.fb.okRun)
+	}
+	if got := l.fb.accepted.Sum(l.timeOf(cut + time.Second)); got != 2 {
+		t.Errorf("accepted %d, want 2: both answers count toward the acceptance rate", got)
 	}
 }

@@ -14,19 +14,27 @@ import (
 // in-flight slots, the cooldown and the counters. Everything in it is guarded
 // by mu, which is never held across a wait: waiting happens on channels and
 // timers after mu is released.
+//
+// The path of a request that waits for nothing keeps its times on the lane's
+// clock (see clock): offsets from the lane's creation, which compare and
+// subtract as integers, where a time.Time costs an addition to build.
 type lane struct {
-	key   string
-	cfg   *config
-	epoch time.Time // see clock
+	key     string
+	cfg     *config
+	epoch   time.Time // see clock
+	epochNS int64     // epoch.UnixNano()
 
 	mu   sync.Mutex
-	lim  *bucket   // nil: the lane is not paced
-	rate float64   // lim's rate, 0 if nil or unlimited; see currentRate
-	last time.Time // the latest time given to lim; see now
+	lim  *bucket       // nil: the lane is not paced
+	rate float64       // lim's rate, 0 if nil or unlimited; see currentRate
+	last time.Duration // the latest reading of the clock used; see tick
 	q    waitQueue
 	slot slots
-	// cooldown: nothing of this lane is sent before it (Retry-After, reset).
+	// cooldown: nothing of this lane is sent before it (Retry-After,
+	// reset); coolTick is the same instant on the lane's clock. Both are
+	// set by coolLocked.
 	cooldown time.Time
+	coolTick time.Duration
 
 	untimed int // releases not timed since the last timed one; see timeNext
 
@@ -56,14 +64,16 @@ type levelCounters struct {
 }
 
 func newLane(key string, cfg *config) *lane {
+	epoch := time.Now()
 	l := &lane{
-		key:   key,
-		cfg:   cfg,
-		epoch: time.Now(),
-		q:     waitQueue{aging: cfg.aging, lowShare: cfg.lowShare},
-		slot:  slots{limit: cfg.maxConc},
-		kick:  make(chan struct{}, 1),
-		be:    cfg.backend,
+		key:     key,
+		cfg:     cfg,
+		epoch:   epoch,
+		epochNS: epoch.UnixNano(),
+		q:       waitQueue{aging: cfg.aging, lowShare: cfg.lowShare},
+		slot:    slots{limit: cfg.maxConc},
+		kick:    make(chan struct{}, 1),
+		be:      cfg.backend,
 	}
 	if r := cfg.perSecond(); r > 0 {
 		l.lim = newBucket(r, cfg.burst)
@@ -78,38 +88,47 @@ func newLane(key string, cfg *config) *lane {
 	return l
 }
 
-// now returns the current time, never earlier than a time already given to
-// the bucket. Reading the clock under mu and clamping makes every call see
-// a non-decreasing time, so that the lane's clock-based state (the bucket,
-// the cooldown, the windows) never sees time run backwards; the bucket
-// also guards itself against it (see bucket). mu must be held.
-func (l *lane) now() time.Time {
+// clock reads the lane's clock: the time since the lane was created, on the
+// monotonic clock. It is one clock read, where time.Now makes two (wall and
+// monotonic), and what it returns is an integer to compare and subtract.
+// timeOf turns a reading into the time.Time time.Now would have given.
+func (l *lane) clock() time.Duration {
+	return time.Since(l.epoch)
+}
+
+// timeOf returns the time of a reading d of the lane's clock.
+func (l *lane) timeOf(d time.Duration) time.Time {
+	return l.epoch.Add(d)
+}
+
+// tick reads the lane's clock, never earlier than a reading already used:
+// every user of the lane's state (the bucket, the cooldown, the windows)
+// sees time that never runs backwards, so no interval is counted twice
+// (golang/go#65508; the bucket also guards itself against it). mu must be
+// held.
+func (l *lane) tick() time.Duration {
 	return l.at(l.clock())
 }
 
-// at returns t, or the latest time already given to the limiter if t is
-// earlier; see now. mu must be held.
-func (l *lane) at(t time.Time) time.Time {
-	if t.Before(l.last) {
+// at returns d, or the latest reading already used if d is earlier; see
+// tick. mu must be held.
+func (l *lane) at(d time.Duration) time.Duration {
+	if d < l.last {
 		return l.last
 	}
-	l.last = t
-	return t
+	l.last = d
+	return d
 }
 
-// clock reads the time as an offset on the monotonic clock from the lane's
-// creation. It is the same instant time.Now would give, but it reads one
-// clock instead of two (wall and monotonic), which halves the cost of the
-// two clock reads every request makes. Times it returns carry a monotonic
-// reading, so they compare and subtract exactly with time.Now's.
-func (l *lane) clock() time.Time {
-	return l.epoch.Add(time.Since(l.epoch))
+// now is tick as a time.Time, for the paths that need one. mu must be held.
+func (l *lane) now() time.Time {
+	return l.timeOf(l.tick())
 }
 
-// tryTake takes a token and a slot at once if both are available now and the
-// lane is not cooling down. mu must be held.
-func (l *lane) tryTake(now time.Time) bool {
-	if now.Before(l.cooldown) || !l.slot.free() {
+// tryTake takes a token and a slot at once if both are available at d (on
+// the lane's clock) and the lane is not cooling down. mu must be held.
+func (l *lane) tryTake(now time.Duration) bool {
+	if now < l.coolTick || !l.slot.free() {
 		return false
 	}
 	if l.lim != nil && !l.lim.take(now) {
@@ -120,7 +139,7 @@ func (l *lane) tryTake(now time.Time) bool {
 }
 
 // tokenDelay returns how long until a token is due. mu must be held.
-func (l *lane) tokenDelay(now time.Time) time.Duration {
+func (l *lane) tokenDelay(now time.Duration) time.Duration {
 	if l.lim == nil {
 		return 0
 	}
@@ -164,7 +183,7 @@ func (l *lane) estimate(now time.Time, p Priority, tn *tenant) time.Duration {
 	if l.be == nil {
 		// With a Backend the local bucket is not drawn from: what it holds
 		// says nothing of the shared budget, which is taken as empty.
-		need -= l.lim.tokensAt(start)
+		need -= l.lim.tokensAt(start.Sub(l.epoch))
 	}
 	w := tokensDelay(need, l.lim.rate)
 	if w > math.MaxInt64-d {
@@ -212,10 +231,14 @@ func (l *lane) refuse(ctx context.Context, now time.Time, p Priority, tn *tenant
 // in-flight count it is part of until release), and whether its latency is
 // measured (see timeNext).
 type grant struct {
-	enq, start time.Time
+	enq, start time.Duration // on the lane's clock
 	tn         *tenant
 	timed      bool
 }
+
+// firstAttempt is the enqueue time acquire is given for a logical request's
+// first attempt: it has none yet.
+const firstAttempt time.Duration = -1
 
 const (
 	// Above sampleAbove requests a second, one release in sampleEvery is
@@ -246,13 +269,13 @@ func (l *lane) timeNext() bool {
 
 // acquire waits until the lane grants this attempt a token and an in-flight
 // slot, in priority order. enq is the enqueue time of the logical request's
-// first attempt (zero for a first attempt). On error nothing is held, and
-// the grant still carries enq.
-func (l *lane) acquire(ctx context.Context, p Priority, enq time.Time) (grant, error) {
+// first attempt on the lane's clock, or firstAttempt. On error nothing is
+// held, and the grant still carries enq.
+func (l *lane) acquire(ctx context.Context, p Priority, enq time.Duration) (grant, error) {
 	id := TenantFrom(ctx)
 	l.mu.Lock()
-	now := l.now()
-	first := enq.IsZero()
+	now := l.tick()
+	first := enq == firstAttempt
 	if first {
 		enq = now
 	}
@@ -276,12 +299,13 @@ func (l *lane) acquire(ctx context.Context, p Priority, enq time.Time) (grant, e
 		l.mu.Unlock()
 		return grant{enq: enq}, err
 	}
-	if rej := l.refuse(ctx, now, p, tn); rej != nil {
+	t := l.timeOf(now)
+	if rej := l.refuse(ctx, t, p, tn); rej != nil {
 		lv.forget(tn)
 		l.mu.Unlock()
 		return grant{enq: enq}, rej
 	}
-	w := &waiter{level: p, tn: tn, enq: enq, start: now, first: first, ready: make(chan struct{})}
+	w := &waiter{level: p, tn: tn, enq: l.timeOf(enq), start: t, first: first, ready: make(chan struct{})}
 	l.q.push(w, l.slot.limit)
 	if !l.dispatching {
 		l.dispatching = true
@@ -330,12 +354,12 @@ func (l *lane) acquire(ctx context.Context, p Priority, enq time.Time) (grant, e
 	}
 }
 
-// grantedLocked counts a grant. First attempts feed the retry budget.
-// mu must be held.
-func (l *lane) grantedLocked(now time.Time, p Priority, first bool) {
+// grantedLocked counts a grant made at now, on the lane's clock. First
+// attempts feed the retry budget. mu must be held.
+func (l *lane) grantedLocked(now time.Duration, p Priority, first bool) {
 	l.levels[p].granted++
 	if first {
-		l.budget.firsts.Add(now, 1)
+		l.budget.firsts.AddNano(l.epochNS+int64(now), 1)
 	}
 }
 
@@ -357,7 +381,7 @@ func (l *lane) refundLocked(tn *tenant) {
 		// The bucket caps its tokens at burst on its next read, so a
 		// refund can never raise it above a full one: the state is as if
 		// the grant had not been made.
-		l.lim.refund(l.now())
+		l.lim.refund(l.tick())
 	}
 	l.slot.put()
 	l.q.levels[tn.level].finished(tn, l.slot.limit)
@@ -368,18 +392,16 @@ func (l *lane) refundLocked(tn *tenant) {
 // finished with status (0: the base transport failed), counts the response
 // for feedback and, if the attempt was timed, feeds its latency to the
 // concurrency controller.
-func (l *lane) release(start time.Time, tn *tenant, status int, timed bool) {
-	var t time.Time
+func (l *lane) release(start time.Duration, tn *tenant, status int, timed bool) {
+	var d time.Duration
 	if timed {
-		// start came from the lane's clock: Since reads the monotonic
-		// clock only.
-		t = start.Add(time.Since(start))
+		d = l.clock()
 	}
 	l.mu.Lock()
 	if timed {
-		now := l.at(t)
-		l.ctl.onDone(l, now, now.Sub(start), status)
-		l.settle(now, start, status)
+		d = l.at(d)
+		l.ctl.onDone(l, l.timeOf(d), d-start, status)
+		l.settle(d, start, status)
 	} else {
 		// Untimed only on a lane busy enough that the latest clock
 		// reading, from a grant, is at most a few milliseconds old: good
@@ -417,7 +439,7 @@ func (l *lane) shareCooldown() {
 	// until is on the lane's clock, whose wall reading is the lane's
 	// creation plus monotonic time; a Backend may use the wall reading
 	// (other processes only have that), so rebase it on time.Now's.
-	until = time.Now().Add(until.Sub(l.clock()))
+	until = time.Now().Add(until.Sub(l.timeOf(l.clock())))
 	if err := l.be.Cool(context.Background(), l.key, until); err != nil {
 		l.cfg.logger.Warn("sluice: backend could not share a cooldown", "lane", l.key, "until", until, "err", err)
 	}
@@ -468,7 +490,8 @@ func (l *lane) dispatch() {
 			l.mu.Unlock()
 			return
 		}
-		now := l.now()
+		tick := l.tick()
+		now := l.timeOf(tick)
 		// Nobody the gate may serve (every tenant with waiters is at its
 		// cap): only a release can change that.
 		servable := l.q.next(l.slot.limit) != nil
@@ -476,7 +499,7 @@ func (l *lane) dispatch() {
 			l.takeShared() // unlocks mu
 			continue
 		}
-		if servable && l.be == nil && l.tryTake(now) {
+		if servable && l.be == nil && l.tryTake(tick) {
 			l.grantLocked(now, l.q.pop(l.slot.limit), nil)
 			l.mu.Unlock()
 			continue
@@ -493,7 +516,7 @@ func (l *lane) dispatch() {
 		case l.be != nil && now.Before(l.notBefore) && l.slot.free():
 			d = l.notBefore.Sub(now)
 		case l.be == nil && l.slot.free():
-			d = l.tokenDelay(now)
+			d = l.tokenDelay(tick)
 		}
 		l.mu.Unlock()
 
@@ -518,7 +541,7 @@ func (l *lane) grantLocked(now time.Time, w *waiter, err error) {
 		w.granted = true
 		w.timed = l.timeNext()
 		l.q.levels[w.level].started(w.tn, l.slot.limit)
-		l.grantedLocked(now, w.level, w.first)
+		l.grantedLocked(now.Sub(l.epoch), w.level, w.first)
 		l.levels[w.level].wait.Record(now.Sub(w.start))
 	}
 	close(w.ready)

@@ -90,7 +90,7 @@ func (l *lane) allowRetry() bool {
 // (429, 503).
 func (t *Transport) do(l *lane, req *http.Request, p Priority) (*http.Response, error) {
 	ctx := req.Context()
-	var enq time.Time
+	enq := firstAttempt
 	areq := req
 	for n := 0; ; n++ {
 		resp, first, err := t.attempt(l, areq, p, enq)

@@ -130,8 +130,9 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 // attempt makes one attempt of req through l: it waits for a grant, sends,
 // reads what the response says about limits, and wraps the response body so
 // that the slot is released when it is done. enq is the first attempt's
-// enqueue time (zero for a first attempt); attempt returns it for the next.
-func (t *Transport) attempt(l *lane, req *http.Request, p Priority, enq time.Time) (*http.Response, time.Time, error) {
+// enqueue time on the lane's clock (firstAttempt for a first attempt);
+// attempt returns it for the next.
+func (t *Transport) attempt(l *lane, req *http.Request, p Priority, enq time.Duration) (*http.Response, time.Duration, error) {
 	ctx := req.Context()
 	g, err := l.acquire(ctx, p, enq)
 	enq, start := g.enq, g.start
@@ -156,7 +157,7 @@ func (t *Transport) attempt(l *lane, req *http.Request, p Priority, enq time.Tim
 	// neither accepted nor a latency sample.
 	status := resp.StatusCode
 	if signals(resp) {
-		if l.observe(resp, start, p) {
+		if l.observe(resp, l.timeOf(start), p) {
 			status = http.StatusTooManyRequests
 		}
 		if l.be != nil {
@@ -200,7 +201,7 @@ func closeBody(req *http.Request) {
 type body struct {
 	rc     io.ReadCloser
 	l      *lane
-	start  time.Time
+	start  time.Duration // on the lane's clock
 	tn     *tenant
 	status int
 	timed  bool

@@ -297,7 +297,7 @@ func TestCancelAfterGrantRefundsToken(t *testing.T) {
 		tr := mustNew(t, base, WithRate(1, time.Minute))
 		l := tr.lane("api.test")
 		ctx, cancel := context.WithCancel(t.Context())
-		g, err := l.acquire(ctx, Normal, time.Time{})
+		g, err := l.acquire(ctx, Normal, firstAttempt)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -369,7 +369,7 @@ func TestLanesIndependent(t *testing.T) {
 		tr := mustNew(t, base, WithRate(1, time.Second))
 		slow := tr.lane("slow.test")
 		slow.mu.Lock()
-		slow.cooldown = time.Now().Add(time.Hour)
+		slow.coolLocked(time.Now().Add(time.Hour), "test")
 		slow.mu.Unlock()
 		ctx, cancel := context.WithCancel(t.Context())
 		stalled := make(chan error)
@@ -464,12 +464,12 @@ func TestGrantWinsRaceWithCancel(t *testing.T) {
 		var outcomes [2]int
 		for i := range 200 {
 			l.mu.Lock()
-			l.lim.take(l.now()) // empty the bucket so the waiter queues
+			l.lim.take(l.tick()) // empty the bucket so the waiter queues
 			l.mu.Unlock()
 			ctx, cancel := context.WithCancel(t.Context())
 			errc := make(chan error)
 			go func() {
-				_, err := l.acquire(ctx, Normal, time.Time{})
+				_, err := l.acquire(ctx, Normal, firstAttempt)
 				errc <- err
 			}()
 			synctest.Wait() // queued, blocked in select
@@ -477,8 +477,8 @@ func TestGrantWinsRaceWithCancel(t *testing.T) {
 			w := l.q.pop(l.slot.limit)
 			w.granted = true
 			l.q.levels[w.level].started(w.tn, l.slot.limit)
-			l.lim.refund(l.now()) // as if the token had been earned
-			l.lim.take(l.now())
+			l.lim.refund(l.tick()) // as if the token had been earned
+			l.lim.take(l.tick())
 			l.slot.take()
 			if i%2 == 0 {
 				close(w.ready)
@@ -495,7 +495,7 @@ func TestGrantWinsRaceWithCancel(t *testing.T) {
 				outcomes[1]++
 			}
 			l.mu.Lock()
-			inUse, tokens, queued := l.slot.inUse, l.lim.tokensAt(l.now()), l.q.len()
+			inUse, tokens, queued := l.slot.inUse, l.lim.tokensAt(l.tick()), l.q.len()
 			l.mu.Unlock()
 			if inUse != 0 || tokens < 0.999 || queued != 0 {
 				t.Fatalf("after race: in use %d, tokens %.3f, queued %d", inUse, tokens, queued)

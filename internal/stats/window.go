@@ -26,7 +26,11 @@ func NewWindow(length time.Duration) Window {
 
 // Add counts n events at time now.
 func (w *Window) Add(now time.Time, n uint64) {
-	ns := now.UnixNano()
+	w.AddNano(now.UnixNano(), n)
+}
+
+// AddNano counts n events at ns nanoseconds since the Unix epoch.
+func (w *Window) AddNano(ns int64, n uint64) {
 	if ns >= w.from && ns < w.to {
 		w.counts[w.cur] += n
 		return
