@@ -84,6 +84,38 @@ func BenchmarkRoundTrip(b *testing.B) {
 	}
 }
 
+// headerBase answers as GitHub does: every response states the quota.
+type headerBase struct{ h http.Header }
+
+func (b headerBase) RoundTrip(req *http.Request) (*http.Response, error) {
+	return &http.Response{StatusCode: 200, Header: b.h, Body: http.NoBody, Request: req}, nil
+}
+
+// BenchmarkRoundTripHeaders measures what reading a quota on every response
+// costs: the headers are parsed and the lane's pace set from them.
+func BenchmarkRoundTripHeaders(b *testing.B) {
+	req, _ := http.NewRequest("GET", "http://api.test/", nil)
+	h := http.Header{}
+	h.Set("X-RateLimit-Limit", "5000")
+	h.Set("X-RateLimit-Remaining", "4990")
+	h.Set("X-RateLimit-Reset", strconv.FormatInt(time.Now().Add(time.Hour).Unix(), 10))
+	base := headerBase{h}
+	tr := mustNew(b, base, WithRate(1e9, time.Second), WithBurst(1<<30))
+	for _, v := range []struct {
+		name string
+		rt   http.RoundTripper
+	}{{"bare", base}, {"sluice", tr}} {
+		b.Run(v.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := send(v.rt, req); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
 func send(rt http.RoundTripper, req *http.Request) error {
 	resp, err := rt.RoundTrip(req)
 	if err != nil {

@@ -336,8 +336,10 @@ func signals(resp *http.Response) bool {
 // 403 with nothing remaining).
 func (l *lane) observe(resp *http.Response, sent time.Time, p Priority) (throttled bool) {
 	h := resp.Header
-	q, hasQuota := headers.Parse(h, time.Now())
-	ra, hasRA := headers.RetryAfter(h, time.Now(), l.cfg.maxRetryAfter)
+	// Headers state times on the wall clock; one reading serves both.
+	wall := time.Now()
+	q, hasQuota := headers.Parse(h, wall)
+	ra, hasRA := headers.RetryAfter(h, wall, l.cfg.maxRetryAfter)
 	throttled = resp.StatusCode == http.StatusTooManyRequests ||
 		// GitHub answers its rate limits with 403 and remaining 0.
 		(resp.StatusCode == http.StatusForbidden && hasQuota && q.Remaining == 0)
