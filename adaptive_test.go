@@ -15,6 +15,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/sluice-go/sluice/internal/stats"
 	"github.com/sluice-go/sluice/internal/upstream"
 )
 
@@ -199,7 +200,7 @@ func (r loadResult) latency(from, to time.Duration, q float64) time.Duration {
 			ds = append(ds, a.Done.Sub(a.At))
 		}
 	}
-	return quantile(ds, q)
+	return stats.Quantile(ds, q)
 }
 
 // timeline formats one row per second: sent/s over λ, limit, in flight,

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"golang.org/x/time/rate"
+
+	"github.com/sluice-go/sluice/internal/upstream"
 )
 
 // memBackend is a Backend held in memory: what a shared store does, for
@@ -119,7 +121,8 @@ func TestBackendSharesRate(t *testing.T) {
 		}
 		for _, w := range []time.Duration{100 * time.Millisecond, time.Second, 5 * time.Second} {
 			bound := int(R*w.Seconds()) + DefaultBurst
-			if got := maxInWindow(ts, w); got > bound {
+			// w+1: a closed window of length w, both ends included.
+			if got := upstream.MaxInWindow(ts, w+1); got > bound {
 				t.Errorf("%d requests within %v, want at most %d", got, w, bound)
 			}
 		}

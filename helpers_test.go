@@ -4,7 +4,6 @@ import (
 	"context"
 	"io"
 	"net/http"
-	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -119,30 +118,4 @@ func get(ctx context.Context, tr http.RoundTripper, class string) error {
 	}
 	io.Copy(io.Discard, resp.Body)
 	return resp.Body.Close()
-}
-
-// maxInWindow returns the largest number of times within any window of
-// length w (both ends included).
-func maxInWindow(ts []time.Time, w time.Duration) int {
-	ts = slices.Clone(ts)
-	slices.SortFunc(ts, func(a, b time.Time) int { return a.Compare(b) })
-	best, lo := 0, 0
-	for hi := range ts {
-		for ts[hi].Sub(ts[lo]) > w {
-			lo++
-		}
-		best = max(best, hi-lo+1)
-	}
-	return best
-}
-
-// quantile returns the q-quantile of ds (nearest rank), or 0 if empty.
-func quantile(ds []time.Duration, q float64) time.Duration {
-	if len(ds) == 0 {
-		return 0
-	}
-	ds = slices.Clone(ds)
-	slices.Sort(ds)
-	i := int(q*float64(len(ds))+0.5) - 1
-	return ds[max(0, min(i, len(ds)-1))]
 }

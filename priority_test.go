@@ -7,6 +7,8 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/sluice-go/sluice/internal/stats"
 )
 
 // seedRun is one run of the scenario of seeds/000: a lane at 100 permits/s,
@@ -101,7 +103,7 @@ func TestSeedPriorityScenarios(t *testing.T) {
 	for _, r := range runs {
 		t.Run(fmt.Sprintf("%s/%d-per-s", r.name, r.interRate), func(t *testing.T) {
 			res := r.run(t)
-			p50, p99 := quantile(res.interWaits, 0.5), quantile(res.interWaits, 0.99)
+			p50, p99 := stats.Quantile(res.interWaits, 0.5), stats.Quantile(res.interWaits, 0.99)
 			fmt.Fprintf(&table, "%-20s %4d/s %6d | %9v / %-10v %4d of %-3d %-12d %-10v | %s\n",
 				r.name, r.interRate, r.batch, p50.Round(time.Millisecond), p99.Round(time.Millisecond),
 				res.interIn10, res.interOffered, res.batchIn10, res.batchDoneAt.Round(time.Millisecond), r.seed)

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/sluice-go/sluice/internal/stats"
 )
 
 // tenantBase answers after latency and records, per tenant (the X-Tenant
@@ -127,8 +129,8 @@ func logTenantTable(t *testing.T, name string, rows map[string]*tenantRow, t0 ti
 	t.Logf("  %-8s %6s %9s %9s %7s %9s", "tenant", "served", "wait p50", "wait p99", "max in", "done at")
 	for _, id := range []string{"big", "small-0", "small-4", "small-8"} {
 		r := rows[id]
-		t.Logf("  %-8s %6d %9v %9v %7d %9v", id, r.served, quantile(r.waits, 0.5).Round(time.Millisecond),
-			quantile(r.waits, 0.99).Round(time.Millisecond), r.maxIn, r.finished.Sub(t0).Round(time.Millisecond))
+		t.Logf("  %-8s %6d %9v %9v %7d %9v", id, r.served, stats.Quantile(r.waits, 0.5).Round(time.Millisecond),
+			stats.Quantile(r.waits, 0.99).Round(time.Millisecond), r.maxIn, r.finished.Sub(t0).Round(time.Millisecond))
 	}
 }
 
@@ -159,7 +161,7 @@ func TestTenantFairness(t *testing.T) {
 			// The nine's 90 requests share the 15 slots the big tenant's
 			// cap leaves, 100 ms each: 600 ms, plus one turn; not the big
 			// tenant's backlog of seconds (about 4 s in one FIFO).
-			if p99 := quantile(r.waits, 0.99); p99 > 700*time.Millisecond {
+			if p99 := stats.Quantile(r.waits, 0.99); p99 > 700*time.Millisecond {
 				t.Errorf("small-%d wait p99 %v, want at most 700ms", i, p99)
 			}
 		}
@@ -174,7 +176,7 @@ func TestTenantFairnessBaseline(t *testing.T) {
 		logTenantTable(t, "no tenants (one FIFO)", rows, t0)
 		// 20 in flight at 100 ms: 200/s; at t=1s about 800 requests are
 		// ahead of the nine, about 4 s of waiting.
-		if p50 := quantile(rows["small-0"].waits, 0.5); p50 < 3*time.Second {
+		if p50 := stats.Quantile(rows["small-0"].waits, 0.5); p50 < 3*time.Second {
 			t.Errorf("without tenants small-0 waited p50 %v, want the backlog's seconds", p50)
 		}
 	})
@@ -191,7 +193,7 @@ func TestTenantsRotateWithoutCap(t *testing.T) {
 			// 20 slots turn over every 100 ms; the ten tenants take turns
 			// at each grant, so each small tenant gets about 2 slots per
 			// 100 ms: its 10 requests take about 500 ms.
-			if p99 := quantile(r.waits, 0.99); p99 > 700*time.Millisecond {
+			if p99 := stats.Quantile(r.waits, 0.99); p99 > 700*time.Millisecond {
 				t.Errorf("small-%d wait p99 %v, want under 700ms", i, p99)
 			}
 		}

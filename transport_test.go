@@ -11,6 +11,8 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/sluice-go/sluice/internal/upstream"
 )
 
 // trackBody records whether it was closed.
@@ -135,7 +137,8 @@ func TestNeverOverRate(t *testing.T) {
 		}
 		for _, w := range []time.Duration{0, time.Millisecond, 10 * time.Millisecond, 100 * time.Millisecond, time.Second, 5 * time.Second} {
 			limit := int(perSec*w.Seconds()) + burst
-			if got := maxInWindow(ts, w); got > limit {
+			// w+1: a closed window of length w, both ends included.
+			if got := upstream.MaxInWindow(ts, w+1); got > limit {
 				t.Errorf("window %v: %d requests, limit %d", w, got, limit)
 			}
 		}

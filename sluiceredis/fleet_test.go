@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/upstream"
 )
 
 // The fleet test's numbers. Demand (fleetWorkers per process) exceeds the
@@ -108,7 +109,7 @@ func TestFleetProcesses(t *testing.T) {
 	}
 	for _, w := range []time.Duration{250 * time.Millisecond, time.Second} {
 		bound := fleetRate*w.Seconds() + fleetBurst
-		got := maxInWindow(arrivals, w)
+		got := upstream.MaxInWindow(arrivals, w)
 		t.Logf("  most in any %v: %d, bound rate x T + burst = %.0f", w, got, bound)
 		// One arrival of slack: the upstream timestamps arrivals after a
 		// network hop whose delay varies; the budget is kept at the send.

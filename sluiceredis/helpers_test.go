@@ -165,15 +165,3 @@ func takeUntil(t testing.TB, b *Backend, key string, rate float64, burst int, st
 	}
 	return grants
 }
-
-// maxInWindow returns the most times that fall in any window [t, t+w).
-func maxInWindow(times []time.Time, w time.Duration) int {
-	best, j := 0, 0
-	for i := range times {
-		for times[i].Sub(times[j]) >= w {
-			j++
-		}
-		best = max(best, i-j+1)
-	}
-	return best
-}
