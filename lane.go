@@ -273,8 +273,13 @@ func (l *lane) timeNext() bool {
 // held, and the grant still carries enq.
 func (l *lane) acquire(ctx context.Context, p Priority, enq time.Duration) (grant, error) {
 	id := TenantFrom(ctx)
+	// The clock is read before the lock, so that callers do not queue
+	// behind each other's clock reads; at makes the reading no earlier
+	// than one already used, which is all the bucket needs (a later
+	// reading only makes the grant more conservative).
+	d := l.clock()
 	l.mu.Lock()
-	now := l.tick()
+	now := l.at(d)
 	first := enq == firstAttempt
 	if first {
 		enq = now
