@@ -2,6 +2,8 @@ package headers
 
 import (
 	"net/http"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -152,6 +154,100 @@ func FuzzParse(f *testing.F) {
 		}
 		if q2, ok2 := Parse(h, fuzzNow); q2 != q || !ok2 {
 			t.Errorf("Parse not deterministic: %+v then %+v", q, q2)
+		}
+	})
+}
+
+// gateKeys are the field names FuzzParseGateChangesNothing builds headers
+// from: every field Parse reads, Date, other spellings of them that Parse
+// must not see (lower case, mixed case, missing or extra hyphens), names
+// that share a prefix with them, and ordinary fields.
+var gateKeys = []string{
+	hdrRateLimitPolicy, hdrRateLimit, hdrRateLimitLimit, hdrRateLimitRemaining, hdrRateLimitReset,
+	hdrXRateLimitLimit, hdrXRateLimitRemaining, hdrXRateLimitReset, hdrXRateLimitUsed, hdrXRateLimitResource,
+	hdrTwitterLimit, hdrTwitterRemaining, hdrTwitterReset,
+	hdrOpenAILimit, hdrOpenAIRemaining, hdrOpenAIReset,
+	hdrAnthropicLimit, hdrAnthropicRemaining, hdrAnthropicReset,
+	hdrDate,
+	"RateLimit-Policy", "ratelimit", "RateLimit-Reset", "x-ratelimit-limit", "X-RateLimit-Reset",
+	"x-rate-limit-remaining", "x-ratelimit-reset-requests", "X-RateLimit-Limit-Requests",
+	"anthropic-ratelimit-requests-reset", "date", "DATE",
+	"Ratelimit-", "Ratelimit-Policies", "Ratelimit-Limit-Requests", "X-Ratelimit", "X-Ratelimit-Limit-",
+	"X-Ratelimit-Limit-Tokens", "X-Ratelimit-Reset-Requests-Extra", "X-Rate-Limit", "X-Ratelimit-Limit-Request",
+	"Anthropic-Ratelimit-Tokens-Limit", "Anthropic-Ratelimit-Requests", "Retry-After",
+	"Content-Type", "Content-Length", "Etag", "Vary", "Server",
+}
+
+// gateHeader decodes b into a header: records of a key byte, a length byte
+// and that many value bytes. The key byte's low bits pick a name from
+// gateKeys; its top bit, with an empty value, stores the name with no lines
+// at all. Values split at '\n' into lines. pad adds that many ordinary
+// fields (mod 32), so that headers on both sides of maxGateKeys occur.
+func gateHeader(b []byte, pad uint8) http.Header {
+	h := make(http.Header)
+	for len(b) >= 2 {
+		k, n := b[0], int(b[1])
+		b = b[2:]
+		n = min(n, len(b))
+		v := string(b[:n])
+		b = b[n:]
+		key := gateKeys[int(k&0x7f)%len(gateKeys)]
+		if k&0x80 != 0 && v == "" {
+			h[key] = []string{}
+			continue
+		}
+		h[key] = append(h[key], lines(v)...)
+	}
+	for i := range int(pad % 32) {
+		h["X-Pad-"+strconv.Itoa(i)] = []string{"1"}
+	}
+	return h
+}
+
+// gateRecords encodes name, value pairs for gateHeader.
+func gateRecords(kv ...string) []byte {
+	var b []byte
+	for i := 0; i+1 < len(kv); i += 2 {
+		k := slices.Index(gateKeys, kv[i])
+		if k < 0 {
+			panic("no gate key " + kv[i])
+		}
+		b = append(b, byte(k), byte(len(kv[i+1])))
+		b = append(b, kv[i+1]...)
+	}
+	return b
+}
+
+// FuzzParseGateChangesNothing checks that Parse, which reads only the
+// families presentFamilies finds, agrees with parse reading all of them.
+func FuzzParseGateChangesNothing(f *testing.F) {
+	date := httpDate(fuzzNow)
+	epoch := unix(fuzzNow.Add(30 * time.Minute))
+	for _, kv := range [][]string{
+		{hdrXRateLimitLimit, "5000", hdrXRateLimitRemaining, "0", hdrXRateLimitReset, epoch, hdrXRateLimitResource, "core", hdrDate, date},
+		{hdrXRateLimitLimit, "60", hdrXRateLimitUsed, "12"},
+		{hdrXRateLimitReset, "30", hdrOpenAIReset, "6m0s", "x-ratelimit-limit", "1"},
+		{hdrTwitterLimit, "100", hdrTwitterRemaining, "7", hdrTwitterReset, "1700000000.5", hdrDate, "Tue, 14 Nov 2023 22:13:20 GMT"},
+		{hdrOpenAILimit, "10000", hdrOpenAIRemaining, "9999", "X-Ratelimit-Limit-Tokens", "2000000"},
+		{hdrAnthropicLimit, "50", hdrAnthropicRemaining, "0", hdrAnthropicReset, "2024-01-02T15:05:05Z", hdrDate, date},
+		{hdrRateLimitPolicy, `"burst";q=100;w=60`, hdrRateLimit, `"burst";r=0;t=30`},
+		{hdrRateLimit, "limit=100, remaining=50, reset=30"},
+		{hdrRateLimitLimit, "100, 100;w=60", hdrRateLimitRemaining, "5", hdrRateLimitReset, "2"},
+		{hdrRateLimitReset, "7", "Ratelimit-Policies", `"p";q=1`},
+		{"RateLimit-Policy", `"p";q=1`, "ratelimit", `"p";r=0`, "x-rate-limit-remaining", "0"},
+		{"X-Ratelimit-Limit-", "1", "X-Ratelimit", "1", "Anthropic-Ratelimit-Requests", "1", "Content-Type", "text/plain"},
+	} {
+		f.Add(gateRecords(kv...), uint8(0), int64(0))
+		f.Add(gateRecords(kv...), uint8(20), int64(-time.Hour))
+	}
+	f.Fuzz(func(t *testing.T, b []byte, pad uint8, skew int64) {
+		h := gateHeader(b, pad)
+		now := fuzzNow.Add(time.Duration(skew))
+		q, ok := Parse(h, now)
+		want, wantOK := parse(h, now, allFamilies)
+		if q != want || ok != wantOK {
+			t.Fatalf("header %q (families %05b):\nParse = %+v, %v\nparse reading all = %+v, %v",
+				h, presentFamilies(h), q, ok, want, wantOK)
 		}
 	})
 }
