@@ -137,7 +137,8 @@ type Quota struct {
 // Ties go to the family listed first above. ok is false if no family
 // parses.
 func Parse(h http.Header, now time.Time) (q Quota, ok bool) {
-	return parse(h, now, presentFamilies(h))
+	ref := refClock{h: h, now: now}
+	return parse(h, &ref, presentFamilies(h))
 }
 
 // families is a set of the field families Parse understands, one bit each.
@@ -194,11 +195,11 @@ func presentFamilies(h http.Header) families {
 	return f
 }
 
-// parse is Parse reading only the families in fams. A family none of whose
-// fields is present yields no candidate, so leaving it out changes nothing.
-func parse(h http.Header, now time.Time, fams families) (q Quota, ok bool) {
+// parse is Parse reading only the families in fams, with ref for the
+// response's reference time. A family none of whose fields is present
+// yields no candidate, so leaving it out changes nothing.
+func parse(h http.Header, ref *refClock, fams families) (q Quota, ok bool) {
 	var p picker
-	ref := refTime(h, now)
 	if fams&famIETF != 0 {
 		parseIETF(h, &p)
 	}
@@ -215,6 +216,23 @@ func parse(h http.Header, now time.Time, fams families) (q Quota, ok bool) {
 		parseAnthropic(h, ref, &p)
 	}
 	return p.best.Quota, p.ok
+}
+
+// refClock finds the reference time of a response (see refTime) the first
+// time it is needed. Only absolute times need it, and parsing the Date
+// field costs about as much as the rest of Parse on a response with none.
+type refClock struct {
+	h    http.Header
+	now  time.Time
+	t    time.Time
+	done bool
+}
+
+func (r *refClock) get() time.Time {
+	if !r.done {
+		r.t, r.done = refTime(r.h, r.now), true
+	}
+	return r.t
 }
 
 // candidate is a Quota with the one bit the Quota cannot express: whether
@@ -478,7 +496,7 @@ func sfSeconds(it sfItem) (time.Duration, bool) {
 
 // parseXRateLimit reads one spelling of the X-RateLimit-* family; github
 // says whether to look for GitHub's extra fields.
-func parseXRateLimit(h http.Header, ref time.Time, p *picker, limitKey, remainingKey, resetKey string, github bool) {
+func parseXRateLimit(h http.Header, ref *refClock, p *picker, limitKey, remainingKey, resetKey string, github bool) {
 	c := newCandidate("x-ratelimit")
 	if v, ok := field(h, limitKey); ok {
 		c.Limit = parseCount(v)
@@ -506,8 +524,8 @@ func parseXRateLimit(h http.Header, ref time.Time, p *picker, limitKey, remainin
 
 // parseReset parses an X-RateLimit-Reset value: seconds, possibly
 // fractional, that are a Unix time if at least epochThreshold and a delay
-// otherwise. A Unix time is measured from ref and clamped at 0.
-func parseReset(s string, ref time.Time) (time.Duration, bool) {
+// otherwise. A Unix time is measured from ref's time and clamped at 0.
+func parseReset(s string, ref *refClock) (time.Duration, bool) {
 	whole, frac, ok := parseDecimal(s)
 	if !ok {
 		return 0, false
@@ -515,7 +533,7 @@ func parseReset(s string, ref time.Time) (time.Duration, bool) {
 	if whole < epochThreshold {
 		return secondsToDuration(whole, frac)
 	}
-	return untilTime(time.Unix(whole, frac), ref)
+	return untilTime(time.Unix(whole, frac), ref.get())
 }
 
 // untilTime returns t-ref, clamped at 0 if t is in the past, and fails if
@@ -589,7 +607,7 @@ func validGoDuration(s string) bool {
 }
 
 // parseAnthropic reads Anthropic's request (not token) budget fields.
-func parseAnthropic(h http.Header, ref time.Time, p *picker) {
+func parseAnthropic(h http.Header, ref *refClock, p *picker) {
 	c := newCandidate("anthropic")
 	if v, ok := field(h, hdrAnthropicLimit); ok {
 		c.Limit = parseCount(v)
@@ -599,7 +617,7 @@ func parseAnthropic(h http.Header, ref time.Time, p *picker) {
 	}
 	if v, ok := field(h, hdrAnthropicReset); ok {
 		if t, err := time.Parse(time.RFC3339, v); err == nil {
-			c.Reset, c.resetKnown = untilTime(t, ref)
+			c.Reset, c.resetKnown = untilTime(t, ref.get())
 		}
 	}
 	p.offer(c)
