@@ -107,7 +107,7 @@ func parseDelay(s string, unit time.Duration) (time.Duration, bool) {
 // the response's Date field if it parses, else now.
 func refTime(h http.Header, now time.Time) time.Time {
 	if v, ok := field(h, hdrDate); ok {
-		if t, err := http.ParseTime(v); err == nil {
+		if t, ok := parseHTTPDate(v); ok {
 			return t
 		}
 	}
