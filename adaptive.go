@@ -75,6 +75,10 @@ import (
 // long incident; it moves up only when the calls themselves got slower, as
 // above, or after baselineWindows windows without a lower one.
 //
+// Above sampleAbove requests a second only one attempt in sampleEvery is
+// timed (see lane.timeNext), so "every completion" above means every timed
+// one; at such rates that is still over a hundred samples a second.
+//
 // Refused attempts (429, 503) and transport errors are not samples: they say
 // nothing about how long work takes, and fast refusals would shrink the
 // limit just when the lane must slow down, which the rate's own feedback
