@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -509,4 +510,67 @@ func TestGrantWinsRaceWithCancel(t *testing.T) {
 			t.Errorf("only one side of the race ran: %v", outcomes)
 		}
 	})
+}
+
+// TestNeverOverRateRealClock: the bucket's half of the bound on the real
+// clock. acquire reads the clock before it takes the lane's lock, so callers
+// may take the lock in another order than they read the clock; at then
+// clamps each reading to the latest used. Driven the same way from many
+// goroutines, the times at which the bucket granted a token must never hold
+// more than rate x T + burst in any window T. (The grant times acquire
+// returns to queued waiters are their wake-up times, later than the
+// bucket's, so they are not what is checked here.)
+func TestNeverOverRateRealClock(t *testing.T) {
+	const (
+		perSec  = 20000
+		burst   = 5
+		callers = 32
+		each    = 2000
+	)
+	tr := mustNew(t, nopBase{}, WithRate(perSec, time.Second), WithBurst(burst))
+	l := tr.lane("api.test")
+	var (
+		mu     sync.Mutex
+		grants []time.Time
+		wg     sync.WaitGroup
+	)
+	for range callers {
+		wg.Go(func() {
+			var mine []time.Duration
+			for i := range each {
+				d := l.clock()
+				// Let others read and lock in between; now and then long
+				// enough for this reading to be several tokens stale.
+				if i%16 == 0 {
+					time.Sleep(300 * time.Microsecond)
+				} else {
+					runtime.Gosched()
+				}
+				l.mu.Lock()
+				if now := l.at(d); l.tryTake(now) {
+					mine = append(mine, now)
+					l.slot.put()
+				}
+				l.mu.Unlock()
+			}
+			mu.Lock()
+			for _, d := range mine {
+				grants = append(grants, l.timeOf(d))
+			}
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	if len(grants) < burst {
+		t.Fatalf("only %d grants", len(grants))
+	}
+	for _, w := range []time.Duration{0, 10 * time.Microsecond, 100 * time.Microsecond, time.Millisecond, 10 * time.Millisecond} {
+		limit := int(perSec*w.Seconds()) + burst
+		// w+1: a closed window of length w, both ends included.
+		got := upstream.MaxInWindow(grants, w+1)
+		t.Logf("window %v: at most %d of %d grants, limit %d", w, got, len(grants), limit)
+		if got > limit {
+			t.Errorf("window %v: %d grants, limit %d", w, got, limit)
+		}
+	}
 }
