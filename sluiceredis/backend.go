@@ -23,8 +23,10 @@ var _ sluice.Backend = (*Backend)(nil)
 // A Backend is a sluice.Backend that keeps budgets in Redis, so that every
 // process using the same Redis and the same key draws on one budget. Create
 // it with New; the zero Backend is not usable. A Backend is safe for
-// concurrent use. It runs no goroutines, so it needs no closing; the client
-// stays the caller's to close.
+// concurrent use. It needs no closing: it runs a goroutine only while it
+// holds in-flight leases (see WithInFlight), to renew them, and that
+// goroutine exits within a third of the lease ttl of the last Done. The
+// client stays the caller's to close.
 type Backend struct {
 	client redis.UniversalClient
 	cfg    config
@@ -32,8 +34,10 @@ type Backend struct {
 	seq    atomic.Uint64
 	health health
 
-	mu      sync.Mutex
-	budgets map[string]*budget
+	mu       sync.Mutex
+	budgets  map[string]*budget
+	renewing bool          // a goroutine renews the leases; see keepRenewing
+	idle     chan struct{} // capacity 1: Done gave back a budget's last lease
 }
 
 // budget is this process's side of one key's budget. Its fields are guarded
@@ -101,6 +105,7 @@ func New(client redis.UniversalClient, opts ...Option) (*Backend, error) {
 		self:    hex.EncodeToString(id[:]),
 		health:  health{every: cfg.probeEvery},
 		budgets: make(map[string]*budget),
+		idle:    make(chan struct{}, 1),
 	}, nil
 }
 
@@ -158,7 +163,9 @@ func (b *Backend) Take(ctx context.Context, key string, rate float64, burst int)
 	bg := b.budget(key)
 	now := time.Now()
 	bg.mu.Lock()
-	if w, ok := bg.takeLocal(now); ok {
+	w, ok := bg.takeLocal(now)
+	b.maybeIdle(bg) // stale reservations may have taken the last leases
+	if ok {
 		bg.mu.Unlock()
 		return w, nil
 	}
@@ -198,7 +205,118 @@ func (b *Backend) Take(ctx context.Context, key string, rate float64, burst int)
 		return b.fallback(bg, now, rate, burst)
 	}
 	b.recovered(now)
-	return bg.apply(now, st, wait, lease, rate), nil
+	w = bg.apply(now, st, wait, lease, rate)
+	if lease != "" && (st == taken || st == reserved) {
+		b.keepRenewing()
+	}
+	return w, nil
+}
+
+// keepRenewing makes sure that a goroutine renews this process's leases
+// while it holds any. mu and no budget's mu may be held.
+//
+// A lease expires after the ttl, so that a process that dies does not hold
+// its place for long; one that lives renews its leases every third of the
+// ttl, so that an attempt longer than the ttl (a streamed response) keeps
+// its place. The ttl can then be short whatever the calls' length.
+func (b *Backend) keepRenewing() {
+	b.mu.Lock()
+	if !b.renewing {
+		b.renewing = true
+		go b.renew()
+	}
+	b.mu.Unlock()
+}
+
+// renew renews this process's leases every third of the ttl, and returns
+// once it holds none: at the latest on the tick after the last Done, and at
+// once when that Done gave back the last lease of its budget.
+func (b *Backend) renew() {
+	t := time.NewTicker(max(b.cfg.leaseTTL/3, time.Millisecond))
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+			work := b.leasedBudgets()
+			if work == nil {
+				return
+			}
+			b.renewAll(work)
+		case <-b.idle:
+			if b.leasedBudgets() == nil {
+				return
+			}
+		}
+	}
+}
+
+// maybeIdle lets the renewer look at once, rather than at its next tick,
+// whether it has anything left to do, if bg holds no lease now. bg.mu must
+// be held.
+func (b *Backend) maybeIdle(bg *budget) {
+	if bg.leased() {
+		return
+	}
+	select {
+	case b.idle <- struct{}{}:
+	default:
+	}
+}
+
+// leasedBudgets returns the budgets on which this process holds leases.
+// When there are none it marks the renewer stopped, under mu: a lease taken
+// after that finds it stopped and starts another (see keepRenewing).
+func (b *Backend) leasedBudgets() []*budget {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var work []*budget
+	now := time.Now()
+	for _, bg := range b.budgets {
+		bg.mu.Lock()
+		// A reservation nobody came for is not renewed: its lease is
+		// given back with the key's next call, or expires.
+		bg.prune(now)
+		if bg.leased() {
+			work = append(work, bg)
+		}
+		bg.mu.Unlock()
+	}
+	if len(work) == 0 {
+		b.renewing = false
+	}
+	return work
+}
+
+// renewAll renews this process's leases on the budgets in work, one Redis
+// call per budget (per maxRelease leases).
+func (b *Backend) renewAll(work []*budget) {
+	if !b.health.up() {
+		// Not tried while Redis is unreachable: the leases expire there,
+		// as they would for a process that died, and the fallback budget
+		// bounds this process meanwhile.
+		return
+	}
+	for _, bg := range work {
+		bg.mu.Lock()
+		ids := bg.leases()
+		bg.mu.Unlock()
+		for len(ids) > 0 {
+			n := min(len(ids), maxRelease)
+			ctx, cancel := context.WithTimeout(context.Background(), b.cfg.timeout)
+			err := runRenew(ctx, b.client, bg.keys, b.cfg.leaseTTL, ids[:n])
+			cancel()
+			if err != nil {
+				if unreachable(err) {
+					b.failed(time.Now(), err)
+					return
+				}
+				// An error reply (the lease key holds another type) would
+				// come again: those leases are left to expire.
+				break
+			}
+			ids = ids[n:]
+		}
+	}
 }
 
 // Done releases one of this process's leases on key, when WithInFlight is
@@ -228,6 +346,7 @@ func (b *Backend) Done(key string) {
 		} else {
 			bg.release = append(bg.release, id)
 		}
+		b.maybeIdle(bg)
 	}
 	if len(bg.release) == 0 || !b.health.up() {
 		bg.mu.Unlock()
@@ -272,6 +391,7 @@ func (b *Backend) Cool(ctx context.Context, key string, until time.Time) error {
 	bg.mu.Lock()
 	bg.prune(now)
 	bg.coolUntil(until)
+	b.maybeIdle(bg)
 	bg.mu.Unlock()
 	d := until.Sub(now)
 	if d <= 0 {
@@ -389,6 +509,29 @@ func (bg *budget) prune(now time.Time) {
 		}
 		return true
 	})
+}
+
+// leased reports whether this process holds leases on the budget in Redis:
+// for attempts granted and not yet done, or with reserved tokens. bg.mu
+// must be held.
+func (bg *budget) leased() bool {
+	return len(bg.held) > bg.local || slices.ContainsFunc(bg.pending, func(r reservation) bool { return r.lease != "" })
+}
+
+// leases returns the ids of the leases leased reports. bg.mu must be held.
+func (bg *budget) leases() []string {
+	var ids []string
+	for _, id := range bg.held {
+		if id != "" {
+			ids = append(ids, id)
+		}
+	}
+	for _, r := range bg.pending {
+		if r.lease != "" {
+			ids = append(ids, r.lease)
+		}
+	}
+	return ids
 }
 
 // takeRelease returns up to maxRelease leases to give back with a call to

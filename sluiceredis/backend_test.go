@@ -167,11 +167,16 @@ func TestCoolIsShared(t *testing.T) {
 func TestKeysAreTaggedAndExpire(t *testing.T) {
 	srv := startRedis(t)
 	c := newClient(t, srv.Addr())
-	b := newBackend(t, c, WithPrefix("app:"), WithInFlight(4, 200*time.Millisecond))
+	bc := newClient(t, srv.Addr())
+	b := newBackend(t, bc, WithPrefix("app:"), WithInFlight(4, 200*time.Millisecond))
 	ctx := context.Background()
 	if w, err := b.Take(ctx, "api.example.com", 20, 1); w != 0 || err != nil {
 		t.Fatalf("Take = %v, %v", w, err)
 	}
+	// The process goes away with its lease held: its client is closed, so
+	// nothing renews the lease. (Done, at the end, stops the renewer.)
+	bc.Close()
+	defer b.Done("api.example.com")
 	keys, err := c.Keys(ctx, "*").Result()
 	if err != nil {
 		t.Fatal(err)

@@ -66,6 +66,7 @@ func TestCoolDropsReservations(t *testing.T) {
 	if pending != 0 || release != 0 {
 		t.Errorf("%d reservations and %d releases left after Cool, want none", pending, release)
 	}
+	giveBack(b)
 }
 
 // TestCoolBurstAfterCooldown counts the grants right when a cooldown ends:

@@ -22,7 +22,10 @@
 // A token not yet due is reserved for the asking process, which sends when
 // it is due: each admitted request costs exactly one Redis call, however
 // many processes contend. With WithInFlight, Done costs one more call, to
-// release the lease. Keys are named prefix + "{" + key + "}" + a suffix (a
+// release the lease, and each key with leases held costs one call every
+// third of the lease ttl, to renew them (which needs Redis 6.2 or later,
+// for ZADD GT; the rest runs on older versions too, though this package is
+// tested on Redis 7 only). Keys are named prefix + "{" + key + "}" + a suffix (a
 // Redis Cluster hash tag, so that one budget lives in one slot; see
 // WithPrefix for keys with braces) and expire when idle.
 //

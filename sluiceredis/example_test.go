@@ -25,7 +25,9 @@ func Example() {
 	defer rdb.Close()
 
 	b, err := sluiceredis.New(rdb,
-		sluiceredis.WithInFlight(20, time.Minute),
+		// 20 in flight across the fleet. A dead process's places free up
+		// within 30s; a live one renews its leases, so calls may be longer.
+		sluiceredis.WithInFlight(20, 30*time.Second),
 		// Eight processes: while Redis is down, each keeps to an eighth.
 		sluiceredis.WithFallbackShare(1.0/8),
 		sluiceredis.WithLogger(slog.Default()))

@@ -61,7 +61,47 @@ func newBackend(t testing.TB, c redis.UniversalClient, opts ...Option) *Backend 
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { checkRenewerStops(t, b) })
 	return b
+}
+
+// giveBack calls Done for every lease b holds, as the core would once the
+// attempts are done, for tests that take leases they do not need to release
+// one by one.
+func giveBack(b *Backend) {
+	b.mu.Lock()
+	n := map[string]int{}
+	for key, bg := range b.budgets {
+		bg.mu.Lock()
+		n[key] = len(bg.held)
+		bg.mu.Unlock()
+	}
+	b.mu.Unlock()
+	for key, k := range n {
+		for range k {
+			b.Done(key)
+		}
+	}
+}
+
+// checkRenewerStops fails t unless b's lease renewer stops within a second:
+// a test must give back every lease it takes (as the core does for every
+// attempt), or the renewer would outlive it.
+func checkRenewerStops(t testing.TB, b *Backend) {
+	t.Helper()
+	for deadline := time.Now().Add(time.Second); ; {
+		b.mu.Lock()
+		running := b.renewing
+		b.mu.Unlock()
+		if !running {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Error("the lease renewer still runs at the end of the test: a lease was not given back")
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 // withProbeEvery shortens the probe interval for tests that wait for one.

@@ -51,13 +51,18 @@ func TestInFlightCapAcrossProcesses(t *testing.T) {
 func TestLeasesOfACrashedProcessExpire(t *testing.T) {
 	srv := startRedis(t)
 	const ttl = 300 * time.Millisecond
-	crashed := newBackend(t, newClient(t, srv.Addr()), WithInFlight(1, ttl))
+	cc := newClient(t, srv.Addr())
+	crashed := newBackend(t, cc, WithInFlight(1, ttl))
 	alive := newBackend(t, newClient(t, srv.Addr()), WithInFlight(1, ttl))
 	ctx := context.Background()
 	start := time.Now()
 	if w, err := crashed.Take(ctx, "api", 0, 1); w != 0 || err != nil {
 		t.Fatalf("Take = %v, %v", w, err)
 	}
+	// The process dies: its connection goes, and nothing renews its lease.
+	// (Done, at the end, stops its renewer, which a dead process has not.)
+	cc.Close()
+	defer crashed.Done("api")
 	var granted time.Duration
 	for {
 		w, err := alive.Take(ctx, "api", 0, 1)
@@ -66,6 +71,7 @@ func TestLeasesOfACrashedProcessExpire(t *testing.T) {
 		}
 		if w == 0 {
 			granted = time.Since(start)
+			alive.Done("api")
 			break
 		}
 		if time.Since(start) > 10*ttl {
@@ -109,5 +115,42 @@ func TestReservedTokenCarriesLease(t *testing.T) {
 	b.Done("api")
 	if n := zcard(); n != 0 {
 		t.Fatalf("%d leases after Done for both grants, want 0", n)
+	}
+}
+
+// TestLeaseRenewedWhileHeld: an attempt that outlasts the lease ttl (a
+// streamed response) keeps its place: its process renews the lease every
+// third of the ttl, so another process finds the cap full for as long as
+// the attempt runs, and gets the place once it is done. The renewer then
+// stops.
+func TestLeaseRenewedWhileHeld(t *testing.T) {
+	srv := startRedis(t)
+	const ttl = 300 * time.Millisecond
+	c := newClient(t, srv.Addr())
+	long := newBackend(t, newClient(t, srv.Addr()), WithInFlight(1, ttl))
+	other := newBackend(t, newClient(t, srv.Addr()), WithInFlight(1, ttl))
+	ctx := context.Background()
+	if w, err := long.Take(ctx, "api", 0, 1); w != 0 || err != nil {
+		t.Fatalf("Take = %v, %v", w, err)
+	}
+	// Four ttls of an attempt in flight.
+	for end := time.Now().Add(4 * ttl); time.Now().Before(end); {
+		w, err := other.Take(ctx, "api", 0, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if w == 0 {
+			t.Fatalf("another process got the only place while the attempt ran (%d leases in Redis)", c.ZCard(ctx, "sluice:{api}:lease").Val())
+		}
+		time.Sleep(min(w, 20*time.Millisecond))
+	}
+	long.Done("api")
+	w, err := other.Take(ctx, "api", 0, 1)
+	if w != 0 || err != nil {
+		t.Fatalf("Take after the attempt was done = %v, %v", w, err)
+	}
+	other.Done("api")
+	for _, b := range []*Backend{long, other} {
+		checkRenewerStops(t, b)
 	}
 }

@@ -131,10 +131,15 @@ func WithFallbackShare(f float64) Option {
 
 // WithInFlight caps the attempts in flight under one key across every
 // process at n. Each attempt holds a lease, an entry in a Redis sorted set
-// that expires after ttl, from Take until Done; a process that dies without
-// calling Done holds its leases until they expire. ttl must exceed the
-// longest attempt (a lease that expires under a running attempt frees its
-// place early). By default there is no cap.
+// that expires after ttl, from Take until Done. While a process holds
+// leases, a goroutine of its Backend renews them every ttl/3, so an attempt
+// may run for longer than ttl (a streamed response) and keep its place; a
+// process that dies, or loses Redis, holds its leases for at most ttl. So
+// ttl need not cover the longest call: it is how long a dead process's
+// places stay taken, and a few renewal periods of slack against a slow
+// Redis. 30 seconds suits most fleets. An attempt whose body is never
+// closed holds its lease for as long as its process lives, as it holds its
+// lane's slot. By default there is no cap.
 func WithInFlight(n int, ttl time.Duration) Option {
 	return optionFunc(func(c *config) error {
 		if n < 1 {

@@ -66,6 +66,7 @@ func TestErrorReplyIsNotAnOutage(t *testing.T) {
 	if n := c.ZCard(ctx, "sluice:{good}:lease").Val(); n != 4 {
 		t.Errorf("%d leases of the good key in Redis, want 4", n)
 	}
+	giveBack(b)
 }
 
 // TestOOMIsAnOutage: a reply that says the server cannot serve any write

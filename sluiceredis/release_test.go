@@ -57,4 +57,5 @@ func TestReleasesAreBounded(t *testing.T) {
 	if !b.health.up() {
 		t.Error("Redis marked down")
 	}
+	giveBack(b)
 }

@@ -32,6 +32,10 @@ var (
 	//go:embed cool.lua
 	coolSrc    string
 	coolScript = redis.NewScript(coolSrc)
+
+	//go:embed renew.lua
+	renewSrc    string
+	renewScript = redis.NewScript(renewSrc)
 )
 
 // status is what take.lua decided.
@@ -159,4 +163,15 @@ func runCool(ctx context.Context, c redis.Scripter, k keys, d time.Duration, rel
 		args = append(args, r)
 	}
 	return coolScript.Run(ctx, c, []string{k[1], k[2]}, args...).Err()
+}
+
+// runRenew runs renew.lua: the leases in ids that are still held expire ttl
+// from now on the Redis server's clock.
+func runRenew(ctx context.Context, c redis.Scripter, k keys, ttl time.Duration, ids []string) error {
+	args := make([]any, 0, 1+len(ids))
+	args = append(args, strconv.FormatInt(ttl.Microseconds(), 10))
+	for _, id := range ids {
+		args = append(args, id)
+	}
+	return renewScript.Run(ctx, c, []string{k.lease()}, args...).Err()
 }
