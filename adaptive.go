@@ -135,7 +135,8 @@ type controller struct {
 
 	// The current window; start is zero before the first sample.
 	start      time.Time
-	n          int
+	n          int     // timed completions (samples)
+	done       int     // completions, timed or not: the completion rate
 	sumW, sumL float64 // latencies (s), in-flight counts at completion
 	bound      bool    // a completion found every slot taken and requests waiting
 
@@ -176,15 +177,38 @@ func (c *controller) onDone(l *lane, now time.Time, latency time.Duration, statu
 		c.dev += (math.Abs(d) - c.dev) * devGain
 	}
 	c.n++
+	c.done++
 	c.sumW += s
 	c.sumL += float64(l.slot.inUse) // includes this attempt
-	if l.slot.inUse >= l.slot.limit && l.q.len() > 0 {
-		c.bound = true
-	}
+	c.checkBound(l)
 	if c.n >= windowSamples && now.Sub(c.start) >= windowLength {
 		c.endWindow(l, now)
 	}
 	l.setLimitLocked(c.limit(l))
+}
+
+// onUntimed is called instead of onDone when an attempt that was not timed
+// finishes (see lane.timeNext): it counts toward the window's completion
+// rate and its binding check, which must see every completion, not only
+// the sampled ones.
+func (c *controller) onUntimed(l *lane, status int) {
+	switch status {
+	case 0, http.StatusTooManyRequests, http.StatusServiceUnavailable:
+		return
+	}
+	if c.start.IsZero() {
+		return // no window yet: it starts at the first sample
+	}
+	c.done++
+	c.checkBound(l)
+}
+
+// checkBound records that a completion found every slot taken and requests
+// waiting.
+func (c *controller) checkBound(l *lane) {
+	if l.slot.inUse >= l.slot.limit && l.q.len() > 0 {
+		c.bound = true
+	}
 }
 
 // limit returns the in-flight limit the lane should have now.
@@ -211,7 +235,7 @@ func (c *controller) limit(l *lane) int {
 func (c *controller) endWindow(l *lane, now time.Time) {
 	n := float64(c.n)
 	mean, inFlight := c.sumW/n, c.sumL/n
-	x := n / now.Sub(c.start).Seconds()
+	x := float64(c.done) / now.Sub(c.start).Seconds()
 	base := c.baseline()
 	r := l.currentRate()
 	elevated := base > 0 && mean > base*(1+tolerance)
@@ -272,7 +296,7 @@ func (c *controller) endWindow(l *lane, now time.Time) {
 		}
 	}
 	c.prevX, c.prevL, c.suspect = x, inFlight, suspect
-	c.start, c.n, c.sumW, c.sumL, c.bound = now, 0, 0, 0, false
+	c.start, c.n, c.done, c.sumW, c.sumL, c.bound = now, 0, 0, 0, 0, false
 }
 
 func (c *controller) push(mean float64) {

@@ -722,26 +722,86 @@ func TestAdaptiveJitter(t *testing.T) {
 }
 
 // TestTimeNextSamples: below sampleAbove requests a second every attempt is
-// timed; above it, exactly one in sampleEvery.
+// timed; above it, one in sampleEvery, and at least one every sampleGap, so
+// that a lane paced fast but used little still times every attempt.
 func TestTimeNextSamples(t *testing.T) {
 	for _, tc := range []struct {
-		rate float64
-		want int // timed of 800
+		name    string
+		rate    float64
+		spacing time.Duration // between grants
+		want    int           // timed of 800
 	}{
-		{0, 800},
-		{sampleAbove - 1, 800},
-		{sampleAbove, 800 / sampleEvery},
-		{1e9, 800 / sampleEvery},
+		{"unpaced", 0, 0, 800},
+		{"slow lane", sampleAbove - 1, 0, 800},
+		{"fast lane, grants at once", sampleAbove, 0, 800 / sampleEvery},
+		{"fast lane, grants at once ", 1e9, 0, 800 / sampleEvery},
+		{"fast lane, a grant every 200µs", 1e9, 200 * time.Microsecond, 800 / 5},
+		{"fast lane, used little", 1e9, 2 * sampleGap, 800},
 	} {
 		l := &lane{rate: tc.rate}
 		got := 0
-		for range 800 {
-			if l.timeNext() {
+		for i := range 800 {
+			if l.timeNext(time.Hour + time.Duration(i)*tc.spacing) {
 				got++
 			}
 		}
 		if got != tc.want {
-			t.Errorf("rate %v: %d of 800 timed, want %d", tc.rate, got, tc.want)
+			t.Errorf("%s: %d of 800 timed, want %d", tc.name, got, tc.want)
+		}
+	}
+}
+
+// TestCompletionRateCountsUntimed: the controller's completion rate, which
+// tells calls that got slower from an upstream that queues, counts every
+// completion, not only the timed ones. Counting only the samples it read an
+// eighth of a 4,000/s lane's rate, took it for short of its rate, and could
+// cap a lane whose calls had merely got slower.
+func TestCompletionRateCountsUntimed(t *testing.T) {
+	tr := mustNew(t, nopBase{}, WithRate(4000, time.Second))
+	l := tr.lane("api.test")
+	t0 := time.Unix(1e9, 0)
+	for i := range 12000 { // 3 s at 4,000/s, one in eight timed
+		now := t0.Add(time.Duration(i) * time.Second / 4000)
+		if i%sampleEvery == 0 {
+			feed(l, now, 40*time.Millisecond, http.StatusOK)
+			continue
+		}
+		l.mu.Lock()
+		l.ctl.onUntimed(l, http.StatusOK)
+		l.mu.Unlock()
+	}
+	l.mu.Lock()
+	x := l.ctl.prevX
+	l.mu.Unlock()
+	if x < 3900 || x > 4100 {
+		t.Errorf("completion rate %.0f/s, want 4000/s", x)
+	}
+}
+
+// TestSampledLaneFollowsSlowerCalls: at 4,000/s, where attempts are
+// sampled, calls that get three times slower are answered by three times
+// the concurrency, and the lane keeps its rate in both phases; it is never
+// taken for saturated.
+func TestSampledLaneFollowsSlowerCalls(t *testing.T) {
+	const r = 4000.0
+	const at, dur = 3 * time.Second, 6 * time.Second
+	var res loadResult
+	synctest.Test(t, func(t *testing.T) {
+		res = load{
+			opts:    []Option{WithRate(r, time.Second), WithConcurrency(1, 2000)},
+			latency: shift(40*time.Millisecond, at, 120*time.Millisecond),
+			workers: 1500,
+			dur:     dur,
+		}.run(t)
+	})
+	for _, sm := range res.samples {
+		if sm.s.Saturated {
+			t.Fatalf("at %v the lane was taken for saturated (limit %d)", sm.at, sm.s.Limit)
+		}
+	}
+	for _, span := range [][2]time.Duration{{time.Second, at}, {at, dur}} {
+		if got := res.rate(span[0], span[1]) / r; got < 0.97 {
+			t.Errorf("from %v to %v: %.3f of the rate, want >= 0.97", span[0], span[1], got)
 		}
 	}
 }

@@ -56,8 +56,9 @@ func (b *bucket) take(now time.Duration) bool {
 	}
 	t := b.advance(now) - 1
 	// A Limiter allows an event whose token is due within the nanosecond:
-	// its wait, truncated to whole nanoseconds, is zero.
-	if t < 0 && time.Duration(-t/b.rate*1e9) > 0 {
+	// its wait, truncated to whole nanoseconds, is zero. Compared as a
+	// float: a wait of centuries would overflow a Duration.
+	if t < 0 && -t/b.rate*1e9 >= 1 {
 		return false
 	}
 	b.set(now, t)

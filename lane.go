@@ -36,7 +36,10 @@ type lane struct {
 	cooldown time.Time
 	coolTick time.Duration
 
-	untimed int // releases not timed since the last timed one; see timeNext
+	// See timeNext: grants not timed since the last timed one, and when
+	// that one was made, on the lane's clock.
+	untimed int
+	timedAt time.Duration
 
 	dispatching bool          // a dispatcher goroutine is running
 	stalled     bool          // it waits for a kick: no waiter's tenant is under its cap
@@ -241,30 +244,34 @@ type grant struct {
 const firstAttempt time.Duration = -1
 
 const (
-	// Above sampleAbove requests a second, one release in sampleEvery is
-	// timed; below, every one is. A clock read and a controller update are
-	// about a third of what a request costs sluice when nothing waits, and
-	// at such rates a sample of the latencies is as good as all of them:
-	// 1,000/s sampled gives the controller 125 samples a second, and its
+	// A lane that grants more than sampleAbove requests a second times one
+	// attempt in sampleEvery, and at least one a sampleGap; a slower one
+	// times every attempt. A clock read and a controller update were about
+	// a third of what a request cost sluice when nothing waits, and at
+	// such rates a sample of the latencies is as good as all of them: the
+	// controller still gets over a hundred samples a second, and its
 	// smoothing (an eighth per sample) forgets a sample within tens of
-	// milliseconds. Slower lanes, where the cost is lost in the call's, are
-	// measured in full. Responses are counted for feedback either way.
+	// milliseconds. Every response is still counted, for feedback and for
+	// the controller's completion rate; an untimed one is counted at the
+	// lane's latest clock reading, which a lane this busy keeps fresh.
 	sampleAbove = 1000
 	sampleEvery = 8
+	sampleGap   = time.Second / sampleAbove
 )
 
-// timeNext reports whether the attempt being granted is to be timed from its
-// grant to its release. mu must be held.
-func (l *lane) timeNext() bool {
-	if l.rate < sampleAbove {
-		return true // including 0: an unpaced lane sizes itself by latency alone
+// timeNext reports whether the attempt granted at now (on the lane's
+// clock) is to be timed from its grant to its release. The decision goes
+// by the grants actually made, not only by the configured rate: a lane
+// paced at 5,000/s that sees a request a minute times every one, so none
+// is counted at a reading a minute old. mu must be held.
+func (l *lane) timeNext(now time.Duration) bool {
+	if l.rate < sampleAbove || now-l.timedAt >= sampleGap || l.untimed+1 >= sampleEvery {
+		// Including rate 0: an unpaced lane sizes itself by latency alone.
+		l.untimed, l.timedAt = 0, now
+		return true
 	}
 	l.untimed++
-	if l.untimed < sampleEvery {
-		return false
-	}
-	l.untimed = 0
-	return true
+	return false
 }
 
 // acquire waits until the lane grants this attempt a token and an in-flight
@@ -273,13 +280,12 @@ func (l *lane) timeNext() bool {
 // held, and the grant still carries enq.
 func (l *lane) acquire(ctx context.Context, p Priority, enq time.Duration) (grant, error) {
 	id := TenantFrom(ctx)
-	// The clock is read before the lock, so that callers do not queue
-	// behind each other's clock reads; at makes the reading no earlier
-	// than one already used, which is all the bucket needs (a later
-	// reading only makes the grant more conservative).
-	d := l.clock()
 	l.mu.Lock()
-	now := l.at(d)
+	// The clock is read under the lock: a reading taken before it would
+	// charge the grant to an instant up to the lock wait in the past, when
+	// the bucket may have been full and overflowing, and the bound would
+	// hold only on readings, not on the moments tokens are handed out.
+	now := l.tick()
 	first := enq == firstAttempt
 	if first {
 		enq = now
@@ -293,7 +299,7 @@ func (l *lane) acquire(ctx context.Context, p Priority, enq time.Duration) (gran
 		lv.started(tn, l.slot.limit)
 		l.grantedLocked(now, p, first)
 		l.levels[p].wait.Record(0)
-		timed := l.timeNext()
+		timed := l.timeNext(now)
 		l.mu.Unlock()
 		// The grant time is the send time, give or take the few
 		// nanoseconds until the caller sends: no clock read is needed.
@@ -409,8 +415,9 @@ func (l *lane) release(start time.Duration, tn *tenant, status int, timed bool) 
 		l.settle(d, start, status)
 	} else {
 		// Untimed only on a lane busy enough that the latest clock
-		// reading, from a grant, is at most a few milliseconds old: good
-		// enough to count the response in a window of seconds.
+		// reading, from a grant, is recent: good enough to count the
+		// response in windows of seconds (see timeNext).
+		l.ctl.onUntimed(l, status)
 		l.settle(l.last, start, status)
 	}
 	l.q.levels[tn.level].finished(tn, l.slot.limit)
@@ -544,7 +551,7 @@ func (l *lane) grantLocked(now time.Time, w *waiter, err error) {
 		l.q.levels[w.level].forget(w.tn) // it may have been its last waiter
 	} else {
 		w.granted = true
-		w.timed = l.timeNext()
+		w.timed = l.timeNext(now.Sub(l.epoch))
 		l.q.levels[w.level].started(w.tn, l.slot.limit)
 		l.grantedLocked(now.Sub(l.epoch), w.level, w.first)
 		l.levels[w.level].wait.Record(now.Sub(w.start))

@@ -513,13 +513,12 @@ func TestGrantWinsRaceWithCancel(t *testing.T) {
 }
 
 // TestNeverOverRateRealClock: the bucket's half of the bound on the real
-// clock. acquire reads the clock before it takes the lane's lock, so callers
-// may take the lock in another order than they read the clock; at then
-// clamps each reading to the latest used. Driven the same way from many
-// goroutines, the times at which the bucket granted a token must never hold
-// more than rate x T + burst in any window T. (The grant times acquire
-// returns to queued waiters are their wake-up times, later than the
-// bucket's, so they are not what is checked here.)
+// clock, from many goroutines that take tokens the way acquire does (the
+// clock read under the lane's lock), in bursts and after pauses: the times
+// at which the bucket handed out tokens never hold more than rate x T +
+// burst in any window T. (The grant times acquire returns to queued waiters
+// are their wake-up times, later than the bucket's, so they are not what is
+// checked here.)
 func TestNeverOverRateRealClock(t *testing.T) {
 	const (
 		perSec  = 20000
@@ -538,16 +537,14 @@ func TestNeverOverRateRealClock(t *testing.T) {
 		wg.Go(func() {
 			var mine []time.Duration
 			for i := range each {
-				d := l.clock()
-				// Let others read and lock in between; now and then long
-				// enough for this reading to be several tokens stale.
+				// Now and then a pause long enough for the bucket to fill.
 				if i%16 == 0 {
 					time.Sleep(300 * time.Microsecond)
 				} else {
 					runtime.Gosched()
 				}
 				l.mu.Lock()
-				if now := l.at(d); l.tryTake(now) {
+				if now := l.tick(); l.tryTake(now) {
 					mine = append(mine, now)
 					l.slot.put()
 				}

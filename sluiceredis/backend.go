@@ -24,9 +24,10 @@ var _ sluice.Backend = (*Backend)(nil)
 // process using the same Redis and the same key draws on one budget. Create
 // it with New; the zero Backend is not usable. A Backend is safe for
 // concurrent use. It needs no closing: it runs a goroutine only while it
-// holds in-flight leases (see WithInFlight), to renew them, and that
-// goroutine exits within a third of the lease ttl of the last Done. The
-// client stays the caller's to close.
+// holds in-flight leases (see WithInFlight), to renew them; the goroutine
+// exits once the last lease is given back (at Done, or, for a reserved
+// token nobody came for, when the reservation goes stale). The client
+// stays the caller's to close.
 type Backend struct {
 	client redis.UniversalClient
 	cfg    config
@@ -288,12 +289,15 @@ func (b *Backend) leasedBudgets() []*budget {
 }
 
 // renewAll renews this process's leases on the budgets in work, one Redis
-// call per budget (per maxRelease leases).
+// call per budget (per maxRelease leases). While Redis is unreachable it
+// takes its turn at probing, as Take does, so that a process whose every
+// attempt is a long stream (and which makes no Take) learns when Redis is
+// back before its leases expire.
 func (b *Backend) renewAll(work []*budget) {
-	if !b.health.up() {
-		// Not tried while Redis is unreachable: the leases expire there,
-		// as they would for a process that died, and the fallback budget
-		// bounds this process meanwhile.
+	if !b.health.use(time.Now()) {
+		// Not tried now: the leases may expire there, as they would for a
+		// process that died, and the fallback budget bounds this process
+		// meanwhile.
 		return
 	}
 	for _, bg := range work {
@@ -305,11 +309,13 @@ func (b *Backend) renewAll(work []*budget) {
 			ctx, cancel := context.WithTimeout(context.Background(), b.cfg.timeout)
 			err := runRenew(ctx, b.client, bg.keys, b.cfg.leaseTTL, ids[:n])
 			cancel()
+			now := time.Now()
+			if err != nil && unreachable(err) {
+				b.failed(now, err)
+				return
+			}
+			b.recovered(now)
 			if err != nil {
-				if unreachable(err) {
-					b.failed(time.Now(), err)
-					return
-				}
 				// An error reply (the lease key holds another type) would
 				// come again: those leases are left to expire.
 				break

@@ -2,6 +2,7 @@ package sluiceredis
 
 import (
 	"context"
+	"log/slog"
 	"testing"
 	"time"
 )
@@ -153,4 +154,46 @@ func TestLeaseRenewedWhileHeld(t *testing.T) {
 	for _, b := range []*Backend{long, other} {
 		checkRenewerStops(t, b)
 	}
+}
+
+// TestLeaseRenewalSurvivesAStall: a renewal that times out (Redis stalled)
+// marks Redis down, and the renewer then probes it itself: a process whose
+// only attempt is a long stream makes no Take, and its lease must not
+// expire once Redis answers again.
+func TestLeaseRenewalSurvivesAStall(t *testing.T) {
+	srv := startRedis(t)
+	const ttl = 600 * time.Millisecond
+	c := newClient(t, srv.Addr())
+	log := &logs{}
+	long := newBackend(t, newClient(t, srv.Addr()), WithInFlight(1, ttl),
+		WithTimeout(DefaultTimeout), withProbeEvery(50*time.Millisecond), WithLogger(slog.New(log)))
+	other := newBackend(t, newClient(t, srv.Addr()), WithInFlight(1, ttl))
+	ctx := context.Background()
+	if w, err := long.Take(ctx, "api", 0, 1); w != 0 || err != nil {
+		t.Fatalf("Take = %v, %v", w, err)
+	}
+	// Stall Redis for longer than long's timeout, across one of its
+	// renewals (every 200ms).
+	if err := c.Do(ctx, "CLIENT", "PAUSE", 300, "ALL").Err(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(400 * time.Millisecond)
+	// One renewal at least fell in the stall's first 250ms and timed out.
+	if log.count(slog.LevelWarn) == 0 {
+		t.Fatal("no renewal met the stall: the test did not test anything")
+	}
+	for end := time.Now().Add(3 * ttl); time.Now().Before(end); {
+		w, err := other.Take(ctx, "api", 0, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if w == 0 {
+			t.Fatal("another process got the only place while the stream still ran")
+		}
+		time.Sleep(min(w, 20*time.Millisecond))
+	}
+	if !long.health.up() {
+		t.Error("Redis still marked down in the streaming process")
+	}
+	long.Done("api")
 }
