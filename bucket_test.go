@@ -132,3 +132,19 @@ func TestBucketNanosecondEdge(t *testing.T) {
 		t.Errorf("%d granted and %d refused of 4000: the edge was not exercised", granted, refused)
 	}
 }
+
+// TestBucketWaitBeyondDuration: a token centuries away (a rate of one a
+// billion years) is refused, as a Limiter refuses it; a wait that does not
+// fit in a Duration must not wrap round to "due now".
+func TestBucketWaitBeyondDuration(t *testing.T) {
+	const r = 1e-18 // tokens a second
+	b := newBucket(r, 1)
+	lim := rate.NewLimiter(r, 1)
+	t0 := time.Unix(1e9, 0)
+	for i := range 5 {
+		d := time.Duration(i) * time.Second
+		if got, want := b.take(d), lim.AllowN(t0.Add(d), 1); got != want {
+			t.Fatalf("take %d = %v, Limiter says %v", i, got, want)
+		}
+	}
+}
