@@ -135,15 +135,8 @@ func TestLeaseRenewedWhileHeld(t *testing.T) {
 		t.Fatalf("Take = %v, %v", w, err)
 	}
 	// Four ttls of an attempt in flight.
-	for end := time.Now().Add(4 * ttl); time.Now().Before(end); {
-		w, err := other.Take(ctx, "api", 0, 1)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if w == 0 {
-			t.Fatalf("another process got the only place while the attempt ran (%d leases in Redis)", c.ZCard(ctx, "sluice:{api}:lease").Val())
-		}
-		time.Sleep(min(w, 20*time.Millisecond))
+	if grantedWithin(t, other, "api", 4*ttl) {
+		t.Fatalf("another process got the only place while the attempt ran (%d leases in Redis)", c.ZCard(ctx, "sluice:{api}:lease").Val())
 	}
 	long.Done("api")
 	w, err := other.Take(ctx, "api", 0, 1)
@@ -182,18 +175,29 @@ func TestLeaseRenewalSurvivesAStall(t *testing.T) {
 	if log.count(slog.LevelWarn) == 0 {
 		t.Fatal("no renewal met the stall: the test did not test anything")
 	}
-	for end := time.Now().Add(3 * ttl); time.Now().Before(end); {
-		w, err := other.Take(ctx, "api", 0, 1)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if w == 0 {
-			t.Fatal("another process got the only place while the stream still ran")
-		}
-		time.Sleep(min(w, 20*time.Millisecond))
+	if grantedWithin(t, other, "api", 3*ttl) {
+		t.Fatal("another process got the only place while the stream still ran")
 	}
 	if !long.health.up() {
 		t.Error("Redis still marked down in the streaming process")
 	}
 	long.Done("api")
+}
+
+// grantedWithin asks b for a place on key every 20ms (or sooner, as told) for
+// d, and reports whether it was granted one, which it then gives back.
+func grantedWithin(t *testing.T, b *Backend, key string, d time.Duration) (granted bool) {
+	t.Helper()
+	for end := time.Now().Add(d); time.Now().Before(end); {
+		w, err := b.Take(context.Background(), key, 0, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if w == 0 {
+			b.Done(key)
+			return true
+		}
+		time.Sleep(min(w, 20*time.Millisecond))
+	}
+	return false
 }
