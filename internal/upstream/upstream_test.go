@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -185,24 +186,12 @@ func TestRetryAfterModes(t *testing.T) {
 				wantStatus(t, "first", get(t, s), http.StatusOK)
 				r := get(t, s)
 				wantStatus(t, "second", r, http.StatusTooManyRequests)
-				if got := r.header.Values("Retry-After"); !equal(got, tt.want) {
+				if got := r.header.Values("Retry-After"); !slices.Equal(got, tt.want) {
 					t.Fatalf("Retry-After = %q, want %q", got, tt.want)
 				}
 			})
 		})
 	}
-}
-
-func equal(a, b []string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 func TestConfigValidation(t *testing.T) {
@@ -250,25 +239,13 @@ func TestLatencyIsVirtual(t *testing.T) {
 		if got := time.Since(start); got != 500*time.Millisecond {
 			t.Fatalf("request took %v after SetLatency, want 500ms", got)
 		}
-		if !equalInts(seen, []int{1}) {
+		if !slices.Equal(seen, []int{1}) {
 			t.Fatalf("latency called with n=%v, want [1]", seen)
 		}
 	})
 	if wall := time.Since(wallStart); wall > 5*time.Second {
 		t.Fatalf("bubble test took %v of wall time", wall)
 	}
-}
-
-func equalInts(a, b []int) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 func TestMaxConcurrentQueues(t *testing.T) {
