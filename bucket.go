@@ -65,6 +65,31 @@ func (b *bucket) take(now time.Duration) bool {
 	return true
 }
 
+// takeLate is take for a dispatcher that slept until a token was due and
+// woke up late: the token is charged at the instant it was due, not at now,
+// so the lateness costs no throughput, but never earlier than now - lag, so
+// that a grant is charged at most lag before it is handed out. With lag one
+// token's time (1/rate) the times tokens are handed out keep within
+// rate x T + burst + 1 in any window T: a hand-off at h is charged in
+// [h - 1/rate, h], and the charges keep within rate x T + burst.
+func (b *bucket) takeLate(now, lag time.Duration) bool {
+	if math.IsInf(b.rate, 1) {
+		return true
+	}
+	at := max(now-lag, b.last)
+	if b.tokens < 1 {
+		// The instant the bucket held one token: later than at if the
+		// dispatcher was less than lag late.
+		due := b.last + time.Duration(math.Ceil((1-b.tokens)/b.rate*1e9))
+		if due > now {
+			return b.take(now)
+		}
+		at = max(at, due)
+	}
+	b.set(at, b.advance(at)-1)
+	return true
+}
+
 // refund gives back a token taken and not used. The bucket may hold more
 // than burst until its next advance, which caps it: a refund to a full
 // bucket is lost, as if the token had never been taken.

@@ -148,3 +148,95 @@ func TestBucketWaitBeyondDuration(t *testing.T) {
 		}
 	}
 }
+
+// dispatchLate plays a dispatcher against b with a backlog that never
+// empties: it sleeps until a token is due, wakes late by the next of
+// lateness (cycled), and grants as many tokens as takeLate allows at that
+// wake-up, for the time span. It returns the hand-off time of every grant.
+func dispatchLate(b *bucket, lateness []time.Duration, span time.Duration, late bool) []time.Duration {
+	var out []time.Duration
+	lag := tokenTime(b.rate)
+	now := time.Duration(0)
+	for i := 0; now < span; i++ {
+		for late && b.takeLate(now, lag) || !late && b.take(now) {
+			out = append(out, now)
+		}
+		now += tokensDelay(1-b.tokensAt(now), b.rate)
+		if len(lateness) > 0 {
+			now += lateness[i%len(lateness)]
+		}
+	}
+	return out
+}
+
+// overBound returns the first hand-off at which times break the bound
+// rate x T + burst + 1 for some window T ending there, or -1: times conform
+// to a token bucket of burst + 1 (the two are the same condition).
+func overBound(times []time.Duration, r, burst float64) int {
+	tokens, last := burst+1, time.Duration(0)
+	for i, at := range times {
+		tokens = min(burst+1, tokens+(at-last).Seconds()*r)
+		last = at
+		if tokens < 1-1e-9 {
+			return i
+		}
+		tokens--
+	}
+	return -1
+}
+
+// TestTakeLateKeepsTheSchedule: a dispatcher that wakes up to one token's
+// time late grants what the rate allows, where charging each token at the
+// wake-up loses the lateness for good (the loss of issue 12: 0.42 R at
+// 2,000/s). Both keep within rate x T + burst + 1.
+func TestTakeLateKeepsTheSchedule(t *testing.T) {
+	const span = 10 * time.Second
+	for _, r := range []float64{20, 100, 2000, 10000} {
+		for _, burst := range []int{1, 10} {
+			// Lateness up to one token's time, in an irregular cycle.
+			step := tokensDelay(1, r)
+			lateness := []time.Duration{0, step / 3, step, step / 7, step * 9 / 10, 1}
+			late := dispatchLate(newBucket(r, burst), lateness, span, true)
+			now := dispatchLate(newBucket(r, burst), lateness, span, false)
+			want := r*span.Seconds() + float64(burst)
+			t.Logf("R %v burst %d: %d grants charged when due, %d charged at wake-up, schedule %v", r, burst, len(late), len(now), want)
+			if float64(len(late)) < want-2 {
+				t.Errorf("R %v burst %d: %d grants in %v, want %v", r, burst, len(late), span, want)
+			}
+			for _, g := range [][]time.Duration{late, now} {
+				if i := overBound(g, r, float64(burst)); i >= 0 {
+					t.Errorf("R %v burst %d: grant %d at %v breaks rate x T + burst + 1", r, burst, i, g[i])
+				}
+			}
+		}
+	}
+}
+
+// FuzzTakeLateBound: whatever the lateness of the wake-ups (none, a
+// nanosecond, seconds), the hand-off times keep within rate x T + burst + 1
+// in every window T, and the grants never outrun the schedule.
+func FuzzTakeLateBound(f *testing.F) {
+	f.Add(uint16(2000), uint8(1), []byte{0, 1, 2, 3, 0xff, 0x40, 0x80, 0xc0})
+	f.Add(uint16(1), uint8(10), []byte{0xff, 0xff, 0, 0})
+	f.Add(uint16(100), uint8(3), []byte{0x81, 0x42, 0xc3, 0x04})
+	f.Fuzz(func(t *testing.T, r uint16, burst uint8, raw []byte) {
+		if r == 0 || burst == 0 || len(raw) == 0 {
+			return
+		}
+		// Each byte is a lateness: its low six bits in a unit its top two
+		// bits choose (ns, µs, ms or 100 ms).
+		lateness := make([]time.Duration, len(raw))
+		for i, c := range raw {
+			unit := [...]time.Duration{1, time.Microsecond, time.Millisecond, 100 * time.Millisecond}[c>>6]
+			lateness[i] = time.Duration(c&0x3f) * unit
+		}
+		span := time.Duration(min(2000/float64(r), 20) * float64(time.Second))
+		g := dispatchLate(newBucket(float64(r), int(burst)), lateness, span, true)
+		if i := overBound(g, float64(r), float64(burst)); i >= 0 {
+			t.Fatalf("grant %d at %v breaks rate x T + burst + 1", i, g[i])
+		}
+		if last := g[len(g)-1]; float64(len(g)) > float64(r)*last.Seconds()+float64(burst)+1e-6 {
+			t.Fatalf("%d grants by %v: ahead of the schedule", len(g), last)
+		}
+	})
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"math"
+	"runtime"
 	"sync"
 	"time"
 
@@ -128,14 +129,23 @@ func (l *lane) now() time.Time {
 	return l.timeOf(l.tick())
 }
 
-// tryTake takes a token and a slot at once if both are available at d (on
-// the lane's clock) and the lane is not cooling down. mu must be held.
-func (l *lane) tryTake(now time.Duration) bool {
+// tryTake takes a token and a slot at once if both are available at now
+// (on the lane's clock) and the lane is not cooling down. late says the
+// dispatcher slept until a token was due: the token is then charged when it
+// was due, up to one token's time before now (see bucket.takeLate). mu must
+// be held.
+func (l *lane) tryTake(now time.Duration, late bool) bool {
 	if now < l.coolTick || !l.slot.free() {
 		return false
 	}
-	if l.lim != nil && !l.lim.take(now) {
-		return false
+	if l.lim != nil {
+		if late {
+			if !l.lim.takeLate(now, tokenTime(l.lim.rate)) {
+				return false
+			}
+		} else if !l.lim.take(now) {
+			return false
+		}
 	}
 	l.slot.take()
 	return true
@@ -163,6 +173,12 @@ func tokensDelay(n, r float64) time.Duration {
 		return math.MaxInt64
 	}
 	return time.Duration(s)
+}
+
+// tokenTime returns one token's time at rate r, rounded down: the most a
+// grant may be charged before it is handed out (see bucket.takeLate).
+func tokenTime(r float64) time.Duration {
+	return time.Duration(min(1e9/r, math.MaxInt64/2))
 }
 
 // estimate returns how long a new waiter of level p is expected to wait for
@@ -295,7 +311,7 @@ func (l *lane) acquire(ctx context.Context, p Priority, enq time.Duration) (gran
 	// Fast path: nobody waiting, token and slot free, tenant under its
 	// cap. No goroutine hand-off. With a Backend every token is a call to
 	// it, which must not be made under mu: the dispatcher makes it.
-	if l.be == nil && l.q.len() == 0 && tn.inFlight < lv.capOf(l.slot.limit) && l.tryTake(now) {
+	if l.be == nil && l.q.len() == 0 && tn.inFlight < lv.capOf(l.slot.limit) && l.tryTake(now, false) {
 		lv.started(tn, l.slot.limit)
 		l.grantedLocked(now, p, first)
 		l.levels[p].wait.Record(0)
@@ -492,9 +508,18 @@ func (l *lane) wake() {
 // drains, so an idle lane runs no goroutine. It chooses the waiter at the
 // moment a grant is possible, not before it sleeps, so a high-priority
 // request that arrives during the sleep gets the next token.
+//
+// Grants follow the token schedule, not the wake-ups: after sleeping until
+// a token was due, the token is charged at the instant it was due (up to
+// one token's time back), and as many waiters as tokens are due are served
+// at one wake-up. Go's timers cannot wake a goroutine sooner than about a
+// millisecond; where a token's time is shorter than that, the dispatcher
+// yields the processor until the token is due instead of arming a timer
+// (see spinBelow).
 func (l *lane) dispatch() {
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
+	late := false // the last sleep was for a token, and nothing else bound
 	for {
 		l.mu.Lock()
 		if l.q.len() == 0 {
@@ -511,7 +536,7 @@ func (l *lane) dispatch() {
 			l.takeShared() // unlocks mu
 			continue
 		}
-		if servable && l.be == nil && l.tryTake(tick) {
+		if servable && l.be == nil && l.tryTake(tick, late) {
 			l.grantLocked(now, l.q.pop(l.slot.limit), nil)
 			l.mu.Unlock()
 			continue
@@ -521,6 +546,7 @@ func (l *lane) dispatch() {
 		// limit) can help: wait for a kick alone.
 		l.stalled = !servable
 		var d time.Duration = -1
+		late = false
 		switch {
 		case !servable:
 		case now.Before(l.cooldown):
@@ -529,19 +555,56 @@ func (l *lane) dispatch() {
 			d = l.notBefore.Sub(now)
 		case l.be == nil && l.slot.free():
 			d = l.tokenDelay(tick)
+			late = l.lim != nil
 		}
+		spin := late && d < spinBelow && l.lim.rate > spinRate
 		l.mu.Unlock()
 
-		if d < 0 {
+		switch {
+		case d < 0:
 			<-l.kick
-			continue
-		}
-		timer.Reset(d)
-		select {
-		case <-timer.C:
-		case <-l.kick:
+		case spin && l.yieldUntil(tick+d):
+		default:
+			timer.Reset(d)
+			select {
+			case <-timer.C:
+			case <-l.kick:
+			}
 		}
 	}
+}
+
+const (
+	// A timer armed for less than spinBelow fires about a millisecond
+	// late on Linux (the runtime's poller sleeps in whole milliseconds).
+	// A lane whose token's time (1/rate) is shorter than that cannot
+	// charge the lateness back (see bucket.takeLate), so its dispatcher
+	// yields the processor until the token is due: it costs up to a CPU
+	// while such a lane has waiters, and nothing at lower rates.
+	spinBelow = time.Millisecond
+	spinRate  = float64(time.Second) / float64(spinBelow+spinBelow/5)
+)
+
+// yieldUntil returns when the lane's clock reaches until or the lane is
+// kicked, yielding the processor in between. It reports false, having
+// waited for nothing, if the clock stands still while it yields: time that
+// moves only when every goroutine is blocked (a testing/synctest bubble)
+// must be waited for with a timer.
+func (l *lane) yieldUntil(until time.Duration) bool {
+	for prev := l.clock(); prev < until; {
+		select {
+		case <-l.kick:
+			return true
+		default:
+		}
+		runtime.Gosched()
+		now := l.clock()
+		if now == prev {
+			return false
+		}
+		prev = now
+	}
+	return true
 }
 
 // grantLocked hands w its grant, or fails it with err. mu must be held.

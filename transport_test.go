@@ -544,7 +544,7 @@ func TestNeverOverRateRealClock(t *testing.T) {
 					runtime.Gosched()
 				}
 				l.mu.Lock()
-				if now := l.tick(); l.tryTake(now) {
+				if now := l.tick(); l.tryTake(now, false) {
 					mine = append(mine, now)
 					l.slot.put()
 				}
