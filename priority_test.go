@@ -1,6 +1,7 @@
 package sluice
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"sync"
@@ -90,12 +91,14 @@ func (r seedRun) run(t *testing.T) seedResult {
 // TestSeedPriorityScenarios reproduces the table of seeds/000 in virtual
 // time through the real Transport, and prints it beside the seed's figures.
 func TestSeedPriorityScenarios(t *testing.T) {
+	// The seed's strict priority: no share reserved for the batch.
+	strict := []Option{WithLowShare(0)}
 	runs := []seedRun{
-		{name: "FIFO", fifo: true, interRate: 20, batch: 1000, seed: "8.1 s / 9.99 s, 96 of 200; batch 996"},
-		{name: "strict", interRate: 20, batch: 1000, seed: "1.2 ms / 10.3 ms, 200 of 200; batch 797"},
-		{name: "strict", interRate: 90, batch: 300, seed: "6.2 ms / 10.7 ms; batch 101"},
+		{name: "FIFO", fifo: true, opts: strict, interRate: 20, batch: 1000, seed: "8.1 s / 9.99 s, 96 of 200; batch 996"},
+		{name: "strict", opts: strict, interRate: 20, batch: 1000, seed: "1.2 ms / 10.3 ms, 200 of 200; batch 797"},
+		{name: "strict", opts: strict, interRate: 90, batch: 300, seed: "6.2 ms / 10.7 ms; batch 101"},
 		{name: "every 5th to batch", opts: []Option{WithLowShare(5)}, interRate: 90, batch: 300, seed: "617 ms / 1.2 s; batch 200"},
-		{name: "aging 2 s", opts: []Option{WithAging(2 * time.Second)}, interRate: 90, batch: 300, seed: "2.4 s / 2.8 s; batch 300 (done in 4.8 s)"},
+		{name: "aging 2 s", opts: []Option{WithAging(2 * time.Second), WithLowShare(0)}, interRate: 90, batch: 300, seed: "2.4 s / 2.8 s; batch 300 (done in 4.8 s)"},
 	}
 	var table strings.Builder
 	fmt.Fprintf(&table, "\n%-20s %6s %6s | %-22s %-10s %-12s %-10s | seed (Python, 10 s)\n",
@@ -133,7 +136,7 @@ func TestSeedPriorityScenarios(t *testing.T) {
 				if res.batchIn10 < 790 {
 					t.Errorf("strict: batch got %d permits, want >= 790", res.batchIn10)
 				}
-			case len(r.opts) == 0:
+			case r.name == "strict":
 				if res.batchIn10 < 90 || res.batchIn10 > 110 {
 					t.Errorf("strict at 90/s: batch got %d permits, want about 100", res.batchIn10)
 				}
@@ -149,4 +152,54 @@ func TestSeedPriorityScenarios(t *testing.T) {
 		})
 	}
 	t.Log(table.String())
+}
+
+// TestDefaultsDoNotStarve: with the defaults, eight Interactive and eight
+// Batch workers that always have a call waiting share a lane at 100/s, and
+// the batch gets its tenth (DefaultLowShare); with WithLowShare(0) it gets
+// almost nothing, as strict priority gives.
+func TestDefaultsDoNotStarve(t *testing.T) {
+	for _, c := range []struct {
+		name     string
+		opts     []Option
+		min, max int // batch grants of 500
+	}{
+		{"defaults", nil, 45, 60},
+		{"strict", []Option{WithLowShare(0)}, 0, 5},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				base := &fakeBase{latency: 20 * time.Millisecond}
+				tr := mustNew(t, base, append([]Option{WithRate(100, time.Second)}, c.opts...)...)
+				ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+				defer cancel()
+				var wg sync.WaitGroup
+				for i := range 16 {
+					p, class := Interactive, "interactive"
+					if i%2 == 1 {
+						p, class = Batch, "batch"
+					}
+					wg.Go(func() {
+						for get(WithPriority(ctx, p), tr, class) == nil {
+						}
+					})
+				}
+				wg.Wait()
+				var inter, batch int
+				base.mu.Lock()
+				for _, a := range base.arrivals {
+					if a.class == "batch" {
+						batch++
+					} else {
+						inter++
+					}
+				}
+				base.mu.Unlock()
+				t.Logf("%s: interactive %d, batch %d", c.name, inter, batch)
+				if batch < c.min || batch > c.max {
+					t.Errorf("batch got %d of %d grants, want %d..%d", batch, inter+batch, c.min, c.max)
+				}
+			})
+		})
+	}
 }

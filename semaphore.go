@@ -10,7 +10,7 @@ package sluice
 // free, taking both at that instant (token first, then slot). Two queues, one
 // per gate, would let a request take its token and then wait for a slot; when
 // slots free up, every such request would leave at once, a burst that breaks
-// "at most rate x T + burst in any window T" against strict upstreams. With
+// "at most rate x T + burst + 1 in any window T" against strict upstreams. With
 // one queue a request waiting for the clock holds no slot, a request waiting
 // for a slot holds no token, and the bucket (capped at burst) is what bounds
 // the burst after a stall.

@@ -204,7 +204,9 @@ func runOne(ctx context.Context, sc scenario, d time.Duration, scale float64) (*
 	// A bucket of 2: a dispatcher timer that fires late can catch up on the
 	// next grant instead of losing that time (the published limiter, too,
 	// grants on a fixed 10 ms schedule).
-	opts := append([]sluice.Option{sluice.WithRate(permitsPerSecond, time.Second), sluice.WithBurst(2)}, sc.opts...)
+	// The seed's policies, each alone: no share for the batch unless the
+	// scenario sets one (sluice's default gives it a tenth).
+	opts := append([]sluice.Option{sluice.WithRate(permitsPerSecond, time.Second), sluice.WithBurst(2), sluice.WithLowShare(0)}, sc.opts...)
 	if sc.aging > 0 {
 		opts = append(opts, sluice.WithAging(time.Duration(float64(sc.aging)*scale)))
 	}
