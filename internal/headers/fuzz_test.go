@@ -125,6 +125,12 @@ func FuzzParse(f *testing.F) {
 			set(k[1], remaining)
 			set(k[2], reset)
 		}
+		for _, f := range tokenFamilies {
+			set(f.limit, limit)
+			set(f.remaining, remaining)
+			set(f.reset, reset)
+		}
+		checkTokens(t, h)
 		q, ok := Parse(h, fuzzNow)
 		if !ok {
 			if q != (Quota{}) {
@@ -156,6 +162,35 @@ func FuzzParse(f *testing.F) {
 			t.Errorf("Parse not deterministic: %+v then %+v", q, q2)
 		}
 	})
+}
+
+// checkTokens checks ParseTokens's result on h: in range, from a known
+// budget, deterministic.
+func checkTokens(t *testing.T, h http.Header) {
+	q, ok := ParseTokens(h, fuzzNow)
+	if !ok {
+		if q != (Quota{}) {
+			t.Fatalf("ParseTokens = %+v, false; want zero Quota", q)
+		}
+		return
+	}
+	if q.Limit < -1 || q.Limit > maxCount || q.Remaining < -1 || q.Remaining > maxCount {
+		t.Errorf("ParseTokens: counts out of range: %+v", q)
+	}
+	if q.Reset < 0 || q.Reset > maxDuration || q.Window != 0 {
+		t.Errorf("ParseTokens: durations out of range: %+v", q)
+	}
+	if q.Coarse && q.Reset%time.Second != 0 && q.Source == "openai" {
+		t.Errorf("ParseTokens: coarse OpenAI reset %v is not whole seconds", q.Reset)
+	}
+	switch q.Resource {
+	case "tokens", "input-tokens", "output-tokens":
+	default:
+		t.Errorf("ParseTokens: Resource = %q", q.Resource)
+	}
+	if q2, ok2 := ParseTokens(h, fuzzNow); q2 != q || !ok2 {
+		t.Errorf("ParseTokens not deterministic: %+v then %+v", q, q2)
+	}
 }
 
 // gateKeys are the field names FuzzParseGateChangesNothing builds headers

@@ -80,7 +80,11 @@ type Quota struct {
 	Reset     time.Duration // time from now until the window resets (Remaining is refilled); 0 if not stated or already past
 	Window    time.Duration // the policy's window length (e.g. w=60 in IETF RateLimit-Policy); 0 if not stated
 	Source    string        // which family was read: "ietf", "ietf-draft07", "x-ratelimit", "github", "openai", "anthropic"
-	Resource  string        // GitHub's x-ratelimit-resource, or the IETF policy name, if any
+	Resource  string        // GitHub's x-ratelimit-resource, the IETF policy name, or the token budget's name, if any
+	// Coarse reports that Reset was stated to the second only (whole
+	// seconds, or an instant in whole seconds): the true reset may be up
+	// to a second earlier, as servers round up.
+	Coarse bool
 }
 
 // Parse reads rate-limit fields from h, a response's header received at
@@ -390,6 +394,7 @@ func parseDraft07(h http.Header, dict string, p *picker) {
 	}
 	if v, ok := field(h, hdrRateLimitReset); ok {
 		c.Reset, c.resetKnown = parseSeconds(v)
+		c.Coarse = c.resetKnown
 	}
 	if dict != "" {
 		fillFromDraft07Dict(&c, dict)
@@ -426,6 +431,7 @@ func fillFromDraft07Dict(c *candidate, dict string) {
 	}
 	if !c.resetKnown {
 		c.Reset, c.resetKnown = reset, resetKnown
+		c.Coarse = resetKnown
 	}
 }
 
@@ -463,6 +469,7 @@ func setRemainingReset(c *candidate, rl sfItem) {
 	}
 	if v, ok := rl.param("t"); ok {
 		c.Reset, c.resetKnown = sfSeconds(v)
+		c.Coarse = c.resetKnown // t is an Integer of seconds
 	}
 }
 
@@ -505,7 +512,7 @@ func parseXRateLimit(h http.Header, ref *refClock, p *picker, limitKey, remainin
 		c.Remaining = parseCount(v)
 	}
 	if v, ok := field(h, resetKey); ok {
-		c.Reset, c.resetKnown = parseReset(v, ref)
+		c.Reset, c.Coarse, c.resetKnown = parseReset(v, ref)
 	}
 	if github {
 		if v, ok := field(h, hdrXRateLimitResource); ok && v != "" {
@@ -525,15 +532,18 @@ func parseXRateLimit(h http.Header, ref *refClock, p *picker, limitKey, remainin
 // parseReset parses an X-RateLimit-Reset value: seconds, possibly
 // fractional, that are a Unix time if at least epochThreshold and a delay
 // otherwise. A Unix time is measured from ref's time and clamped at 0.
-func parseReset(s string, ref *refClock) (time.Duration, bool) {
+// coarse reports a value in whole seconds.
+func parseReset(s string, ref *refClock) (d time.Duration, coarse, ok bool) {
 	whole, frac, ok := parseDecimal(s)
 	if !ok {
-		return 0, false
+		return 0, false, false
 	}
 	if whole < epochThreshold {
-		return secondsToDuration(whole, frac)
+		d, ok = secondsToDuration(whole, frac)
+	} else {
+		d, ok = untilTime(time.Unix(whole, frac), ref.get())
 	}
-	return untilTime(time.Unix(whole, frac), ref.get())
+	return d, ok && frac == 0, ok
 }
 
 // untilTime returns t-ref, clamped at 0 if t is in the past, and fails if
@@ -555,12 +565,23 @@ func parseOpenAI(h http.Header, p *picker) {
 	if v, ok := field(h, hdrOpenAIRemaining); ok {
 		c.Remaining = parseCount(v)
 	}
-	if v, ok := field(h, hdrOpenAIReset); ok && validGoDuration(v) {
-		if d, err := time.ParseDuration(v); err == nil && d >= 0 && d <= maxDuration {
-			c.Reset, c.resetKnown = d, true
-		}
+	if v, ok := field(h, hdrOpenAIReset); ok {
+		c.Reset, c.Coarse, c.resetKnown = parseGoDuration(v)
 	}
 	p.offer(c)
+}
+
+// parseGoDuration parses an OpenAI reset value such as "6m0s" or "20ms";
+// coarse reports a whole number of seconds.
+func parseGoDuration(v string) (d time.Duration, coarse, ok bool) {
+	if !validGoDuration(v) {
+		return 0, false, false
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d < 0 || d > maxDuration {
+		return 0, false, false
+	}
+	return d, d%time.Second == 0, true
 }
 
 // validGoDuration reports whether s is "0" or a sequence of unsigned
@@ -616,11 +637,20 @@ func parseAnthropic(h http.Header, ref *refClock, p *picker) {
 		c.Remaining = parseCount(v)
 	}
 	if v, ok := field(h, hdrAnthropicReset); ok {
-		if t, err := time.Parse(time.RFC3339, v); err == nil {
-			c.Reset, c.resetKnown = untilTime(t, ref.get())
-		}
+		c.Reset, c.Coarse, c.resetKnown = parseRFC3339(v, ref)
 	}
 	p.offer(c)
+}
+
+// parseRFC3339 parses an Anthropic reset instant; coarse reports one in
+// whole seconds.
+func parseRFC3339(v string, ref *refClock) (d time.Duration, coarse, ok bool) {
+	t, err := time.Parse(time.RFC3339, v)
+	if err != nil {
+		return 0, false, false
+	}
+	d, ok = untilTime(t, ref.get())
+	return d, ok && t.Nanosecond() == 0, ok
 }
 
 // field returns the first line of the field key (a canonical name), without surrounding
@@ -733,4 +763,50 @@ func parseDecimal(s string) (whole, frac int64, ok bool) {
 		scale /= 10
 	}
 	return whole, frac, true
+}
+
+// Token budgets' fields: OpenAI's tokens per minute, and Anthropic's three
+// (input, output, and the two together).
+var tokenFamilies = [...]struct {
+	source, resource        string
+	limit, remaining, reset string
+}{
+	{"openai", "tokens", "X-Ratelimit-Limit-Tokens", "X-Ratelimit-Remaining-Tokens", "X-Ratelimit-Reset-Tokens"},
+	{"anthropic", "tokens", "Anthropic-Ratelimit-Tokens-Limit", "Anthropic-Ratelimit-Tokens-Remaining", "Anthropic-Ratelimit-Tokens-Reset"},
+	{"anthropic", "input-tokens", "Anthropic-Ratelimit-Input-Tokens-Limit", "Anthropic-Ratelimit-Input-Tokens-Remaining", "Anthropic-Ratelimit-Input-Tokens-Reset"},
+	{"anthropic", "output-tokens", "Anthropic-Ratelimit-Output-Tokens-Limit", "Anthropic-Ratelimit-Output-Tokens-Remaining", "Anthropic-Ratelimit-Output-Tokens-Reset"},
+}
+
+// ParseTokens reads what h says about token budgets, as Parse does for
+// requests: OpenAI's x-ratelimit-{limit,remaining,reset}-tokens (reset a Go
+// duration) and Anthropic's anthropic-ratelimit-{tokens,input-tokens,
+// output-tokens}-{limit,remaining,reset} (reset an RFC 3339 instant). The
+// result's Resource names the budget ("tokens", "input-tokens" or
+// "output-tokens"); when several parse, the most restrictive wins, by
+// Parse's rules. The same bounds and validation apply.
+func ParseTokens(h http.Header, now time.Time) (q Quota, ok bool) {
+	ref := refClock{h: h, now: now}
+	var p picker
+	for _, f := range tokenFamilies {
+		if len(h[f.limit]) == 0 && len(h[f.remaining]) == 0 && len(h[f.reset]) == 0 {
+			continue
+		}
+		c := newCandidate(f.source)
+		c.Resource = f.resource
+		if v, ok := field(h, f.limit); ok {
+			c.Limit = parseCount(v)
+		}
+		if v, ok := field(h, f.remaining); ok {
+			c.Remaining = parseCount(v)
+		}
+		if v, ok := field(h, f.reset); ok {
+			if f.source == "openai" {
+				c.Reset, c.Coarse, c.resetKnown = parseGoDuration(v)
+			} else {
+				c.Reset, c.Coarse, c.resetKnown = parseRFC3339(v, &ref)
+			}
+		}
+		p.offer(c)
+	}
+	return p.best.Quota, p.ok
 }
