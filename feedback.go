@@ -141,6 +141,9 @@ const (
 	minRate       = 0.01 // per second: one request per 100 s, whatever is known
 
 	acceptWindow = 2 * time.Second
+	// minFirstSpan is the shortest span firstRate counts acceptances over:
+	// one acceptance in less says little of a rate.
+	minFirstSpan = 20 * time.Millisecond
 )
 
 type feedback struct {
@@ -158,12 +161,14 @@ type feedback struct {
 	// more, so a 429 at or under it is jitter, not a pace far too high.
 	sustained bool
 	edge      bool          // the last cut was at the edge: a 429 after a run the server took
+	probing   bool          // the last cut was a lane's first estimate: grow fast until the next
 	creep     time.Duration // how long the last cut's creep from plateau to fail takes; 0: no creep
 
 	coolFrom, coolTo time.Time // the latest cooldown
 
 	header      float64 // rate from rate-limit headers; 0 if none
 	headerUntil time.Time
+	quota       quotaModel
 
 	accepted  stats.Window // accepted responses over acceptWindow
 	refused   stats.Window // throttled responses over acceptWindow
@@ -203,13 +208,36 @@ func earlier(a, b time.Time) time.Time {
 	return b
 }
 
+// firstRate estimates the limit of a server that refused a lane not yet
+// paced, or returns 0 if it accepted nothing yet: the rate at which it
+// accepted the lane's requests, from as little as one acceptance (a strict
+// server accepts about one request per cooldown), and at least one request
+// per Retry-After (or per second).
+func (f *feedback) firstRate(now time.Time, ra time.Duration) float64 {
+	n := f.accepted.Sum(now)
+	if n == 0 {
+		return 0
+	}
+	r := 1 / max(ra, time.Second).Seconds()
+	from := now.Add(-min(acceptWindow, now.Sub(f.firstSeen)))
+	span := now.Sub(from)
+	if lo, hi := later(from, f.coolFrom), earlier(now, f.coolTo); hi.After(lo) {
+		span -= hi.Sub(lo)
+	}
+	if n > 0 && span >= minFirstSpan {
+		r = max(r, float64(n)/span.Seconds())
+	}
+	return r
+}
+
 // floor is the lowest throttle rate.
 func (f *feedback) floor() float64 {
 	return max(minRate, throttleFloor*f.peak)
 }
 
-// cut lowers the throttle rate after a 429 for an attempt sent at sent.
-func (f *feedback) cut(now, sent time.Time, current float64) {
+// cut lowers the throttle rate after a 429 for an attempt sent at sent,
+// which said to retry after ra (0 if it did not say).
+func (f *feedback) cut(now, sent time.Time, current float64, ra time.Duration) {
 	if !f.failAt.IsZero() && sent.Before(f.failAt) {
 		return // sent before the last cut: not news
 	}
@@ -220,9 +248,9 @@ func (f *feedback) cut(now, sent time.Time, current float64) {
 	rf, cut, edge := current, throttleCut, false
 	switch {
 	case current == 0:
-		// Not paced yet: the rate the server took while the lane was
-		// sending is the first estimate of its limit.
-		rf = f.acceptedRate(now)
+		// Not paced yet: the first estimate of the server's limit, from
+		// which the lane probes upward (see grow).
+		rf, cut = f.firstRate(now, ra), 1
 	case acc+thr >= ratioTrusted && share < edgeShare:
 		// Answers enough to show the server refusing much of the pace
 		// (many were in flight): the lane is well over, whatever came
@@ -254,6 +282,7 @@ func (f *feedback) cut(now, sent time.Time, current float64) {
 		f.margin, f.creep = throttleMargin, 0
 	}
 	f.edge, f.sustained, f.okRun = edge, edge && f.okRun >= edgeRun, 0
+	f.probing = current == 0
 	f.peak = max(f.peak, rf)
 	f.fail, f.failAt, f.grown = rf, now, now
 	f.throttle = max(f.floor(), min(cut, 1-f.margin)*rf)
@@ -279,6 +308,8 @@ func (f *feedback) grow(now time.Time) {
 		f.throttle = min(plateau, f.throttle+step*dt)
 	case f.throttle < f.fail && f.creep > 0:
 		f.throttle = min(f.fail, f.throttle+throttleMargin*f.fail/f.creep.Seconds()*dt)
+	case f.probing:
+		f.throttle *= math.Pow(2, dt)
 	default:
 		f.throttle *= 1 + throttleProbe*dt
 	}
@@ -332,22 +363,28 @@ func signals(resp *http.Response) bool {
 // observe reads what a response says, when its headers arrive: the attempt
 // was sent at sent. It is called only for responses for which signals is
 // true; the parsing happens before the lane's lock is taken. It reports
-// whether the response refused the attempt for its rate (a 429, or GitHub's
-// 403 with nothing remaining).
+// whether the response refused the attempt for its rate (a 429, or a 403
+// that says so).
+//
+// Only a refusal or a Retry-After stops the lane: a 429; a 403 with
+// Retry-After (GitHub's secondary limits) or with nothing remaining
+// (GitHub's primary limit); a 503 with Retry-After. The pause is the
+// Retry-After, else the wait of the quota that says nothing remains (the
+// token budget's, or the requests'; see quotaModel.refusalWait). Any other
+// quota paces the lane (see quotaModel).
 func (l *lane) observe(resp *http.Response, sent time.Time, p Priority) (throttled bool) {
 	h := resp.Header
-	// Headers state times on the wall clock; one reading serves both.
+	// Headers state times on the wall clock; one reading serves all.
 	wall := time.Now()
 	q, hasQuota := headers.Parse(h, wall)
+	tq, hasTokens := headers.ParseTokens(h, wall)
 	ra, hasRA := headers.RetryAfter(h, wall, l.cfg.maxRetryAfter)
-	throttled = resp.StatusCode == http.StatusTooManyRequests ||
-		// GitHub answers its rate limits with 403 and remaining 0.
-		(resp.StatusCode == http.StatusForbidden && hasQuota && q.Remaining == 0)
-	preciseQuota := hasQuota && q.Remaining >= 0 && q.Reset > 0
-	// A 429 that the quota explains (nothing remains) is paced by the reset;
-	// any other 429 means the lane is over some limit the headers do not
-	// describe, and the throttle rate must learn it.
 	exhausted := hasQuota && q.Remaining == 0
+	tokensOut := hasTokens && tq.Remaining == 0
+	status := resp.StatusCode
+	throttled = status == http.StatusTooManyRequests ||
+		status == http.StatusForbidden && (hasRA || exhausted)
+	refused := throttled || status == http.StatusServiceUnavailable && hasRA
 
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -358,40 +395,45 @@ func (l *lane) observe(resp *http.Response, sent time.Time, p Priority) (throttl
 		l.levels[p].throttled++
 		f.refused.Add(now, 1)
 	}
-	// Retry-After wins over everything.
-	if hasRA && (throttled || resp.StatusCode == http.StatusServiceUnavailable) {
-		l.coolLocked(now.Add(ra), "retry-after")
-		if throttled && !exhausted {
-			f.cut(now, sent, l.currentRate())
+	if !refused {
+		if hasQuota {
+			l.paceLocked(now, f.quota.observe(now, q, l.slot.inUse))
 		}
 		l.applyRate(now)
-		return throttled
+		return false
 	}
 	switch {
-	case hasQuota && q.Remaining == 0 && q.Reset > 0:
-		l.coolLocked(now.Add(min(q.Reset, l.cfg.maxRetryAfter)), "remaining 0")
-	case preciseQuota:
-		// What remains must last until the reset. Attempts in flight other
-		// than this one may not be counted by the server yet: count them as
-		// used.
-		left := q.Remaining - int64(l.slot.inUse-1)
-		if left <= 0 {
-			l.coolLocked(now.Add(min(q.Reset, l.cfg.maxRetryAfter)), "in-flight attempts use what remains")
-		} else {
-			// Servers round the reset up to whole seconds; spreading what
-			// remains over half a second less is still within the quota
-			// (it is what remains) and does not leave it unused.
-			spread := max(q.Reset-time.Second/2, q.Reset/2)
-			f.header, f.headerUntil = float64(left)/spread.Seconds(), now.Add(q.Reset)
-		}
-	case hasQuota && q.Remaining < 0 && q.Limit > 0 && q.Window > 0:
-		f.header, f.headerUntil = float64(q.Limit)/q.Window.Seconds(), now.Add(q.Window)
+	case hasRA:
+		l.coolLocked(now.Add(ra), "retry-after")
+	case tokensOut && tq.Reset > 0:
+		l.coolLocked(now.Add(min(tq.Reset, l.cfg.maxRetryAfter)), tq.Resource+" remaining 0")
+	case exhausted && q.Reset > 0:
+		l.coolLocked(now.Add(min(f.quota.refusalWait(q), l.cfg.maxRetryAfter)), "remaining 0")
 	}
-	if throttled && !exhausted {
-		f.cut(now, sent, l.currentRate())
+	// A 429 that no quota explains means the lane is over a limit the
+	// headers do not describe: the throttle rate must learn it. A 403 that
+	// is not a quota (GitHub's secondary limits) is a penalty, not a pace.
+	if status == http.StatusTooManyRequests && !exhausted && !tokensOut {
+		f.cut(now, sent, l.currentRate(), ra)
 	}
 	l.applyRate(now)
 	return throttled
+}
+
+// paceLocked applies what a quota says to the lane. mu must be held.
+func (l *lane) paceLocked(now time.Time, qp quotaPace) {
+	f := &l.fb
+	switch {
+	case qp.stop.After(now):
+		l.coolLocked(earlier(qp.stop, now.Add(l.cfg.maxRetryAfter)), "remaining 0 until the window resets")
+	case qp.rate > 0:
+		f.header, f.headerUntil = qp.rate, qp.until
+	}
+	if qp.empty && l.lim != nil && l.be == nil {
+		// The server's bucket is empty: its next token is a token's time
+		// away, and so is the lane's.
+		l.lim.drain(now.Sub(l.epoch))
+	}
 }
 
 // settle is called, with mu held, when an attempt sent at sent finishes at

@@ -1,0 +1,200 @@
+package sluice
+
+import (
+	"time"
+
+	"github.com/sluice-go/sluice/internal/headers"
+)
+
+// limitKind is the kind of limit a server's quota headers describe.
+type limitKind uint8
+
+const (
+	// kindUnknown: not told apart yet. It is read as a bucket, whose
+	// mistakes cost one refusal, where a bucket read as a window stalls
+	// the lane until each reset.
+	kindUnknown limitKind = iota
+	// kindWindow: a fixed window (GitHub's primary limit, Envoy, Kong).
+	// Remaining counts down to a reset instant that stays put, and refills
+	// only when that instant passes.
+	kindWindow
+	// kindBucket: a token bucket or GCRA (OpenAI, Anthropic, throttled,
+	// redis_rate, IETF draft-11 and later). It refills continuously; its
+	// reset is when it is full again, or when more quota comes, and moves
+	// later with each request. Remaining 0 means "no burst left".
+	kindBucket
+)
+
+func (k limitKind) String() string {
+	switch k {
+	case kindWindow:
+		return "window"
+	case kindBucket:
+		return "bucket"
+	}
+	return "unknown"
+}
+
+// priorKind is the kind a header family is known to describe, until the
+// evidence says otherwise.
+func priorKind(source string) limitKind {
+	switch source {
+	case "github", "ietf-draft07":
+		return kindWindow
+	case "openai", "anthropic", "ietf":
+		return kindBucket
+	}
+	return kindUnknown
+}
+
+// resetSlack is how far apart two readings of one reset instant may be: the
+// time between a server's clock read and ours. A reset stated to the second
+// may be up to a second further off.
+const resetSlack = 50 * time.Millisecond
+
+// quotaModel learns, from the request quotas a lane's responses state,
+// which kind of limit the server keeps, and turns each quota into a pace.
+// It holds no lock: the lane calls it with its own held.
+//
+// The evidence is read from a run of responses that starts at one quota
+// and is compared with the later ones:
+//   - the reset instant moved later while its time had not come: a bucket
+//     (a window's reset stays put);
+//   - the reset instant passed and remaining did not refill (it is still
+//     under half the limit and no higher than at the run's start): a
+//     bucket, whose reset was only when it would be full;
+//   - the reset instant stayed put for longer than the slack allows while
+//     remaining fell: a window.
+//
+// Evidence overrides the family's prior (see priorKind).
+type quotaModel struct {
+	kind     limitKind
+	evidence bool // kind comes from evidence, not from the prior
+
+	run      bool
+	runSeen  time.Time // when the run's first quota was seen
+	runReset time.Time // its reset instant
+	runLeft  int64     // its remaining
+}
+
+// A quotaPace is what one response's quota says to do.
+type quotaPace struct {
+	// rate > 0 caps the lane's pace until until.
+	rate  float64
+	until time.Time
+	// stop > now: nothing more may be sent before stop (a window with
+	// nothing left).
+	stop time.Time
+	// empty: the server's bucket holds no token now; the next is one
+	// token's time away at the lane's pace.
+	empty bool
+}
+
+// observe reads q, stated by a response (not a refusal) seen at now with
+// inFlight attempts of the lane in flight, this one included, and returns
+// the pace it implies.
+func (m *quotaModel) observe(now time.Time, q headers.Quota, inFlight int) quotaPace {
+	if !m.evidence {
+		m.kind = priorKind(q.Source)
+	}
+	if q.Remaining < 0 {
+		if q.Limit > 0 && q.Window > 0 {
+			// A policy without a count: its mean rate, for its window.
+			return quotaPace{rate: float64(q.Limit) / q.Window.Seconds(), until: now.Add(q.Window)}
+		}
+		return quotaPace{}
+	}
+	if q.Reset > 0 {
+		m.learn(now, q)
+	}
+	// Attempts in flight other than this one may not be counted by the
+	// server yet: count them as used.
+	left := q.Remaining - int64(inFlight-1)
+	if m.kind == kindWindow {
+		switch {
+		case q.Reset <= 0:
+			return quotaPace{}
+		case left <= 0:
+			return quotaPace{stop: now.Add(q.Reset)}
+		}
+		spread := q.Reset
+		if q.Coarse {
+			// A reset rounded up to the second: spreading what remains over
+			// half a second less is still within the quota (it is what
+			// remains) and does not leave it unused.
+			spread = max(q.Reset-time.Second/2, q.Reset/2)
+		}
+		return quotaPace{rate: float64(left) / spread.Seconds(), until: now.Add(q.Reset)}
+	}
+	rho, fill := bucketRate(q)
+	p := quotaPace{empty: left <= 0}
+	if rho > 0 {
+		// What the bucket holds may go out over the time it takes to
+		// fill, besides what it gains meanwhile: the pace falls to the
+		// refill rate as the bucket empties, and never below it.
+		p.rate = rho * (1 + float64(max(left, 0))/float64(q.Limit))
+		p.until = now.Add(max(fill, time.Second))
+	}
+	return p
+}
+
+// bucketRate returns the refill rate a bucket's quota states, and the time
+// the bucket takes to fill from empty, or 0s when it states neither: a
+// policy's quota per window, or what is missing over the time until full
+// when that time is stated finer than the second. A reset rounded up to the
+// second only bounds the rate from below, by as much as the rate itself,
+// and must not slow the lane: it is not used.
+func bucketRate(q headers.Quota) (float64, time.Duration) {
+	switch {
+	case q.Limit <= 0:
+		return 0, 0
+	case q.Window > 0:
+		return float64(q.Limit) / q.Window.Seconds(), q.Window
+	case !q.Coarse && q.Reset > 0 && q.Remaining >= 0 && q.Remaining < q.Limit:
+		rho := float64(q.Limit-q.Remaining) / q.Reset.Seconds()
+		return rho, time.Duration(float64(q.Limit) / rho * float64(time.Second))
+	}
+	return 0, 0
+}
+
+// learn compares q, seen at now, with the run's start; see quotaModel.
+func (m *quotaModel) learn(now time.Time, q headers.Quota) {
+	reset := now.Add(q.Reset)
+	slack := resetSlack
+	if q.Coarse {
+		slack += time.Second
+	}
+	if !m.run {
+		m.run, m.runSeen, m.runReset, m.runLeft = true, now, reset, q.Remaining
+		return
+	}
+	var kind limitKind
+	switch {
+	case now.After(m.runReset.Add(slack)):
+		if q.Limit > 0 && 2*q.Remaining < q.Limit && q.Remaining <= m.runLeft {
+			kind = kindBucket
+		}
+	case reset.After(m.runReset.Add(slack)):
+		kind = kindBucket
+	case now.Sub(m.runSeen) > 2*slack && q.Remaining < m.runLeft:
+		kind = kindWindow
+	default:
+		return // the run goes on
+	}
+	if kind != kindUnknown {
+		m.kind, m.evidence = kind, true
+	}
+	m.runSeen, m.runReset, m.runLeft = now, reset, q.Remaining
+}
+
+// refusalWait returns how long a refusal that states q (nothing remains)
+// pauses the lane when it names no Retry-After: until a window's reset, or
+// one token's time of a bucket whose rate is known, else until its reset.
+func (m *quotaModel) refusalWait(q headers.Quota) time.Duration {
+	if m.kind != kindWindow {
+		if rho, _ := bucketRate(q); rho > 0 {
+			return min(q.Reset, time.Duration(float64(time.Second)/rho))
+		}
+	}
+	return q.Reset
+}

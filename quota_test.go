@@ -1,0 +1,191 @@
+package sluice
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/sluice-go/sluice/internal/headers"
+)
+
+// TestLearnNoRateFromStrictGCRA: a lane with no configured rate, against a
+// strict GCRA upstream (burst 1, 429 + Retry-After in whole seconds, no
+// quota headers), learns a rate from its first refusals, though the server
+// accepts about one request per cooldown, and settles near the limit
+// (before issue 13: 0.02 of R, every refusal a second's cooldown).
+func TestLearnNoRateFromStrictGCRA(t *testing.T) {
+	const r = 50
+	res := runGCRA(t, r, 30*time.Second, 200*time.Microsecond, 1, func(base http.RoundTripper) http.RoundTripper {
+		return mustNew(t, base)
+	})
+	var table strings.Builder
+	fmt.Fprintf(&table, gcraTableHead, "client", "rate/R", "5-60s", "last30", "429s", "429%", "retries", "cools")
+	gcraRow(&table, "sluice, no WithRate", res)
+	t.Logf("accepted per second: %v\n%s", res.perSecond, table.String())
+	if res.steady < 0.85 {
+		t.Errorf("%.3f of R over the last half, want >= 0.85", res.steady)
+	}
+	if frac := res.refusedShare(); frac > 0.02 {
+		t.Errorf("%.2f%% of attempts refused, want <= 2%%", 100*frac)
+	}
+}
+
+// quotaAt is a quota of source src with limit, remaining and a reset from
+// now, in whole seconds if coarse.
+func quotaAt(src string, limit, remaining int64, reset time.Duration, coarse bool) headers.Quota {
+	return headers.Quota{Limit: limit, Remaining: remaining, Reset: reset, Source: src, Coarse: coarse}
+}
+
+// TestQuotaKinds: the model tells a fixed window from a bucket by how the
+// reset instant moves, whatever the family's prior.
+func TestQuotaKinds(t *testing.T) {
+	t0 := time.Unix(1e9, 0)
+	for _, c := range []struct {
+		name string
+		// at returns the quota stated at the i-th response, sent every
+		// step.
+		at   func(i int, now time.Time) headers.Quota
+		step time.Duration
+		want limitKind
+	}{
+		{"GCRA burst 1, reset rounded up to 1 s", func(int, time.Time) headers.Quota {
+			return quotaAt("x-ratelimit", 1, 0, time.Second, true)
+		}, 20 * time.Millisecond, kindBucket},
+		{"GCRA burst 10 at 50/s, rounded", func(i int, _ time.Time) headers.Quota {
+			return quotaAt("x-ratelimit", 10, int64(i%3), time.Second, true)
+		}, 20 * time.Millisecond, kindBucket},
+		{"fixed 10 s window, X-RateLimit, reset counts down", func(i int, now time.Time) headers.Quota {
+			end := t0.Add(10 * time.Second * time.Duration(1+now.Sub(t0)/(10*time.Second)))
+			return quotaAt("x-ratelimit", 500, int64(500-i%500), end.Sub(now).Truncate(time.Second)+time.Second, true)
+		}, 50 * time.Millisecond, kindWindow},
+		{"GitHub prior, hourly window", func(i int, now time.Time) headers.Quota {
+			return quotaAt("github", 5000, int64(4000-i), t0.Add(time.Hour).Sub(now), true)
+		}, time.Second, kindWindow},
+		{"GitHub prior, but the reset moves: evidence wins", func(int, time.Time) headers.Quota {
+			return quotaAt("github", 10, 0, 2*time.Second, true)
+		}, 100 * time.Millisecond, kindBucket},
+		{"OpenAI prior, reset until full in ms", func(i int, _ time.Time) headers.Quota {
+			return quotaAt("openai", 600, 590, 1200*time.Millisecond, false)
+		}, 10 * time.Millisecond, kindBucket},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var m quotaModel
+			now := t0
+			for i := range 400 {
+				m.observe(now, c.at(i, now), 1)
+				now = now.Add(c.step)
+			}
+			if m.kind != c.want {
+				t.Errorf("kind %v, want %v", m.kind, c.want)
+			}
+		})
+	}
+}
+
+// TestQuotaPace: what a quota says to do, by kind.
+func TestQuotaPace(t *testing.T) {
+	now := time.Unix(1e9, 0)
+	ietf := headers.Quota{Limit: 20, Remaining: 0, Reset: time.Second, Window: time.Second, Source: "ietf", Coarse: true}
+	for _, c := range []struct {
+		name     string
+		q        headers.Quota
+		inFlight int
+		want     quotaPace
+	}{
+		{"bucket empty, coarse: no pace below the configured rate, wait a token",
+			quotaAt("x-ratelimit", 1, 0, time.Second, true), 1, quotaPace{empty: true}},
+		{"IETF policy with r and t: q/w is the refill rate",
+			ietf, 1, quotaPace{rate: 20, until: now.Add(time.Second), empty: true}},
+		{"OpenAI bucket half full: the refill rate and more",
+			quotaAt("openai", 600, 300, 30*time.Second, false), 1, quotaPace{rate: 15, until: now.Add(time.Minute)}},
+		{"window: what remains over the time to the reset, less half a rounded second",
+			quotaAt("github", 5000, 101, 100*time.Second+time.Second/2, true), 2, quotaPace{rate: 1, until: now.Add(100*time.Second + time.Second/2)}},
+		{"window with nothing left stops until the reset",
+			quotaAt("github", 5000, 1, 30*time.Second, true), 3, quotaPace{stop: now.Add(30 * time.Second)}},
+	} {
+		var m quotaModel
+		if got := m.observe(now, c.q, c.inFlight); got != c.want {
+			t.Errorf("%s: %+v, want %+v", c.name, got, c.want)
+		}
+	}
+}
+
+// TestRemainingZeroOnAcceptedDoesNotStall: a strict GCRA middleware says
+// "limit 1, remaining 0, reset 1" on every accepted response; that is the
+// last token for now, not a second's pause (before issue 13: one request a
+// second, 0.03 of R).
+func TestRemainingZeroOnAcceptedDoesNotStall(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		base := &fakeBase{answer: answerWith(1<<30, 200, "X-RateLimit-Limit: 1", "X-RateLimit-Remaining: 0", "X-RateLimit-Reset: 1")}
+		tr := mustNew(t, base, WithRate(50, time.Second))
+		start := time.Now()
+		for range 100 {
+			if err := get(t.Context(), tr, ""); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if d := time.Since(start); d > 2500*time.Millisecond {
+			t.Errorf("100 requests at 50/s took %v, want about 2 s", d)
+		}
+		if s, _ := tr.Stats().Lane("api.test"); s.Cooldowns != 0 {
+			t.Errorf("%d cooldowns for accepted responses", s.Cooldowns)
+		}
+	})
+}
+
+// TestSecondaryLimit403: GitHub's secondary limit answers 403 with
+// Retry-After while the quota is far from used: the lane pauses for it, and
+// sends nothing more into the penalty.
+func TestSecondaryLimit403(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		base := &fakeBase{latency: 10 * time.Millisecond, answer: answerWith(1, http.StatusForbidden,
+			"Retry-After: 3", "X-RateLimit-Limit: 5000", "X-RateLimit-Remaining: 4990", "X-RateLimit-Resource: core",
+			"X-RateLimit-Reset: "+fmt.Sprint(time.Now().Add(time.Hour).Unix()))}
+		tr := mustNew(t, base, WithRetry(0))
+		start := time.Now()
+		if err := get(t.Context(), tr, ""); err != nil {
+			t.Fatal(err)
+		}
+		penaltyFrom := time.Since(start)
+		for range 30 {
+			get(t.Context(), tr, "")
+		}
+		for _, a := range base.arrivals[1:] {
+			if d := a.at.Sub(start); d < penaltyFrom+3*time.Second {
+				t.Errorf("request sent at %v, inside the 3 s penalty that began at %v", d, penaltyFrom)
+			}
+		}
+		if s, _ := tr.Stats().Lane("api.test"); s.Throttled != 1 || s.Rate != 0 {
+			t.Errorf("Throttled %d, Rate %v; want 1 and 0 (a penalty is not a pace)", s.Throttled, s.Rate)
+		}
+	})
+}
+
+// TestTokenBudget429: a 429 whose token budget ran out (OpenAI's
+// x-ratelimit-remaining-tokens: 0) pauses the lane until the tokens reset,
+// and does not cut the request rate: requests were not the problem.
+func TestTokenBudget429(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		base := &fakeBase{answer: answerWith(1, 429,
+			"X-Ratelimit-Limit-Requests: 500", "X-Ratelimit-Remaining-Requests: 480", "X-Ratelimit-Reset-Requests: 2.4s",
+			"X-Ratelimit-Limit-Tokens: 30000", "X-Ratelimit-Remaining-Tokens: 0", "X-Ratelimit-Reset-Tokens: 1.5s")}
+		tr := mustNew(t, base, WithRate(10, time.Second))
+		start := time.Now()
+		if err := get(t.Context(), tr, ""); err != nil {
+			t.Fatal(err)
+		}
+		// The retry went after the token reset, and succeeded.
+		if n := len(base.arrivals); n != 2 {
+			t.Fatalf("%d attempts, want 2", n)
+		}
+		if d := base.arrivals[1].at.Sub(start); d < 1500*time.Millisecond {
+			t.Errorf("retry sent after %v, inside the token budget's 1.5 s", d)
+		}
+		if s, _ := tr.Stats().Lane("api.test"); s.Rate != 10 {
+			t.Errorf("rate %v after a token-budget 429, want the configured 10", s.Rate)
+		}
+	})
+}
