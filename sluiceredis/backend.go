@@ -23,11 +23,13 @@ var _ sluice.Backend = (*Backend)(nil)
 // A Backend is a sluice.Backend that keeps budgets in Redis, so that every
 // process using the same Redis and the same key draws on one budget. Create
 // it with New; the zero Backend is not usable. A Backend is safe for
-// concurrent use. It needs no closing: it runs a goroutine only while it
-// holds in-flight leases (see WithInFlight), to renew them; the goroutine
-// exits once the last lease is given back (at Done, or, for a reserved
-// token nobody came for, when the reservation goes stale). The client
-// stays the caller's to close.
+// concurrent use. It runs goroutines only while it has work: one while it
+// holds in-flight leases (see WithInFlight), to renew them, which exits
+// once the last lease is given back (at Done, or, for a reserved token
+// nobody came for, when the reservation goes stale); and one while leases
+// asked for by calls that failed or timed out may still be taken in Redis,
+// to give them back once it answers. Close gives back every lease and
+// stops both. The client stays the caller's to close.
 type Backend struct {
 	client redis.UniversalClient
 	cfg    config
@@ -35,10 +37,18 @@ type Backend struct {
 	seq    atomic.Uint64
 	health health
 
-	mu       sync.Mutex
-	budgets  map[string]*budget
-	renewing bool          // a goroutine renews the leases; see keepRenewing
-	idle     chan struct{} // capacity 1: Done gave back a budget's last lease
+	closed    atomic.Bool   // set under mu by Close
+	done      chan struct{} // closed by Close
+	closeOnce sync.Once
+	closeErr  error
+	wg        sync.WaitGroup // the renewer and the releaser
+
+	mu        sync.Mutex
+	budgets   map[string]*budget
+	renewing  bool          // a goroutine renews the leases; see keepRenewing
+	releasing bool          // a goroutine gives back orphans; see keepReleasing
+	idle      chan struct{} // capacity 1: Done gave back a budget's last lease
+	back      chan struct{} // capacity 1: Redis answers again, for the releaser
 }
 
 // budget is this process's side of one key's budget. Its fields are guarded
@@ -52,6 +62,8 @@ type budget struct {
 	held    []string      // leases of attempts granted and not yet Done; "" for a fallback grant
 	local   int           // fallback grants in held
 	release []string      // leases to remove with the next call to Redis for the key
+	orphans []string      // leases of calls that failed or timed out; see orphan
+	closed  bool          // Close has given the budget's leases back
 	lim     *rate.Limiter // the fallback budget; nil until first needed
 	last    time.Time     // the latest time given to lim
 }
@@ -107,6 +119,8 @@ func New(client redis.UniversalClient, opts ...Option) (*Backend, error) {
 		health:  health{every: cfg.probeEvery},
 		budgets: make(map[string]*budget),
 		idle:    make(chan struct{}, 1),
+		back:    make(chan struct{}, 1),
+		done:    make(chan struct{}),
 	}, nil
 }
 
@@ -157,9 +171,21 @@ func contextTimeouts(c redis.UniversalClient) bool {
 // READONLY, OOM, MASTERDOWN, CLUSTERDOWN, NOREPLICAS, MISCONF, NOAUTH, max
 // clients) counts as Redis being unreachable. An error is also returned if
 // ctx ends during the call.
+//
+// A call that fails or times out may still run in Redis later (a stalled
+// server runs what it had received when it resumes), and with WithInFlight
+// take a lease that nobody holds. Such a lease is given back in the
+// background once Redis answers, and a run that comes after that takes
+// nothing; so a fault costs at most the places in flight during it, not
+// the lease ttl.
+//
+// After Close, Take returns an error wrapping ErrClosed.
 func (b *Backend) Take(ctx context.Context, key string, rate float64, burst int) (time.Duration, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
+	}
+	if b.closed.Load() {
+		return 0, fmt.Errorf("sluiceredis: take from %q: %w", key, ErrClosed)
 	}
 	bg := b.budget(key)
 	now := time.Now()
@@ -192,9 +218,13 @@ func (b *Backend) Take(ctx context.Context, key string, rate float64, burst int)
 	cancel()
 	now = time.Now()
 	if err != nil {
-		// A call that failed may still have run: its lease then expires
-		// with its ttl, and its token is lost, both on the safe side.
+		// A call that failed may still have run, or run later: its token
+		// is lost (on the safe side), and its lease is given back in the
+		// background.
 		bg.requeue(release)
+		if lease != "" {
+			b.orphan(bg, lease)
+		}
 		if ctx.Err() != nil {
 			return 0, ctx.Err() // the caller gave up; that says nothing of Redis
 		}
@@ -206,7 +236,17 @@ func (b *Backend) Take(ctx context.Context, key string, rate float64, burst int)
 		return b.fallback(bg, now, rate, burst)
 	}
 	b.recovered(now)
-	w = bg.apply(now, st, wait, lease, rate)
+	w, ok = bg.apply(now, st, wait, lease, rate)
+	if !ok {
+		// Close came during the call, and has given back all it knew of.
+		if lease != "" && (st == taken || st == reserved) {
+			b.releaseNow(bg, []string{lease})
+		}
+		return 0, fmt.Errorf("sluiceredis: take from %q: %w", key, ErrClosed)
+	}
+	if st == cancelled {
+		return 0, fmt.Errorf("sluiceredis: take from %q: take.lua cancelled a call in flight", key)
+	}
 	if lease != "" && (st == taken || st == reserved) {
 		b.keepRenewing()
 	}
@@ -222,8 +262,9 @@ func (b *Backend) Take(ctx context.Context, key string, rate float64, burst int)
 // its place. The ttl can then be short whatever the calls' length.
 func (b *Backend) keepRenewing() {
 	b.mu.Lock()
-	if !b.renewing {
+	if !b.renewing && !b.closed.Load() {
 		b.renewing = true
+		b.wg.Add(1)
 		go b.renew()
 	}
 	b.mu.Unlock()
@@ -233,10 +274,13 @@ func (b *Backend) keepRenewing() {
 // once it holds none: at the latest on the tick after the last Done, and at
 // once when that Done gave back the last lease of its budget.
 func (b *Backend) renew() {
+	defer b.wg.Done()
 	t := time.NewTicker(max(b.cfg.leaseTTL/3, time.Millisecond))
 	defer t.Stop()
 	for {
 		select {
+		case <-b.done:
+			return
 		case <-t.C:
 			work := b.leasedBudgets()
 			if work == nil {
@@ -332,8 +376,10 @@ func (b *Backend) renewAll(work []*budget) {
 // While Redis is unreachable it is not tried, and the lease goes with the
 // next call for key (Take, Done or Cool). A lease whose key sees no further
 // call is held until its ttl (WithInFlight) runs out.
+//
+// After Close, Done does nothing: Close gave every lease back.
 func (b *Backend) Done(key string) {
-	if b.cfg.leases == 0 {
+	if b.cfg.leases == 0 || b.closed.Load() {
 		return
 	}
 	b.mu.Lock()
@@ -392,6 +438,9 @@ func (b *Backend) Done(key string) {
 // Cool returns an error wrapping ErrUnavailable. If Redis answers with an
 // error reply about this call (see Take), Cool returns it.
 func (b *Backend) Cool(ctx context.Context, key string, until time.Time) error {
+	if b.closed.Load() {
+		return fmt.Errorf("sluiceredis: cooldown of %q not shared: %w", key, ErrClosed)
+	}
 	bg := b.budget(key)
 	now := time.Now()
 	bg.mu.Lock()
@@ -434,7 +483,7 @@ func (b *Backend) budget(key string) *budget {
 	defer b.mu.Unlock()
 	bg := b.budgets[key]
 	if bg == nil {
-		bg = &budget{keys: newKeys(b.cfg.prefix, key)}
+		bg = &budget{keys: newKeys(b.cfg.prefix, key), closed: b.closed.Load()}
 		b.budgets[key] = bg
 	}
 	return bg
@@ -479,6 +528,10 @@ func (b *Backend) failed(now time.Time, err error) {
 func (b *Backend) recovered(now time.Time) {
 	if d := b.health.ok(now); d > 0 {
 		b.cfg.logger.Info("sluiceredis: redis answers again; using the shared budget", "down", d)
+		select {
+		case b.back <- struct{}{}: // the releaser need not wait for its turn to probe
+		default:
+		}
 	}
 }
 
@@ -554,16 +607,20 @@ func (bg *budget) takeRelease() []string {
 	return ids
 }
 
-// apply records what take.lua decided and returns Take's wait.
-func (bg *budget) apply(now time.Time, st status, wait time.Duration, lease string, rate float64) time.Duration {
+// apply records what take.lua decided and returns Take's wait. It returns
+// false, recording nothing, if Close has given the budget's leases back.
+func (bg *budget) apply(now time.Time, st status, wait time.Duration, lease string, rate float64) (time.Duration, bool) {
 	bg.mu.Lock()
 	defer bg.mu.Unlock()
+	if bg.closed {
+		return 0, false
+	}
 	switch st {
 	case taken:
 		if lease != "" {
 			bg.held = append(bg.held, lease)
 		}
-		return 0
+		return 0, true
 	case reserved:
 		// Counted from after the reply: the token is due no earlier.
 		due := now.Add(wait)
@@ -576,7 +633,7 @@ func (bg *budget) apply(now time.Time, st status, wait time.Duration, lease stri
 	case cooling:
 		bg.coolUntil(now.Add(wait))
 	}
-	return max(wait, time.Microsecond)
+	return max(wait, time.Microsecond), true
 }
 
 // coolUntil extends the cooldown this process knows of. Reserved tokens due
