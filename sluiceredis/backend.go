@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	mrand "math/rand/v2"
+
 	"github.com/redis/go-redis/v9"
 	"golang.org/x/time/rate"
 
@@ -36,6 +38,7 @@ type Backend struct {
 	self   string // starts this Backend's lease members
 	seq    atomic.Uint64
 	health health
+	rand   func() float64 // in [0, 1); the fallback's phase and slowdown
 
 	closed    atomic.Bool   // set under mu by Close
 	done      chan struct{} // closed by Close
@@ -66,6 +69,12 @@ type budget struct {
 	closed  bool          // Close has given the budget's leases back
 	lim     *rate.Limiter // the fallback budget; nil until first needed
 	last    time.Time     // the latest time given to lim
+	// fallen is set while the budget is served by its fallback: from the
+	// first Take that falls back to the first that Redis answers. Each
+	// time it is set, the fallback budget starts afresh, at a random
+	// phase and a random slowdown (see fallback).
+	fallen bool
+	slow   float64 // the fallback's rate factor for this outage, in (1-fallbackJitter, 1]
 }
 
 // A reservation is a token take.lua set aside for this process: it may send
@@ -117,6 +126,7 @@ func New(client redis.UniversalClient, opts ...Option) (*Backend, error) {
 		cfg:     cfg,
 		self:    hex.EncodeToString(id[:]),
 		health:  health{every: cfg.probeEvery},
+		rand:    mrand.Float64,
 		budgets: make(map[string]*budget),
 		idle:    make(chan struct{}, 1),
 		back:    make(chan struct{}, 1),
@@ -496,12 +506,23 @@ func (b *Backend) fallback(bg *budget, now time.Time, rate float64, burst int) (
 	}
 	bg.mu.Lock()
 	defer bg.mu.Unlock()
+	if !bg.fallen {
+		// A new outage: every process of the fleet may meet it at the same
+		// instant. Budgets that started together, full, at one rate would
+		// send in step for as long as it lasts (a process's burst at the
+		// same instant as every other's, once an interval), so each
+		// starts empty at a random phase of its interval, and runs a
+		// little slower than its share, by a random factor, so that two
+		// that happen to start close drift apart.
+		bg.fallen, bg.lim = true, nil
+		bg.slow = 1 - fallbackJitter*b.rand()
+	}
 	if b.cfg.leases > 0 && bg.local >= b.cfg.fallbackLeases() {
 		return leasePoll, nil
 	}
 	if rate > 0 {
 		lb := max(1, int(float64(max(burst, 1))*b.cfg.share))
-		if w := bg.localTake(now, rate*b.cfg.share, lb); w > 0 {
+		if w := bg.localTake(now, rate*b.cfg.share*bg.slow, lb, b.rand); w > 0 {
 			return w, nil
 		}
 	}
@@ -615,6 +636,7 @@ func (bg *budget) apply(now time.Time, st status, wait time.Duration, lease stri
 	if bg.closed {
 		return 0, false
 	}
+	bg.fallen = false // Redis answers for this budget: a later outage is a new one
 	switch st {
 	case taken:
 		if lease != "" {

@@ -41,7 +41,12 @@
 // does not answer, a Backend falls back to a local budget of
 // WithFallbackShare of the rate (DefaultFallbackShare, a quarter), logs
 // once, tries Redis again once a second, and logs once more when it is
-// back. No request waits on a dead Redis for more than the timeout. With
+// back. No request waits on a dead Redis for more than the timeout. A fleet
+// that loses Redis loses it at the same instant, so each process's local
+// budget starts empty at a random phase of its interval and runs up to 5%
+// below its share (a random factor drawn per outage): the processes do not
+// send in step, and with a share of 1/N each the fleet of N stays within
+// rate x T + burst + (N - 1) in any window T during the outage. With
 // WithFallbackShare(0) it refuses instead: Take returns an error wrapping
 // ErrUnavailable, and sluice fails the request with it. An error reply
 // about one call (such as WRONGTYPE, when something else wrote a budget's
