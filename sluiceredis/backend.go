@@ -42,6 +42,8 @@ type Backend struct {
 
 	closed    atomic.Bool   // set under mu by Close
 	done      chan struct{} // closed by Close
+	calls     int           // Take, Done and Cool calls under way; guarded by mu
+	drained   chan struct{} // closed by the last call to leave after Close; guarded by mu
 	closeOnce sync.Once
 	closeErr  error
 	wg        sync.WaitGroup // the renewer and the releaser
@@ -66,7 +68,6 @@ type budget struct {
 	local   int           // fallback grants in held
 	release []string      // leases to remove with the next call to Redis for the key
 	orphans []string      // leases of calls that failed or timed out; see orphan
-	closed  bool          // Close has given the budget's leases back
 	lim     *rate.Limiter // the fallback budget; nil until first needed
 	last    time.Time     // the latest time given to lim
 	// fallen is set while the budget is served by its fallback: from the
@@ -194,9 +195,10 @@ func (b *Backend) Take(ctx context.Context, key string, rate float64, burst int)
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
-	if b.closed.Load() {
+	if !b.enter() {
 		return 0, fmt.Errorf("sluiceredis: take from %q: %w", key, ErrClosed)
 	}
+	defer b.leave()
 	bg := b.budget(key)
 	now := time.Now()
 	bg.mu.Lock()
@@ -232,28 +234,27 @@ func (b *Backend) Take(ctx context.Context, key string, rate float64, burst int)
 		// is lost (on the safe side), and its lease is given back in the
 		// background.
 		bg.requeue(release)
+		gaveUp, down := ctx.Err() != nil, unreachable(err)
+		switch {
+		case gaveUp: // the caller gave up; that says nothing of Redis
+		case !down:
+			b.recovered(now) // it answered
+		default:
+			b.failed(now, err)
+		}
 		if lease != "" {
 			b.orphan(bg, lease)
 		}
-		if ctx.Err() != nil {
-			return 0, ctx.Err() // the caller gave up; that says nothing of Redis
-		}
-		if !unreachable(err) {
-			b.recovered(now) // it answered
+		switch {
+		case gaveUp:
+			return 0, ctx.Err()
+		case !down:
 			return 0, fmt.Errorf("sluiceredis: take from %q: %w", key, err)
 		}
-		b.failed(now, err)
 		return b.fallback(bg, now, rate, burst)
 	}
 	b.recovered(now)
-	w, ok = bg.apply(now, st, wait, lease, rate)
-	if !ok {
-		// Close came during the call, and has given back all it knew of.
-		if lease != "" && (st == taken || st == reserved) {
-			b.releaseNow(bg, []string{lease})
-		}
-		return 0, fmt.Errorf("sluiceredis: take from %q: %w", key, ErrClosed)
-	}
+	w = bg.apply(now, st, wait, lease, rate)
 	if st == cancelled {
 		return 0, fmt.Errorf("sluiceredis: take from %q: take.lua cancelled a call in flight", key)
 	}
@@ -389,9 +390,10 @@ func (b *Backend) renewAll(work []*budget) {
 //
 // After Close, Done does nothing: Close gave every lease back.
 func (b *Backend) Done(key string) {
-	if b.cfg.leases == 0 || b.closed.Load() {
+	if b.cfg.leases == 0 || !b.enter() {
 		return
 	}
+	defer b.leave()
 	b.mu.Lock()
 	bg := b.budgets[key]
 	b.mu.Unlock()
@@ -448,9 +450,10 @@ func (b *Backend) Done(key string) {
 // Cool returns an error wrapping ErrUnavailable. If Redis answers with an
 // error reply about this call (see Take), Cool returns it.
 func (b *Backend) Cool(ctx context.Context, key string, until time.Time) error {
-	if b.closed.Load() {
+	if !b.enter() {
 		return fmt.Errorf("sluiceredis: cooldown of %q not shared: %w", key, ErrClosed)
 	}
+	defer b.leave()
 	bg := b.budget(key)
 	now := time.Now()
 	bg.mu.Lock()
@@ -493,7 +496,7 @@ func (b *Backend) budget(key string) *budget {
 	defer b.mu.Unlock()
 	bg := b.budgets[key]
 	if bg == nil {
-		bg = &budget{keys: newKeys(b.cfg.prefix, key), closed: b.closed.Load()}
+		bg = &budget{keys: newKeys(b.cfg.prefix, key)}
 		b.budgets[key] = bg
 	}
 	return bg
@@ -628,21 +631,17 @@ func (bg *budget) takeRelease() []string {
 	return ids
 }
 
-// apply records what take.lua decided and returns Take's wait. It returns
-// false, recording nothing, if Close has given the budget's leases back.
-func (bg *budget) apply(now time.Time, st status, wait time.Duration, lease string, rate float64) (time.Duration, bool) {
+// apply records what take.lua decided and returns Take's wait.
+func (bg *budget) apply(now time.Time, st status, wait time.Duration, lease string, rate float64) time.Duration {
 	bg.mu.Lock()
 	defer bg.mu.Unlock()
-	if bg.closed {
-		return 0, false
-	}
 	bg.fallen = false // Redis answers for this budget: a later outage is a new one
 	switch st {
 	case taken:
 		if lease != "" {
 			bg.held = append(bg.held, lease)
 		}
-		return 0, true
+		return 0
 	case reserved:
 		// Counted from after the reply: the token is due no earlier.
 		due := now.Add(wait)
@@ -655,7 +654,7 @@ func (bg *budget) apply(now time.Time, st status, wait time.Duration, lease stri
 	case cooling:
 		bg.coolUntil(now.Add(wait))
 	}
-	return max(wait, time.Microsecond), true
+	return max(wait, time.Microsecond)
 }
 
 // coolUntil extends the cooldown this process knows of. Reserved tokens due

@@ -25,12 +25,6 @@ const maxOrphans = 4 * maxRelease
 // once Redis answers (see releaseOrphans). bg.mu must not be held.
 func (b *Backend) orphan(bg *budget, id string) {
 	bg.mu.Lock()
-	if bg.closed {
-		// Close came during the call. The lease, if the call took it,
-		// expires with its ttl.
-		bg.mu.Unlock()
-		return
-	}
 	bg.orphans = append(bg.orphans, id)
 	if n := len(bg.orphans) - maxOrphans; n > 0 {
 		bg.orphans = slices.Delete(bg.orphans, 0, n)
@@ -117,9 +111,7 @@ func (b *Backend) releaseAll(work []*budget) bool {
 		now := time.Now()
 		if err != nil && unreachable(err) {
 			bg.mu.Lock()
-			if !bg.closed {
-				bg.orphans = append(ids, bg.orphans...)
-			}
+			bg.orphans = append(ids, bg.orphans...)
 			bg.mu.Unlock()
 			b.failed(now, err)
 			return false
@@ -152,8 +144,9 @@ func (b *Backend) releaseNow(bg *budget, ids []string) (int, error) {
 // Close gives back every lease this Backend holds in Redis (for attempts
 // still in flight too: call it once they are done, or when their places no
 // longer matter, as the process exits) and any its failed calls may hold,
-// and stops the goroutines it started. It waits for them, and for at most
-// one timeout (WithTimeout) per budget for Redis; leases it cannot give
+// and stops the goroutines it started. It waits for them and for the calls
+// of Take, Done and Cool under way (each bounded by the timeout), then for
+// at most one timeout (WithTimeout) per budget for Redis; leases it cannot give
 // back (Redis is unreachable) expire with their ttl, and Close then returns
 // an error saying how many. After Close, Take and Cool return an error
 // wrapping ErrClosed, and Done does nothing. Close is safe to call more than
@@ -164,12 +157,46 @@ func (b *Backend) Close() error {
 	return b.closeErr
 }
 
+// enter registers a call of Take, Done or Cool, which Close waits for. It
+// returns false once Close has begun: the call must then do nothing.
+func (b *Backend) enter() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed.Load() {
+		return false
+	}
+	b.calls++
+	return true
+}
+
+// leave ends a call registered by enter.
+func (b *Backend) leave() {
+	b.mu.Lock()
+	b.calls--
+	if b.calls == 0 && b.drained != nil {
+		close(b.drained)
+		b.drained = nil
+	}
+	b.mu.Unlock()
+}
+
 func (b *Backend) close() error {
 	b.mu.Lock()
 	b.closed.Store(true)
 	close(b.done)
+	var drained chan struct{}
+	if b.calls > 0 {
+		drained = make(chan struct{})
+		b.drained = drained
+	}
 	budgets := slices.Collect(maps.Values(b.budgets))
 	b.mu.Unlock()
+	// The calls under way each end within a timeout, and may leave leases
+	// to give back (a reply, a release to retry, an orphan): wait for them,
+	// and for the goroutines, before collecting what is held.
+	if drained != nil {
+		<-drained
+	}
 	b.wg.Wait()
 	b.mu.Lock()
 	b.renewing, b.releasing = false, false
@@ -184,7 +211,6 @@ func (b *Backend) close() error {
 	)
 	for _, bg := range budgets {
 		bg.mu.Lock()
-		bg.closed = true
 		ids := append(append(bg.leases(), bg.release...), bg.orphans...)
 		bg.held, bg.local, bg.pending, bg.release, bg.orphans = nil, 0, nil, nil, nil
 		bg.mu.Unlock()
