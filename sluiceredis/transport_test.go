@@ -32,8 +32,9 @@ func transport(t *testing.T, addr string, base http.RoundTripper, bopts []Option
 // returns how many completed, the longest RoundTrip, and how many failed and
 // the first error. The
 // requests' context is cancelled at stop rather than given a deadline, which
-// sluice would refuse requests against as stop nears.
-func hammer(stop time.Time, tr http.RoundTripper, url string, workers int) (done int64, longest time.Duration, errs int64, first error) {
+// sluice would refuse requests against as stop nears. hdr are header names
+// and values, in pairs, for every request.
+func hammer(stop time.Time, tr http.RoundTripper, url string, workers int, hdr ...string) (done int64, longest time.Duration, errs int64, first error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	time.AfterFunc(time.Until(stop), cancel)
@@ -48,6 +49,9 @@ func hammer(stop time.Time, tr http.RoundTripper, url string, workers int) (done
 		wg.Go(func() {
 			for ctx.Err() == nil {
 				req, _ := http.NewRequestWithContext(ctx, "GET", url, nil)
+				for i := 0; i+1 < len(hdr); i += 2 {
+					req.Header.Set(hdr[i], hdr[i+1])
+				}
 				start := time.Now()
 				resp, err := tr.RoundTrip(req)
 				d := time.Since(start)
