@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	mrand "math/rand/v2"
+
 	"github.com/redis/go-redis/v9"
 	"golang.org/x/time/rate"
 
@@ -23,22 +25,35 @@ var _ sluice.Backend = (*Backend)(nil)
 // A Backend is a sluice.Backend that keeps budgets in Redis, so that every
 // process using the same Redis and the same key draws on one budget. Create
 // it with New; the zero Backend is not usable. A Backend is safe for
-// concurrent use. It needs no closing: it runs a goroutine only while it
-// holds in-flight leases (see WithInFlight), to renew them; the goroutine
-// exits once the last lease is given back (at Done, or, for a reserved
-// token nobody came for, when the reservation goes stale). The client
-// stays the caller's to close.
+// concurrent use. It runs goroutines only while it has work: one while it
+// holds in-flight leases (see WithInFlight), to renew them, which exits
+// once the last lease is given back (at Done, or, for a reserved token
+// nobody came for, when the reservation goes stale); and one while leases
+// asked for by calls that failed or timed out may still be taken in Redis,
+// to give them back once it answers. Close gives back every lease and
+// stops both. The client stays the caller's to close.
 type Backend struct {
 	client redis.UniversalClient
 	cfg    config
 	self   string // starts this Backend's lease members
 	seq    atomic.Uint64
 	health health
+	rand   func() float64 // in [0, 1); the fallback's phase and slowdown
 
-	mu       sync.Mutex
-	budgets  map[string]*budget
-	renewing bool          // a goroutine renews the leases; see keepRenewing
-	idle     chan struct{} // capacity 1: Done gave back a budget's last lease
+	closed    atomic.Bool   // set under mu by Close
+	done      chan struct{} // closed by Close
+	calls     int           // Take, Done and Cool calls under way; guarded by mu
+	drained   chan struct{} // closed by the last call to leave after Close; guarded by mu
+	closeOnce sync.Once
+	closeErr  error
+	wg        sync.WaitGroup // the renewer and the releaser
+
+	mu        sync.Mutex
+	budgets   map[string]*budget
+	renewing  bool          // a goroutine renews the leases; see keepRenewing
+	releasing bool          // a goroutine gives back orphans; see keepReleasing
+	idle      chan struct{} // capacity 1: Done gave back a budget's last lease
+	back      chan struct{} // capacity 1: Redis answers again, for the releaser
 }
 
 // budget is this process's side of one key's budget. Its fields are guarded
@@ -52,8 +67,15 @@ type budget struct {
 	held    []string      // leases of attempts granted and not yet Done; "" for a fallback grant
 	local   int           // fallback grants in held
 	release []string      // leases to remove with the next call to Redis for the key
+	orphans []string      // leases of calls that failed or timed out; see orphan
 	lim     *rate.Limiter // the fallback budget; nil until first needed
 	last    time.Time     // the latest time given to lim
+	// fallen is set while the budget is served by its fallback: from the
+	// first Take that falls back to the first that Redis answers. Each
+	// time it is set, the fallback budget starts afresh, at a random
+	// phase and a random slowdown (see fallback).
+	fallen bool
+	slow   float64 // the fallback's rate factor for this outage, in (1-fallbackJitter, 1]
 }
 
 // A reservation is a token take.lua set aside for this process: it may send
@@ -105,8 +127,11 @@ func New(client redis.UniversalClient, opts ...Option) (*Backend, error) {
 		cfg:     cfg,
 		self:    hex.EncodeToString(id[:]),
 		health:  health{every: cfg.probeEvery},
+		rand:    mrand.Float64,
 		budgets: make(map[string]*budget),
 		idle:    make(chan struct{}, 1),
+		back:    make(chan struct{}, 1),
+		done:    make(chan struct{}),
 	}, nil
 }
 
@@ -157,10 +182,23 @@ func contextTimeouts(c redis.UniversalClient) bool {
 // READONLY, OOM, MASTERDOWN, CLUSTERDOWN, NOREPLICAS, MISCONF, NOAUTH, max
 // clients) counts as Redis being unreachable. An error is also returned if
 // ctx ends during the call.
+//
+// A call that fails or times out may still run in Redis later (a stalled
+// server runs what it had received when it resumes), and with WithInFlight
+// take a lease that nobody holds. Such a lease is given back in the
+// background once Redis answers, and a run that comes after that takes
+// nothing; so a fault costs at most the places in flight during it, not
+// the lease ttl.
+//
+// After Close, Take returns an error wrapping ErrClosed.
 func (b *Backend) Take(ctx context.Context, key string, rate float64, burst int) (time.Duration, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
+	if !b.enter() {
+		return 0, fmt.Errorf("sluiceredis: take from %q: %w", key, ErrClosed)
+	}
+	defer b.leave()
 	bg := b.budget(key)
 	now := time.Now()
 	bg.mu.Lock()
@@ -192,21 +230,34 @@ func (b *Backend) Take(ctx context.Context, key string, rate float64, burst int)
 	cancel()
 	now = time.Now()
 	if err != nil {
-		// A call that failed may still have run: its lease then expires
-		// with its ttl, and its token is lost, both on the safe side.
+		// A call that failed may still have run, or run later: its token
+		// is lost (on the safe side), and its lease is given back in the
+		// background.
 		bg.requeue(release)
-		if ctx.Err() != nil {
-			return 0, ctx.Err() // the caller gave up; that says nothing of Redis
-		}
-		if !unreachable(err) {
+		gaveUp, down := ctx.Err() != nil, unreachable(err)
+		switch {
+		case gaveUp: // the caller gave up; that says nothing of Redis
+		case !down:
 			b.recovered(now) // it answered
+		default:
+			b.failed(now, err)
+		}
+		if lease != "" {
+			b.orphan(bg, lease)
+		}
+		switch {
+		case gaveUp:
+			return 0, ctx.Err()
+		case !down:
 			return 0, fmt.Errorf("sluiceredis: take from %q: %w", key, err)
 		}
-		b.failed(now, err)
 		return b.fallback(bg, now, rate, burst)
 	}
 	b.recovered(now)
 	w = bg.apply(now, st, wait, lease, rate)
+	if st == cancelled {
+		return 0, fmt.Errorf("sluiceredis: take from %q: take.lua cancelled a call in flight", key)
+	}
 	if lease != "" && (st == taken || st == reserved) {
 		b.keepRenewing()
 	}
@@ -222,8 +273,9 @@ func (b *Backend) Take(ctx context.Context, key string, rate float64, burst int)
 // its place. The ttl can then be short whatever the calls' length.
 func (b *Backend) keepRenewing() {
 	b.mu.Lock()
-	if !b.renewing {
+	if !b.renewing && !b.closed.Load() {
 		b.renewing = true
+		b.wg.Add(1)
 		go b.renew()
 	}
 	b.mu.Unlock()
@@ -233,10 +285,13 @@ func (b *Backend) keepRenewing() {
 // once it holds none: at the latest on the tick after the last Done, and at
 // once when that Done gave back the last lease of its budget.
 func (b *Backend) renew() {
+	defer b.wg.Done()
 	t := time.NewTicker(max(b.cfg.leaseTTL/3, time.Millisecond))
 	defer t.Stop()
 	for {
 		select {
+		case <-b.done:
+			return
 		case <-t.C:
 			work := b.leasedBudgets()
 			if work == nil {
@@ -332,10 +387,13 @@ func (b *Backend) renewAll(work []*budget) {
 // While Redis is unreachable it is not tried, and the lease goes with the
 // next call for key (Take, Done or Cool). A lease whose key sees no further
 // call is held until its ttl (WithInFlight) runs out.
+//
+// After Close, Done does nothing: Close gave every lease back.
 func (b *Backend) Done(key string) {
-	if b.cfg.leases == 0 {
+	if b.cfg.leases == 0 || !b.enter() {
 		return
 	}
+	defer b.leave()
 	b.mu.Lock()
 	bg := b.budgets[key]
 	b.mu.Unlock()
@@ -392,6 +450,10 @@ func (b *Backend) Done(key string) {
 // Cool returns an error wrapping ErrUnavailable. If Redis answers with an
 // error reply about this call (see Take), Cool returns it.
 func (b *Backend) Cool(ctx context.Context, key string, until time.Time) error {
+	if !b.enter() {
+		return fmt.Errorf("sluiceredis: cooldown of %q not shared: %w", key, ErrClosed)
+	}
+	defer b.leave()
 	bg := b.budget(key)
 	now := time.Now()
 	bg.mu.Lock()
@@ -447,12 +509,23 @@ func (b *Backend) fallback(bg *budget, now time.Time, rate float64, burst int) (
 	}
 	bg.mu.Lock()
 	defer bg.mu.Unlock()
+	if !bg.fallen {
+		// A new outage: every process of the fleet may meet it at the same
+		// instant. Budgets that started together, full, at one rate would
+		// send in step for as long as it lasts (a process's burst at the
+		// same instant as every other's, once an interval), so each
+		// starts empty at a random phase of its interval, and runs a
+		// little slower than its share, by a random factor, so that two
+		// that happen to start close drift apart.
+		bg.fallen, bg.lim = true, nil
+		bg.slow = 1 - fallbackJitter*b.rand()
+	}
 	if b.cfg.leases > 0 && bg.local >= b.cfg.fallbackLeases() {
 		return leasePoll, nil
 	}
 	if rate > 0 {
 		lb := max(1, int(float64(max(burst, 1))*b.cfg.share))
-		if w := bg.localTake(now, rate*b.cfg.share, lb); w > 0 {
+		if w := bg.localTake(now, rate*b.cfg.share*bg.slow, lb, b.rand); w > 0 {
 			return w, nil
 		}
 	}
@@ -479,6 +552,10 @@ func (b *Backend) failed(now time.Time, err error) {
 func (b *Backend) recovered(now time.Time) {
 	if d := b.health.ok(now); d > 0 {
 		b.cfg.logger.Info("sluiceredis: redis answers again; using the shared budget", "down", d)
+		select {
+		case b.back <- struct{}{}: // the releaser need not wait for its turn to probe
+		default:
+		}
 	}
 }
 
@@ -558,6 +635,7 @@ func (bg *budget) takeRelease() []string {
 func (bg *budget) apply(now time.Time, st status, wait time.Duration, lease string, rate float64) time.Duration {
 	bg.mu.Lock()
 	defer bg.mu.Unlock()
+	bg.fallen = false // Redis answers for this budget: a later outage is a new one
 	switch st {
 	case taken:
 		if lease != "" {

@@ -41,9 +41,37 @@
 // does not answer, a Backend falls back to a local budget of
 // WithFallbackShare of the rate (DefaultFallbackShare, a quarter), logs
 // once, tries Redis again once a second, and logs once more when it is
-// back. No request waits on a dead Redis for more than the timeout. With
+// back. No request waits on a dead Redis for more than the timeout. A fleet
+// that loses Redis loses it at the same instant, so each process's local
+// budget starts empty at a random phase of its interval and runs up to 5%
+// below its share (a random factor drawn per outage): the processes do not
+// send in step, and with a share of 1/N each the fleet of N stays within
+// rate x T + burst + (N - 1) in any window T during the outage. With
 // WithFallbackShare(0) it refuses instead: Take returns an error wrapping
 // ErrUnavailable, and sluice fails the request with it. An error reply
 // about one call (such as WRONGTYPE, when something else wrote a budget's
 // key) is not an outage: it fails that call only (see Backend.Take).
+//
+// A call that times out on a stalled Redis is still in the server's input,
+// and runs when the server resumes. Each lease is taken under a member
+// unique to its call, so the Backend gives back the lease such a call may
+// have taken, from a goroutine, as soon as Redis answers again; and a call
+// that runs after that release takes nothing. So a stall costs the fleet
+// its length and a round trip, not the lease ttl. (Its token, if it took
+// one, is spent: GCRA cannot take a token back safely.)
+//
+// # Leases, shutdown and crashes
+//
+// Close gives back every lease a Backend holds and stops its goroutines;
+// call it when the process shuts down, after its Transports are done.
+// A process that dies without Close (killed, crashed, or cut off from
+// Redis) cannot give its leases back: they expire on the Redis clock
+// within the ttl passed to WithInFlight. That ttl is a trade-off. A short
+// one frees a dead process's places sooner, but costs each live process one
+// renewal call per key every ttl/3 while it holds leases, and a Redis stall
+// or partition longer than the ttl lets a live process's leases expire, so
+// that for the rest of its attempts the fleet may have more in flight than
+// the cap. A long one costs a dead process's places for that long. 30
+// seconds suits most fleets: a crash costs at most 30 s of the crashed
+// process's places, and a stall under 30 s never breaks the cap.
 package sluiceredis

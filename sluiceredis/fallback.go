@@ -84,10 +84,36 @@ func (h *health) unavailable() error {
 	return fmt.Errorf("%w: %w", ErrUnavailable, h.cause)
 }
 
+// fallbackJitter is how much slower than its share a process's fallback
+// may run: each outage, each budget draws a factor in (1-fallbackJitter, 1].
+// Processes whose budgets start close in phase then drift apart by up to
+// fallbackJitter of an interval per interval, instead of sending in step
+// for the whole outage; the fleet gives up 2.5% of the rate on average.
+const fallbackJitter = 0.05
+
+// maxPhase bounds the random phase of a fallback budget (see newLocal), so
+// that a very slow rate does not overflow a Duration.
+const maxPhase = 24 * time.Hour
+
+// newLocal returns a fallback limiter of r tokens per second and the given
+// burst that starts empty, with its first token due at a random point
+// (rnd in [0, 1)) of its first interval, instead of full: budgets created
+// at the same instant across a fleet then neither send their bursts
+// together nor stay in step.
+func newLocal(now time.Time, r float64, burst int, rnd float64) *rate.Limiter {
+	lim := rate.NewLimiter(rate.Limit(r), burst)
+	interval := min(float64(time.Second)/r, float64(maxPhase))
+	// Empty (1-rnd) of an interval ago: the first token is due in rnd of
+	// an interval.
+	lim.AllowN(now.Add(-time.Duration((1-rnd)*interval)), burst)
+	return lim
+}
+
 // localTake takes a token from the budget's fallback limiter, which runs at
-// r tokens per second with the given burst, and returns 0, or how long until
-// a token is due. b.mu must be held.
-func (b *budget) localTake(now time.Time, r float64, burst int) time.Duration {
+// r tokens per second with the given burst (see newLocal for how it
+// starts), and returns 0, or how long until a token is due. b.mu must be
+// held.
+func (b *budget) localTake(now time.Time, r float64, burst int, rnd func() float64) time.Duration {
 	// x/time/rate over-admits when handed times that run backwards
 	// (golang/go#65508); callers read the clock before taking b.mu, so
 	// clamp.
@@ -96,7 +122,7 @@ func (b *budget) localTake(now time.Time, r float64, burst int) time.Duration {
 	}
 	b.last = now
 	if b.lim == nil || b.lim.Burst() != burst {
-		b.lim = rate.NewLimiter(rate.Limit(r), burst)
+		b.lim = newLocal(now, r, burst, rnd())
 	} else if float64(b.lim.Limit()) != r {
 		b.lim.SetLimitAt(now, rate.Limit(r))
 	}

@@ -118,7 +118,9 @@ func WithTimeout(d time.Duration) Option {
 // unreachable: a local budget of f times the rate (and, with WithInFlight,
 // of f times the in-flight cap, at least 1), 0 <= f <= 1. f = 0 means no
 // local budget: Take then fails with an error wrapping ErrUnavailable.
-// Default DefaultFallbackShare (0.25).
+// Each outage, the local budget starts empty at a random phase and runs at
+// a random 95-100% of f times the rate, so that processes that lose Redis
+// together do not send in step. Default DefaultFallbackShare (0.25).
 func WithFallbackShare(f float64) Option {
 	return optionFunc(func(c *config) error {
 		if !(f >= 0 && f <= 1) { // also rejects NaN

@@ -36,20 +36,26 @@ var (
 	//go:embed renew.lua
 	renewSrc    string
 	renewScript = redis.NewScript(renewSrc)
+
+	//go:embed release.lua
+	releaseSrc    string
+	releaseScript = redis.NewScript(releaseSrc)
 )
 
 // status is what take.lua decided.
 type status int
 
 const (
-	taken    status = iota // the token (and lease) is the caller's now
-	reserved               // the token (and lease) is the caller's from wait on
-	cooling                // a cooldown lasts wait longer; nothing taken
-	full                   // every lease is held; ask again in wait
+	taken     status = iota // the token (and lease) is the caller's now
+	reserved                // the token (and lease) is the caller's from wait on
+	cooling                 // a cooldown lasts wait longer; nothing taken
+	full                    // every lease is held; ask again in wait
+	cancelled               // the call's lease was cancelled before it ran (see release.lua)
 )
 
-// keys are the Redis keys of one budget, in take.lua's KEYS order.
-type keys [3]string
+// keys are the Redis keys of one budget, in take.lua's KEYS order: the
+// GCRA state, the cooldown, the leases and the cancelled leases.
+type keys [4]string
 
 // newKeys names the keys of the budget named key: prefix + "{" + key +
 // "}:" + a suffix, so that the three share key as their Redis Cluster hash
@@ -66,10 +72,11 @@ func newKeys(prefix, key string) keys {
 	} else {
 		base = prefix + "{" + key + "}:"
 	}
-	return keys{base + "tat", base + "cool", base + "lease"}
+	return keys{base + "tat", base + "cool", base + "lease", base + "gone"}
 }
 
 func (k keys) lease() string { return k[2] }
+func (k keys) gone() string  { return k[3] }
 
 // takeArgs are take.lua's arguments other than the releases.
 type takeArgs struct {
@@ -131,7 +138,7 @@ func runTake(ctx context.Context, c redis.Scripter, k keys, a takeArgs, release 
 	if err != nil {
 		return 0, 0, err
 	}
-	if len(v) != 2 || v[0] < int64(taken) || v[0] > int64(full) || v[1] < 0 {
+	if len(v) != 2 || v[0] < int64(taken) || v[0] > int64(cancelled) || v[1] < 0 {
 		return 0, 0, fmt.Errorf("sluiceredis: take.lua returned %v", v)
 	}
 	return status(v[0]), micros(v[1]), nil
@@ -174,4 +181,16 @@ func runRenew(ctx context.Context, c redis.Scripter, k keys, ttl time.Duration, 
 		args = append(args, id)
 	}
 	return renewScript.Run(ctx, c, []string{k.lease()}, args...).Err()
+}
+
+// runRelease runs release.lua: the leases ids, taken by calls that failed
+// or timed out here and may or may not have run there, are removed if they
+// were taken, and cancelled for ttl if their call is still to run.
+func runRelease(ctx context.Context, c redis.Scripter, k keys, ttl time.Duration, ids []string) error {
+	args := make([]any, 0, 1+len(ids))
+	args = append(args, strconv.FormatInt(max(ttl.Microseconds(), 1), 10))
+	for _, id := range ids {
+		args = append(args, id)
+	}
+	return releaseScript.Run(ctx, c, []string{k.lease(), k.gone()}, args...).Err()
 }

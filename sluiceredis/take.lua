@@ -7,6 +7,7 @@
 --
 -- KEYS[1] GCRA theoretical arrival time   KEYS[2] cooldown end
 -- KEYS[3] leases (sorted set, score = expiry)
+-- KEYS[4] cancelled lease members (sorted set, score = when forgotten)
 -- ARGV[1] emission interval (0: not paced)   ARGV[2] burst tolerance
 -- ARGV[3] lease cap (0: none)   ARGV[4] lease ttl   ARGV[5] lease member
 -- ARGV[6] longest wait to return when every lease is held
@@ -16,6 +17,8 @@
 -- now; 1 reserved, due in wait (the token is the caller's, it must not send
 -- before then); 2 cooling down for wait; 3 every lease held, ask again in
 -- wait. With a lease cap, statuses 0 and 1 also take the lease ARGV[5].
+-- 4: ARGV[5] was cancelled (see release.lua): its caller gave up on this
+-- call before it ran, so it takes nothing.
 
 -- Writes after TIME need effects replication; it is the only mode from
 -- Redis 7 on, and this call turns it on for Redis 3.2 to 6.
@@ -25,6 +28,12 @@ local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 
 if #ARGV >= 7 then
   redis.call('ZREM', KEYS[3], unpack(ARGV, 7))
+end
+
+-- A call its caller timed out on may reach a stalled server and run after
+-- the caller has released what it might have taken: it must take nothing.
+if ARGV[5] ~= '' and redis.call('ZSCORE', KEYS[4], ARGV[5]) then
+  return {4, 0}
 end
 
 local cool = tonumber(redis.call('GET', KEYS[2]))

@@ -1,0 +1,235 @@
+package sluiceredis
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"time"
+)
+
+// ErrClosed is wrapped by the errors Take and Cool return after Close.
+var ErrClosed = errors.New("sluiceredis: backend closed")
+
+// maxOrphans bounds the orphans one budget remembers; older ones are left
+// to expire with their ttl. An outage adds about one a probe interval (only
+// the probing call goes to Redis), so the bound is reached only after hours
+// of a Redis that fails every call without being marked down.
+const maxOrphans = 4 * maxRelease
+
+// orphan records that the call that asked for lease id failed or timed out,
+// so that nobody knows whether it took the lease: it may run in Redis
+// later (a stalled server runs what it had received when it resumes). A
+// goroutine gives such leases back, and cancels the calls still to run,
+// once Redis answers (see releaseOrphans). bg.mu must not be held.
+func (b *Backend) orphan(bg *budget, id string) {
+	bg.mu.Lock()
+	bg.orphans = append(bg.orphans, id)
+	if n := len(bg.orphans) - maxOrphans; n > 0 {
+		bg.orphans = slices.Delete(bg.orphans, 0, n)
+	}
+	bg.mu.Unlock()
+	b.keepReleasing()
+}
+
+// keepReleasing makes sure that a goroutine gives back orphans while there
+// are any. mu and no budget's mu may be held.
+func (b *Backend) keepReleasing() {
+	b.mu.Lock()
+	if !b.releasing && !b.closed.Load() {
+		b.releasing = true
+		b.wg.Add(1)
+		go b.releaseOrphans()
+	}
+	b.mu.Unlock()
+}
+
+// releaseOrphans gives back the orphans of every budget, one Redis call per
+// budget (per maxRelease orphans), and returns once there are none or at
+// Close. While Redis is unreachable it waits until a call finds it back, or
+// takes its turn at probing it once per probe interval: it never adds to
+// the calls a down Redis receives, and never makes a caller wait.
+func (b *Backend) releaseOrphans() {
+	defer b.wg.Done()
+	t := time.NewTimer(b.cfg.probeEvery)
+	defer t.Stop()
+	for {
+		work := b.orphaned()
+		if work == nil {
+			return
+		}
+		if b.releaseAll(work) {
+			continue
+		}
+		t.Reset(b.cfg.probeEvery)
+		select {
+		case <-b.done:
+			return
+		case <-b.back:
+		case <-t.C:
+		}
+	}
+}
+
+// orphaned returns the budgets with orphans. When there are none it marks
+// the releaser stopped, under mu: an orphan recorded after that finds it
+// stopped and starts another (see keepReleasing).
+func (b *Backend) orphaned() []*budget {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var work []*budget
+	for _, bg := range b.budgets {
+		bg.mu.Lock()
+		if len(bg.orphans) > 0 {
+			work = append(work, bg)
+		}
+		bg.mu.Unlock()
+	}
+	if len(work) == 0 || b.closed.Load() {
+		b.releasing = false
+		return nil
+	}
+	return work
+}
+
+// releaseAll gives back up to maxRelease orphans of each budget in work.
+// It returns false if Redis could not be asked, or did not answer.
+func (b *Backend) releaseAll(work []*budget) bool {
+	if !b.health.up() && !b.health.use(time.Now()) {
+		return false
+	}
+	for _, bg := range work {
+		bg.mu.Lock()
+		n := min(len(bg.orphans), maxRelease)
+		ids := slices.Clone(bg.orphans[:n])
+		bg.orphans = slices.Delete(bg.orphans, 0, n)
+		bg.mu.Unlock()
+		ctx, cancel := context.WithTimeout(context.Background(), b.cfg.timeout)
+		err := runRelease(ctx, b.client, bg.keys, b.cfg.leaseTTL, ids)
+		cancel()
+		now := time.Now()
+		if err != nil && unreachable(err) {
+			bg.mu.Lock()
+			bg.orphans = append(ids, bg.orphans...)
+			bg.mu.Unlock()
+			b.failed(now, err)
+			return false
+		}
+		// An error reply (a key of the budget holds another type) would
+		// come again: those leases are left to expire with their ttl.
+		b.recovered(now)
+	}
+	return true
+}
+
+// releaseNow gives back ids, leases of bg this process holds or may hold,
+// with one call per maxRelease bounded by the timeout, and cancels those
+// whose call is still to run. It returns how many it could not give back,
+// and why.
+func (b *Backend) releaseNow(bg *budget, ids []string) (int, error) {
+	for len(ids) > 0 {
+		n := min(len(ids), maxRelease)
+		ctx, cancel := context.WithTimeout(context.Background(), b.cfg.timeout)
+		err := runRelease(ctx, b.client, bg.keys, b.cfg.leaseTTL, ids[:n])
+		cancel()
+		if err != nil {
+			return len(ids), err
+		}
+		ids = ids[n:]
+	}
+	return 0, nil
+}
+
+// Close gives back every lease this Backend holds in Redis (for attempts
+// still in flight too: call it once they are done, or when their places no
+// longer matter, as the process exits) and any its failed calls may hold,
+// and stops the goroutines it started. It waits for them and for the calls
+// of Take, Done and Cool under way (each bounded by the timeout), then for
+// at most one timeout (WithTimeout) per budget for Redis; leases it cannot give
+// back (Redis is unreachable) expire with their ttl, and Close then returns
+// an error saying how many. After Close, Take and Cool return an error
+// wrapping ErrClosed, and Done does nothing. Close is safe to call more than
+// once and concurrently; later calls return what the first returned. It
+// does not close the Redis client, which stays the caller's.
+func (b *Backend) Close() error {
+	b.closeOnce.Do(func() { b.closeErr = b.close() })
+	return b.closeErr
+}
+
+// enter registers a call of Take, Done or Cool, which Close waits for. It
+// returns false once Close has begun: the call must then do nothing.
+func (b *Backend) enter() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed.Load() {
+		return false
+	}
+	b.calls++
+	return true
+}
+
+// leave ends a call registered by enter.
+func (b *Backend) leave() {
+	b.mu.Lock()
+	b.calls--
+	if b.calls == 0 && b.drained != nil {
+		close(b.drained)
+		b.drained = nil
+	}
+	b.mu.Unlock()
+}
+
+func (b *Backend) close() error {
+	b.mu.Lock()
+	b.closed.Store(true)
+	close(b.done)
+	var drained chan struct{}
+	if b.calls > 0 {
+		drained = make(chan struct{})
+		b.drained = drained
+	}
+	budgets := slices.Collect(maps.Values(b.budgets))
+	b.mu.Unlock()
+	// The calls under way each end within a timeout, and may leave leases
+	// to give back (a reply, a release to retry, an orphan): wait for them,
+	// and for the goroutines, before collecting what is held.
+	if drained != nil {
+		<-drained
+	}
+	b.wg.Wait()
+	b.mu.Lock()
+	b.renewing, b.releasing = false, false
+	b.mu.Unlock()
+
+	if b.cfg.leases == 0 {
+		return nil
+	}
+	var (
+		left  int
+		first error
+	)
+	for _, bg := range budgets {
+		bg.mu.Lock()
+		ids := append(append(bg.leases(), bg.release...), bg.orphans...)
+		bg.held, bg.local, bg.pending, bg.release, bg.orphans = nil, 0, nil, nil, nil
+		bg.mu.Unlock()
+		if len(ids) == 0 {
+			continue
+		}
+		if first != nil && unreachable(first) {
+			left += len(ids) // not tried: the timeout would only repeat
+			continue
+		}
+		n, err := b.releaseNow(bg, ids)
+		left += n
+		if err != nil && first == nil {
+			first = err
+		}
+	}
+	if left > 0 {
+		return fmt.Errorf("sluiceredis: close: %d leases not given back (they expire within the ttl, %v): %w",
+			left, b.cfg.leaseTTL, first)
+	}
+	return nil
+}
