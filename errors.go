@@ -32,11 +32,15 @@ const (
 	// attempts waiting in the lane. That tenant is too busy; others may be
 	// served.
 	ReasonTenantQueue
+	// ReasonCost: the request costs more of a budget than the budget holds
+	// (see WithBudget and WithCost); it can never be served.
+	ReasonCost
 
 	numReasons
 )
 
-// String returns "deadline", "max-wait", "queue-full" or "tenant-queue".
+// String returns "deadline", "max-wait", "queue-full", "tenant-queue" or
+// "cost".
 func (r Reason) String() string {
 	switch r {
 	case ReasonDeadline:
@@ -47,6 +51,8 @@ func (r Reason) String() string {
 		return "queue-full"
 	case ReasonTenantQueue:
 		return "tenant-queue"
+	case ReasonCost:
+		return "cost"
 	}
 	return fmt.Sprintf("Reason(%d)", int(r))
 }
@@ -67,6 +73,10 @@ type RejectedError struct {
 	// queue bounds, how many attempts were already waiting.
 	Tenant string
 	Queued int
+	// Budget and Cost are, for ReasonCost, the budget and the cost that
+	// exceeds its size.
+	Budget string
+	Cost   int64
 }
 
 func (e *RejectedError) Error() string {
@@ -75,6 +85,8 @@ func (e *RejectedError) Error() string {
 		return fmt.Sprintf("sluice: %s request to %q rejected: %d attempts already queued", e.Priority, e.Key, e.Queued)
 	case ReasonTenantQueue:
 		return fmt.Sprintf("sluice: %s request to %q rejected: tenant %q already has %d attempts queued", e.Priority, e.Key, e.Tenant, e.Queued)
+	case ReasonCost:
+		return fmt.Sprintf("sluice: %s request to %q rejected: cost %d exceeds the size of budget %q", e.Priority, e.Key, e.Cost, e.Budget)
 	}
 	return fmt.Sprintf("sluice: %s request to %q rejected: estimated wait %v exceeds %s %v",
 		e.Priority, e.Key, e.Wait.Round(time.Millisecond), e.Reason, e.Limit.Round(time.Millisecond))

@@ -372,7 +372,7 @@ func signals(resp *http.Response) bool {
 // Retry-After, else the wait of the quota that says nothing remains (the
 // token budget's, or the requests'; see quotaModel.refusalWait). Any other
 // quota paces the lane (see quotaModel).
-func (l *lane) observe(resp *http.Response, sent time.Time, p Priority) (throttled bool) {
+func (l *lane) observe(resp *http.Response, sent time.Time, p Priority, ch *charge) (throttled bool) {
 	h := resp.Header
 	// Headers state times on the wall clock; one reading serves all.
 	wall := time.Now()
@@ -386,9 +386,20 @@ func (l *lane) observe(resp *http.Response, sent time.Time, p Priority) (throttl
 		status == http.StatusForbidden && (hasRA || exhausted)
 	refused := throttled || status == http.StatusServiceUnavailable && hasRA
 
+	var budgetQuotas [maxBudgets]headers.Quota
+	var budgetOK [maxBudgets]bool
+	for i := range l.budgets {
+		budgetQuotas[i], budgetOK[i] = headers.ParseTokenBudget(h, wall, l.budgets[i].name)
+	}
+
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	now := l.now()
+	for i := range l.budgets {
+		if budgetOK[i] && budgetQuotas[i].Remaining >= 0 {
+			l.reconcile(i, budgetQuotas[i].Remaining, now.Sub(l.epoch), sent.Sub(l.epoch), ch)
+		}
+	}
 	f := &l.fb
 	if throttled {
 		f.throttled++

@@ -53,6 +53,8 @@ type lane struct {
 	notBefore  time.Time
 	sharedCool time.Time // the latest cooldown passed to be.Cool
 
+	budgets []budget // see WithBudget; nil if none
+
 	levels [numLevels]levelCounters
 	ctl    controller
 	fb     feedback    // what the server said; see feedback.go
@@ -85,6 +87,7 @@ func newLane(key string, cfg *config) *lane {
 		l.fb.ceiling, l.fb.peak = r, r
 	}
 	l.q.init(cfg.tenantShare)
+	l.budgets = newBudgets(cfg.budgets)
 	l.fb.accepted = stats.NewWindow(acceptWindow)
 	l.fb.refused = stats.NewWindow(acceptWindow)
 	l.budget = newRetryBudget()
@@ -134,8 +137,8 @@ func (l *lane) now() time.Time {
 // dispatcher slept until a token was due: the token is then charged when it
 // was due, up to one token's time before now (see bucket.takeLate). mu must
 // be held.
-func (l *lane) tryTake(now time.Duration, late bool) bool {
-	if now < l.coolTick || !l.slot.free() {
+func (l *lane) tryTake(now time.Duration, late bool, ch *charge) bool {
+	if now < l.coolTick || !l.slot.free() || !l.canPay(now, ch) {
 		return false
 	}
 	if l.lim != nil {
@@ -148,6 +151,7 @@ func (l *lane) tryTake(now time.Duration, late bool) bool {
 		}
 	}
 	l.slot.take()
+	l.pay(now, ch)
 	return true
 }
 
@@ -194,7 +198,7 @@ func (l *lane) catchUp() time.Duration {
 // upper bound when aging lets lower levels move ahead only later. Waiting
 // for an in-flight slot is not included: it depends on latencies not yet
 // observed. mu must be held.
-func (l *lane) estimate(now time.Time, p Priority, tn *tenant) time.Duration {
+func (l *lane) estimate(now time.Time, p Priority, tn *tenant, ch *charge) time.Duration {
 	var d time.Duration
 	start := now
 	if until := later(l.cooldown, l.notBefore); now.Before(until) {
@@ -202,7 +206,7 @@ func (l *lane) estimate(now time.Time, p Priority, tn *tenant) time.Duration {
 		start = until
 	}
 	if l.lim == nil {
-		return d
+		return d + l.budgetWait(start.Sub(l.epoch), p, ch)
 	}
 	need := float64(l.q.ahead(p, tn) + 1)
 	if l.be == nil {
@@ -210,7 +214,7 @@ func (l *lane) estimate(now time.Time, p Priority, tn *tenant) time.Duration {
 		// says nothing of the shared budget, which is taken as empty.
 		need -= l.lim.tokensAt(start.Sub(l.epoch))
 	}
-	w := tokensDelay(need, l.lim.rate)
+	w := max(tokensDelay(need, l.lim.rate), l.budgetWait(start.Sub(l.epoch), p, ch))
 	if w > math.MaxInt64-d {
 		return math.MaxInt64
 	}
@@ -219,7 +223,7 @@ func (l *lane) estimate(now time.Time, p Priority, tn *tenant) time.Duration {
 
 // refuse checks the early-refusal rules for a waiter of level p and tenant
 // tn. mu must be held.
-func (l *lane) refuse(ctx context.Context, now time.Time, p Priority, tn *tenant) *RejectedError {
+func (l *lane) refuse(ctx context.Context, now time.Time, p Priority, tn *tenant, ch *charge) *RejectedError {
 	var rej *RejectedError
 	switch {
 	case l.cfg.maxQueue > 0 && l.q.len() >= l.cfg.maxQueue:
@@ -232,7 +236,7 @@ func (l *lane) refuse(ctx context.Context, now time.Time, p Priority, tn *tenant
 	if rej == nil && !hasDL && maxWait == 0 {
 		return nil
 	}
-	est := l.estimate(now, p, tn)
+	est := l.estimate(now, p, tn, ch)
 	switch {
 	case rej != nil:
 	case hasDL && now.Add(est).After(dl):
@@ -259,6 +263,7 @@ type grant struct {
 	enq, start time.Duration // on the lane's clock
 	tn         *tenant
 	timed      bool
+	ch         *charge // what it cost the lane's budgets
 }
 
 // firstAttempt is the enqueue time acquire is given for a logical request's
@@ -302,6 +307,13 @@ func (l *lane) timeNext(now time.Duration) bool {
 // held, and the grant still carries enq.
 func (l *lane) acquire(ctx context.Context, p Priority, enq time.Duration) (grant, error) {
 	id := TenantFrom(ctx)
+	ch, rej := l.chargeOf(ctx, p)
+	if rej != nil {
+		l.mu.Lock()
+		l.levels[p].refused[ReasonCost]++
+		l.mu.Unlock()
+		return grant{enq: enq}, rej
+	}
 	l.mu.Lock()
 	// The clock is read under the lock: a reading taken before it would
 	// charge the grant to an instant up to the lock wait in the past, when
@@ -317,7 +329,7 @@ func (l *lane) acquire(ctx context.Context, p Priority, enq time.Duration) (gran
 	// Fast path: nobody waiting, token and slot free, tenant under its
 	// cap. No goroutine hand-off. With a Backend every token is a call to
 	// it, which must not be made under mu: the dispatcher makes it.
-	if l.be == nil && l.q.len() == 0 && tn.inFlight < lv.capOf(l.slot.limit) && l.tryTake(now, false) {
+	if l.be == nil && l.q.len() == 0 && tn.inFlight < lv.capOf(l.slot.limit) && l.tryTake(now, false, ch) {
 		lv.started(tn, l.slot.limit)
 		l.grantedLocked(now, p, first)
 		l.levels[p].wait.Record(0)
@@ -325,7 +337,7 @@ func (l *lane) acquire(ctx context.Context, p Priority, enq time.Duration) (gran
 		l.mu.Unlock()
 		// The grant time is the send time, give or take the few
 		// nanoseconds until the caller sends: no clock read is needed.
-		return grant{enq, now, tn, timed}, nil
+		return grant{enq, now, tn, timed, ch}, nil
 	}
 	if err := ctx.Err(); err != nil {
 		lv.forget(tn)
@@ -333,13 +345,14 @@ func (l *lane) acquire(ctx context.Context, p Priority, enq time.Duration) (gran
 		return grant{enq: enq}, err
 	}
 	t := l.timeOf(now)
-	if rej := l.refuse(ctx, t, p, tn); rej != nil {
+	if rej := l.refuse(ctx, t, p, tn, ch); rej != nil {
 		lv.forget(tn)
 		l.mu.Unlock()
 		return grant{enq: enq}, rej
 	}
-	w := &waiter{level: p, tn: tn, enq: l.timeOf(enq), start: t, first: first, ready: make(chan struct{})}
+	w := &waiter{level: p, tn: tn, enq: l.timeOf(enq), start: t, first: first, ready: make(chan struct{}), charge: ch}
 	l.q.push(w, l.slot.limit)
+	l.queueCost(w, 1)
 	if !l.dispatching {
 		l.dispatching = true
 		go l.dispatch()
@@ -355,7 +368,7 @@ func (l *lane) acquire(ctx context.Context, p Priority, enq time.Duration) (gran
 		if w.err != nil {
 			return grant{enq: enq}, w.err
 		}
-		return grant{enq, l.clock(), tn, w.timed}, nil
+		return grant{enq, l.clock(), tn, w.timed, ch}, nil
 	case <-ctx.Done():
 		l.mu.Lock()
 		refunded, failed := false, false
@@ -363,12 +376,13 @@ func (l *lane) acquire(ctx context.Context, p Priority, enq time.Duration) (gran
 			// The grant and the cancellation raced and the grant won: give
 			// the token and the slot back, as if it had not happened. The
 			// caller sees its context's error and sends nothing.
-			l.refundLocked(tn)
+			l.refundLocked(tn, ch)
 			refunded = true
 		} else if w.err != nil {
 			failed = true // the lane failed it first; it was not cancelled
 		} else {
 			l.q.remove(w)
+			l.queueCost(w, -1)
 			// A dispatcher waiting for a slot may now exit, or serve
 			// another tenant.
 			l.wake()
@@ -398,9 +412,9 @@ func (l *lane) grantedLocked(now time.Duration, p Priority, first bool) {
 
 // refund gives back the token and slot of an attempt that was granted but
 // not sent.
-func (l *lane) refund(tn *tenant) {
+func (l *lane) refund(tn *tenant, ch *charge) {
 	l.mu.Lock()
-	l.refundLocked(tn)
+	l.refundLocked(tn, ch)
 	l.mu.Unlock()
 	l.backendDone()
 }
@@ -409,13 +423,15 @@ func (l *lane) refund(tn *tenant) {
 // given back (a shared budget cannot take one back safely once others may
 // have been refused for it); its lease is, by the caller's backendDone
 // after mu is released. mu must be held.
-func (l *lane) refundLocked(tn *tenant) {
+func (l *lane) refundLocked(tn *tenant, ch *charge) {
+	now := l.tick()
 	if l.lim != nil && l.be == nil {
 		// The bucket caps its tokens at burst on its next read, so a
 		// refund can never raise it above a full one: the state is as if
 		// the grant had not been made.
-		l.lim.refund(l.tick())
+		l.lim.refund(now)
 	}
+	l.repay(now, ch)
 	l.slot.put()
 	l.q.levels[tn.level].finished(tn, l.slot.limit)
 	l.wake()
@@ -537,12 +553,13 @@ func (l *lane) dispatch() {
 		now := l.timeOf(tick)
 		// Nobody the gate may serve (every tenant with waiters is at its
 		// cap): only a release can change that.
-		servable := l.q.next(l.slot.limit) != nil
+		next := l.q.next(l.slot.limit)
+		servable := next != nil
 		if servable && l.be != nil && l.slot.free() && !now.Before(l.cooldown) && !now.Before(l.notBefore) {
 			l.takeShared() // unlocks mu
 			continue
 		}
-		if servable && l.be == nil && l.tryTake(tick, late) {
+		if servable && l.be == nil && l.tryTake(tick, late, next.charge) {
 			l.grantLocked(now, l.q.pop(l.slot.limit), nil)
 			l.mu.Unlock()
 			continue
@@ -560,7 +577,7 @@ func (l *lane) dispatch() {
 		case l.be != nil && now.Before(l.notBefore) && l.slot.free():
 			d = l.notBefore.Sub(now)
 		case l.be == nil && l.slot.free():
-			d = l.tokenDelay(tick)
+			d = max(l.tokenDelay(tick), l.payDelay(tick, next.charge))
 			late = l.lim != nil
 		}
 		spin := late && d < spinBelow && l.catchUp() < spinLag
@@ -615,6 +632,7 @@ func (l *lane) yieldUntil(until time.Duration) bool {
 
 // grantLocked hands w its grant, or fails it with err. mu must be held.
 func (l *lane) grantLocked(now time.Time, w *waiter, err error) {
+	l.queueCost(w, -1)
 	if err != nil {
 		w.err = err
 		l.q.levels[w.level].forget(w.tn) // it may have been its last waiter

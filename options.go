@@ -81,6 +81,7 @@ type config struct {
 	key           func(*http.Request) string
 	logger        *slog.Logger
 	backend       Backend
+	budgets       []budgetConfig
 	tenantShare   [numLevels]float64
 	tenantQueue   int
 	maxQueue      int
@@ -339,6 +340,9 @@ func WithLogger(l *slog.Logger) Option {
 }
 
 func (c *config) validate() error {
+	if len(c.budgets) > 0 && c.backend != nil {
+		return invalid("WithBudget(%q, ...) with WithBackend: budgets are kept in the process and cannot be shared yet", c.budgets[0].name)
+	}
 	if c.rateN > 0 {
 		if r := c.perSecond(); math.IsInf(r, 0) || math.IsNaN(r) || r > 1e9 {
 			return invalid("WithRate(%d, %v): %v per second is out of range", c.rateN, c.ratePer, r)

@@ -27,6 +27,9 @@ func TestNewRejectsBadOptions(t *testing.T) {
 		{WithConcurrency(5, 4), "WithConcurrency(5, 4)"},
 		{WithAging(-time.Second), "WithAging(-1s)"},
 		{WithCatchUp(-time.Millisecond), "WithCatchUp(-1ms)"},
+		{WithBudget("", 10, time.Minute), `WithBudget("", 10, 1m0s)`},
+		{WithBudget("tokens", 0, time.Minute), `WithBudget("tokens", 0, 1m0s)`},
+		{WithBudget("tokens", 10, 0), `WithBudget("tokens", 10, 0s)`},
 		{WithCatchUp(2 * time.Second), "WithCatchUp(2s)"},
 		{WithLowShare(1), "WithLowShare(1)"},
 		{WithLowShare(-1), "WithLowShare(-1)"},
@@ -82,5 +85,25 @@ func TestNewDefaults(t *testing.T) {
 	tr = mustNew(t, nil, WithRate(500, time.Minute), WithHeadroom(0.8))
 	if got, want := tr.cfg.perSecond(), 500.0/60*0.8; math.Abs(got-want) > 1e-9 {
 		t.Errorf("perSecond with headroom = %v, want %v", got, want)
+	}
+}
+
+// TestBudgetOptionsTogether: budgets are checked as a set, and against a
+// Backend, which cannot share them.
+func TestBudgetOptionsTogether(t *testing.T) {
+	for _, c := range []struct {
+		opts []Option
+		want string
+	}{
+		{[]Option{WithBudget("tokens", 10, time.Minute), WithBudget("tokens", 20, time.Minute)}, `budget "tokens" is already set`},
+		{[]Option{WithBudget("a", 1, time.Second), WithBudget("b", 1, time.Second), WithBudget("c", 1, time.Second),
+			WithBudget("d", 1, time.Second), WithBudget("e", 1, time.Second), WithBudget("f", 1, time.Second),
+			WithBudget("g", 1, time.Second), WithBudget("h", 1, time.Second), WithBudget("i", 1, time.Second)}, "more than 8 budgets"},
+		{[]Option{WithBudget("tokens", 10, time.Minute), WithBackend(newMemBackend())}, "WithBudget(\"tokens\", ...) with WithBackend"},
+	} {
+		_, err := New(nil, c.opts...)
+		if !errors.Is(err, ErrInvalidOption) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("got %v, want an invalid option naming %q", err, c.want)
+		}
 	}
 }

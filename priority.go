@@ -70,6 +70,7 @@ type waiter struct {
 	granted bool  // set under the lane's lock before ready is closed
 	timed   bool  // with granted: its latency is measured; see lane.timeNext
 	err     error // set instead of granted when the lane fails the waiter
+	charge  *charge // what it costs the lane's budgets; nil: nothing
 }
 
 // waiterHeap is a min-heap of waiters by (rank, seq).

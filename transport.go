@@ -143,7 +143,7 @@ func (t *Transport) attempt(l *lane, req *http.Request, p Priority, enq time.Dur
 	if err := ctx.Err(); err != nil {
 		// Cancelled between grant and send: nothing was sent, so the token
 		// and the slot go back.
-		l.refund(g.tn)
+		l.refund(g.tn, g.ch)
 		closeBody(req)
 		return nil, enq, err
 	}
@@ -157,7 +157,7 @@ func (t *Transport) attempt(l *lane, req *http.Request, p Priority, enq time.Dur
 	// neither accepted nor a latency sample.
 	status := resp.StatusCode
 	if signals(resp) {
-		if l.observe(resp, l.timeOf(start), p) {
+		if l.observe(resp, l.timeOf(start), p, g.ch) {
 			status = http.StatusTooManyRequests
 		}
 		if l.be != nil {

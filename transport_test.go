@@ -307,7 +307,7 @@ func TestCancelAfterGrantRefundsToken(t *testing.T) {
 		}
 		cancel()
 		// What attempt does when it finds the context ended after the grant.
-		l.refund(g.tn)
+		l.refund(g.tn, nil)
 		at := time.Now()
 		if err := get(t.Context(), tr, ""); err != nil {
 			t.Fatal(err)
@@ -494,7 +494,7 @@ func TestGrantWinsRaceWithCancel(t *testing.T) {
 			l.mu.Unlock()
 			if err := <-errc; err == nil {
 				outcomes[0]++
-				l.refund(w.tn) // what attempt does on finding ctx done after the grant
+				l.refund(w.tn, nil) // what attempt does on finding ctx done after the grant
 			} else {
 				outcomes[1]++
 			}
@@ -544,7 +544,7 @@ func TestNeverOverRateRealClock(t *testing.T) {
 					runtime.Gosched()
 				}
 				l.mu.Lock()
-				if now := l.tick(); l.tryTake(now, false) {
+				if now := l.tick(); l.tryTake(now, false, nil) {
 					mine = append(mine, now)
 					l.slot.put()
 				}

@@ -785,9 +785,22 @@ var tokenFamilies = [...]struct {
 // "output-tokens"); when several parse, the most restrictive wins, by
 // Parse's rules. The same bounds and validation apply.
 func ParseTokens(h http.Header, now time.Time) (q Quota, ok bool) {
+	return parseTokens(h, now, "")
+}
+
+// ParseTokenBudget is ParseTokens reading only the budget named resource.
+func ParseTokenBudget(h http.Header, now time.Time, resource string) (q Quota, ok bool) {
+	return parseTokens(h, now, resource)
+}
+
+// parseTokens reads the token budgets named resource, or all if it is "".
+func parseTokens(h http.Header, now time.Time, resource string) (q Quota, ok bool) {
 	ref := refClock{h: h, now: now}
 	var p picker
 	for _, f := range tokenFamilies {
+		if resource != "" && f.resource != resource {
+			continue
+		}
 		if len(h[f.limit]) == 0 && len(h[f.remaining]) == 0 && len(h[f.reset]) == 0 {
 			continue
 		}

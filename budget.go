@@ -1,0 +1,283 @@
+package sluice
+
+import (
+	"context"
+	"math"
+	"net/http"
+	"time"
+)
+
+// maxBudgets bounds how many budgets a Transport may have: APIs publish one
+// to three (OpenAI's tokens, Anthropic's input, output and total tokens).
+const maxBudgets = 8
+
+// WithBudget gives every lane a budget besides its request rate: n units of
+// name per period per, held in a bucket of n units (a period's worth, as
+// OpenAI and Anthropic keep their token limits). A request draws on it by
+// the cost its context carries (see WithCost), and waits, in priority
+// order, until every budget it draws on can pay; a cost above n is refused
+// at once (ReasonCost). For example:
+//
+//	sluice.WithRate(500, time.Minute), sluice.WithBudget("tokens", 30000, time.Minute)
+//
+// When a response states what remains of a budget of the same name (OpenAI's
+// x-ratelimit-*-tokens is "tokens"; Anthropic's anthropic-ratelimit-*
+// are "tokens", "input-tokens" and "output-tokens"), the lane takes the
+// server's count, less what it sent since. Names must be distinct and
+// non-empty; at most 8 budgets.
+func WithBudget(name string, n int, per time.Duration) Option {
+	return optionFunc(func(c *config) error {
+		switch {
+		case name == "":
+			return invalid("WithBudget(%q, %d, %v): name must not be empty", name, n, per)
+		case n <= 0:
+			return invalid("WithBudget(%q, %d, %v): n must be positive", name, n, per)
+		case per <= 0:
+			return invalid("WithBudget(%q, %d, %v): per must be positive", name, n, per)
+		case float64(n)/per.Seconds() > 1e12:
+			return invalid("WithBudget(%q, %d, %v): %v per second is out of range", name, n, per, float64(n)/per.Seconds())
+		case len(c.budgets) == maxBudgets:
+			return invalid("WithBudget(%q, %d, %v): more than %d budgets", name, n, per, maxBudgets)
+		}
+		for _, b := range c.budgets {
+			if b.name == name {
+				return invalid("WithBudget(%q, %d, %v): budget %q is already set", name, n, per, name)
+			}
+		}
+		c.budgets = append(c.budgets, budgetConfig{name, n, per})
+		return nil
+	})
+}
+
+type budgetConfig struct {
+	name string
+	n    int
+	per  time.Duration
+}
+
+type costKey struct{}
+
+// A cost is one entry of the costs a context carries, newest first.
+type cost struct {
+	name string
+	n    float64
+	next *cost
+}
+
+// WithCost returns a copy of ctx whose requests cost n units of the budget
+// named name (see WithBudget), for example the prompt's tokens plus
+// max_tokens. Costs of several budgets accumulate; a later cost of the same
+// budget replaces an earlier one. A cost of a budget the lane does not have
+// is ignored. Every attempt, retries included, pays its cost. n must not be
+// negative; a negative n is taken as 0.
+func WithCost(ctx context.Context, name string, n int) context.Context {
+	next, _ := ctx.Value(costKey{}).(*cost)
+	return context.WithValue(ctx, costKey{}, &cost{name, float64(max(n, 0)), next})
+}
+
+// CostFrom returns the cost of the budget named name that ctx carries, or 0.
+func CostFrom(ctx context.Context, name string) int {
+	for c, _ := ctx.Value(costKey{}).(*cost); c != nil; c = c.next {
+		if c.name == name {
+			return int(c.n)
+		}
+	}
+	return 0
+}
+
+// budget is a lane's account of one budget.
+type budget struct {
+	name   string
+	b      bucket
+	queued [numLevels]float64 // cost of the waiters queued at each level
+	// sent counts the units granted since the lane began; a charge keeps
+	// its value at the grant, so that what was sent after an attempt is
+	// known when its response states what remained.
+	sent float64
+}
+
+// A charge is what one attempt costs the lane's budgets, indexed as
+// l.budgets, and each budget's sent count when it was granted.
+type charge struct {
+	cost, mark []float64
+}
+
+func newBudgets(cfg []budgetConfig) []budget {
+	if len(cfg) == 0 {
+		return nil
+	}
+	bs := make([]budget, len(cfg))
+	for i, c := range cfg {
+		bs[i] = budget{name: c.name, b: bucket{rate: float64(c.n) / c.per.Seconds(), burst: float64(c.n), tokens: float64(c.n)}}
+	}
+	return bs
+}
+
+// chargeOf returns what a request with ctx costs l's budgets, nil if
+// nothing, or a refusal if a cost exceeds its budget's size. The lane's
+// mutex need not be held: it reads only the budgets' fixed sizes.
+func (l *lane) chargeOf(ctx context.Context, p Priority) (*charge, *RejectedError) {
+	if l.budgets == nil {
+		return nil, nil
+	}
+	head, _ := ctx.Value(costKey{}).(*cost)
+	if head == nil {
+		return nil, nil
+	}
+	var ch *charge
+	for i := range l.budgets {
+		b := &l.budgets[i]
+		for c := head; c != nil; c = c.next {
+			if c.name != b.name {
+				continue
+			}
+			if c.n > b.b.burst {
+				return nil, &RejectedError{Key: l.key, Priority: p, Reason: ReasonCost, Budget: b.name,
+					Cost: int64(c.n), Limit: time.Duration(math.MaxInt64)}
+			}
+			if c.n > 0 {
+				if ch == nil {
+					ch = &charge{cost: make([]float64, len(l.budgets)), mark: make([]float64, len(l.budgets))}
+				}
+				ch.cost[i] = c.n
+			}
+			break
+		}
+	}
+	return ch, nil
+}
+
+// canPay reports whether every budget holds ch's cost at now. mu must be
+// held.
+func (l *lane) canPay(now time.Duration, ch *charge) bool {
+	if ch == nil {
+		return true
+	}
+	for i := range l.budgets {
+		if ch.cost[i] > 0 && l.budgets[i].b.advance(now) < ch.cost[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// pay takes ch's cost from every budget at now. mu must be held.
+func (l *lane) pay(now time.Duration, ch *charge) {
+	if ch == nil {
+		return
+	}
+	for i := range l.budgets {
+		b := &l.budgets[i]
+		ch.mark[i] = b.sent
+		if c := ch.cost[i]; c > 0 {
+			b.b.set(now, b.b.advance(now)-c)
+			b.sent += c
+		}
+	}
+}
+
+// repay gives ch's cost back to every budget at now: the attempt was not
+// sent. mu must be held.
+func (l *lane) repay(now time.Duration, ch *charge) {
+	if ch == nil {
+		return
+	}
+	for i := range l.budgets {
+		if c := ch.cost[i]; c > 0 {
+			b := &l.budgets[i]
+			b.b.set(now, b.b.advance(now)+c)
+			b.sent -= c
+		}
+	}
+}
+
+// payDelay returns how long until every budget holds ch's cost. mu must be
+// held.
+func (l *lane) payDelay(now time.Duration, ch *charge) time.Duration {
+	var d time.Duration
+	if ch == nil {
+		return 0
+	}
+	for i := range l.budgets {
+		b := &l.budgets[i].b
+		d = max(d, tokensDelay(ch.cost[i]-b.advance(now), b.rate))
+	}
+	return d
+}
+
+// queueCost adds (sign 1) or removes (sign -1) a waiter's cost from its
+// level's queued totals. mu must be held.
+func (l *lane) queueCost(w *waiter, sign float64) {
+	if w.charge == nil {
+		return
+	}
+	for i := range l.budgets {
+		l.budgets[i].queued[w.level] += sign * w.charge.cost[i]
+	}
+}
+
+// budgetWait estimates how long a new waiter of level p costing ch waits
+// for its budgets from start: the cost queued at p and above, and its own,
+// less what each budget holds at start. mu must be held.
+func (l *lane) budgetWait(start time.Duration, p Priority, ch *charge) time.Duration {
+	var d time.Duration
+	if ch == nil {
+		return 0
+	}
+	for i := range l.budgets {
+		b := &l.budgets[i]
+		need := ch.cost[i]
+		for lv := Interactive; lv <= p; lv++ {
+			need += b.queued[lv]
+		}
+		d = max(d, tokensDelay(need-b.b.advance(start), b.b.rate))
+	}
+	return d
+}
+
+// reconcile brings budget i to what a response to an attempt granted with
+// ch says remains of it at now, less what the lane sent since that grant,
+// plus what refilled meanwhile (sent is when the attempt was). mu must be
+// held.
+func (l *lane) reconcile(i int, remaining int64, now, sent time.Duration, ch *charge) {
+	b := &l.budgets[i]
+	since := b.sent
+	if ch != nil {
+		since -= ch.mark[i] + ch.cost[i]
+	}
+	t := float64(remaining) + (now-sent).Seconds()*b.b.rate - since
+	b.b.set(now, min(max(t, -b.b.burst), b.b.burst))
+}
+
+// adjust charges budget name the difference between what an attempt was
+// estimated to cost and what it cost: a refund when the estimate was high.
+func (l *lane) adjust(name string, estimate, actual float64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for i := range l.budgets {
+		b := &l.budgets[i]
+		if b.name == name {
+			now := l.tick()
+			b.b.set(now, min(b.b.advance(now)+estimate-actual, b.b.burst))
+			b.sent += actual - estimate
+			return
+		}
+	}
+}
+
+// Report tells the Transport what the request of resp, a response it
+// returned, really cost the budget named name, once the response has said
+// (for example usage.total_tokens in an LLM's JSON body) and no header
+// stated it: the lane refunds or charges the difference from the cost the
+// request's context carried (see WithCost). It does nothing for a budget
+// the lane does not have, or a request that carried no cost of it.
+func (t *Transport) Report(resp *http.Response, name string, actual int) {
+	if resp == nil || resp.Request == nil || resp.Request.URL == nil {
+		return
+	}
+	est := CostFrom(resp.Request.Context(), name)
+	if est == 0 {
+		return
+	}
+	t.lane(t.cfg.key(resp.Request)).adjust(name, float64(est), float64(max(actual, 0)))
+}
