@@ -4,7 +4,6 @@ import (
 	"context"
 	"log/slog"
 	"math"
-	"runtime"
 	"sync"
 	"time"
 
@@ -143,7 +142,7 @@ func (l *lane) tryTake(now time.Duration, late bool, ch *charge) bool {
 	}
 	if l.lim != nil {
 		if late {
-			if !l.lim.takeLate(now, l.catchUp()) {
+			if !l.lim.takeLate(now, tokenTime(l.lim.rate)) {
 				return false
 			}
 		} else if !l.lim.take(now) {
@@ -182,13 +181,6 @@ func tokensDelay(n, r float64) time.Duration {
 // tokenTime returns one token's time at rate r, rounded down.
 func tokenTime(r float64) time.Duration {
 	return time.Duration(min(1e9/r, math.MaxInt64/2))
-}
-
-// catchUp returns how long before its hand-off a grant may be charged (see
-// bucket.takeLate and WithCatchUp): one token's time at least. l.lim must
-// not be nil; mu must be held.
-func (l *lane) catchUp() time.Duration {
-	return max(tokenTime(l.lim.rate), l.cfg.catchUp)
 }
 
 // estimate returns how long a new waiter of level p is expected to wait for
@@ -580,7 +572,7 @@ func (l *lane) dispatch() {
 			d = max(l.tokenDelay(tick), l.payDelay(tick, next.charge))
 			late = l.lim != nil
 		}
-		spin := late && d < spinBelow && l.catchUp() < spinLag
+		spin := late && d < spinBelow && tokenTime(l.lim.rate) < spinLag
 		l.mu.Unlock()
 
 		switch {
@@ -600,19 +592,18 @@ func (l *lane) dispatch() {
 const (
 	// A timer armed for less than spinBelow fires about a millisecond
 	// late on Linux (the runtime's poller sleeps in whole milliseconds).
-	// A lane that may charge less than spinLag back (see catchUp) would
-	// lose that lateness, so its dispatcher yields the processor until
-	// the token is due instead: it costs up to a CPU while such a lane
-	// (above about 800/s) has waiters, and nothing at lower rates.
+	// A lane whose token's time is under spinLag could not charge that
+	// lateness back (see bucket.takeLate), so its dispatcher sleeps
+	// precisely until the token is due instead (see yieldUntil).
 	spinBelow = time.Millisecond
 	spinLag   = spinBelow + spinBelow/5
 )
 
 // yieldUntil returns when the lane's clock reaches until or the lane is
-// kicked, yielding the processor in between. It reports false, having
-// waited for nothing, if the clock stands still while it yields: time that
-// moves only when every goroutine is blocked (a testing/synctest bubble)
-// must be waited for with a timer.
+// kicked, sleeping precisely (see preciseSleep) in between. It reports
+// false, having waited for nothing, if the clock stands still meanwhile:
+// time that moves only when every goroutine is blocked (a testing/synctest
+// bubble) must be waited for with a timer.
 func (l *lane) yieldUntil(until time.Duration) bool {
 	for prev := l.clock(); prev < until; {
 		select {
@@ -620,7 +611,7 @@ func (l *lane) yieldUntil(until time.Duration) bool {
 			return true
 		default:
 		}
-		runtime.Gosched()
+		preciseSleep(until - prev)
 		now := l.clock()
 		if now == prev {
 			return false

@@ -69,7 +69,6 @@ type config struct {
 	minConc       int
 	maxConc       int
 	aging         time.Duration
-	catchUp       time.Duration
 	lowShare      int
 	maxWait       [numLevels]time.Duration
 	retries       int
@@ -130,7 +129,8 @@ func invalid(format string, args ...any) error {
 //
 // A paced lane hands at most rate x T + burst + 1 requests to the base
 // transport in any window T: tokens are charged when they were due rather
-// than when a late timer woke the lane, up to one token's time early.
+// than when a late timer woke the lane, up to one token's time early, so
+// that late wake-ups cost no throughput.
 func WithRate(n int, per time.Duration) Option {
 	return optionFunc(func(c *config) error {
 		if n <= 0 {
@@ -192,27 +192,6 @@ func WithConcurrency(min, max int) Option {
 			return invalid("WithConcurrency(%d, %d): max must be at least min", min, max)
 		}
 		c.minConc, c.maxConc = min, max
-		return nil
-	})
-}
-
-// WithCatchUp sets how far behind its schedule a backlogged lane may fall
-// and still catch up: a dispatcher that wakes up late (a late timer, a
-// process starved of CPU) hands out the tokens that came due while it
-// slept, charged when they were due, up to d back. The lane then keeps
-// within rate x T + burst + max(1, rate x d) requests in any window T, and
-// loses only lateness beyond d. 0, the default, means one token's time:
-// at most one request ahead of the schedule, which even a strict (burst 1)
-// server accepts but for one refusal, at the cost of throughput when the
-// process does not get the CPU for longer than a token's time. A larger d
-// keeps the rate on a starved machine, as x/time/rate does, and sends what
-// came due at once. d must be in [0, 1s].
-func WithCatchUp(d time.Duration) Option {
-	return optionFunc(func(c *config) error {
-		if d < 0 || d > time.Second {
-			return invalid("WithCatchUp(%v): must be in [0, 1s]", d)
-		}
-		c.catchUp = d
 		return nil
 	})
 }
