@@ -19,6 +19,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"net"
 	"net/http"
@@ -91,6 +92,12 @@ type Config struct {
 	// their latency has elapsed; it may read the request body, which has
 	// already been buffered. Default: 200 with body "ok\n".
 	Handler http.HandlerFunc
+
+	// Limiter, if set, decides every request instead of Rate/Burst and
+	// the quota window (setting it with either of those is a configuration
+	// error and makes New panic), and publishes its own headers: see
+	// models.go for the server models of real APIs and middlewares.
+	Limiter Limiter
 }
 
 // Arrival records one request seen by a [Server].
@@ -182,6 +189,8 @@ func newServer(cfg Config) *Server {
 		panic(fmt.Sprintf("upstream: unknown RetryAfterMode %d", cfg.RetryAfter))
 	case cfg.RetryAfterValue != "" && cfg.RetryAfter != RetryAfterFixed:
 		panic("upstream: RetryAfterValue requires RetryAfter: RetryAfterFixed")
+	case cfg.Limiter != nil && (cfg.Rate != 0 || cfg.PolicyWindow != 0):
+		panic("upstream: Limiter excludes Rate and PolicyWindow")
 	}
 	return &Server{
 		cfg:     cfg,
@@ -351,7 +360,14 @@ func (s *Server) admitLocked(now time.Time) decision {
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
 	now := time.Now()
-	d := s.admitLocked(now)
+	var d decision
+	var ld Decision
+	if s.cfg.Limiter != nil {
+		ld = s.cfg.Limiter.Admit(now, r)
+		d.ok = ld.Accepted
+	} else {
+		d = s.admitLocked(now)
+	}
 	idx := len(s.arrivals)
 	a := Arrival{
 		At:       now,
@@ -380,6 +396,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if d.ok {
 		defer s.leave()
 	}
+	if ld.Done != nil {
+		defer ld.Done()
+	}
 
 	body, err := io.ReadAll(r.Body)
 	if err != nil {
@@ -398,7 +417,21 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.Set("RateLimit", fmt.Sprintf(`"default";r=%d;t=%d`, d.remaining, ceilSeconds(d.reset)))
 	}
 
-	if !d.ok {
+	if s.cfg.Limiter != nil {
+		maps.Copy(h, ld.Header)
+		if !ld.Accepted {
+			status, body := ld.Status, ld.Body
+			if status == 0 {
+				status = http.StatusTooManyRequests
+			}
+			if body == "" {
+				body = "rate limited"
+			}
+			http.Error(w, body, status)
+			s.finish(idx, status)
+			return
+		}
+	} else if !d.ok {
 		s.setRetryAfter(h, now, d.wait)
 		http.Error(w, "rate limited", http.StatusTooManyRequests)
 		s.finish(idx, http.StatusTooManyRequests)

@@ -1,0 +1,61 @@
+package main
+
+import (
+	"bytes"
+	"io"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestShort is the CI smoke test: one model, every client, about 1.5 s a
+// run over real loopback. It checks that the instrument works (every run
+// completes, the table is written, the hand-made x/time/rate pair gets a
+// sensible share), not how well any client paces.
+func TestShort(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real-clock runs")
+	}
+	ms, cs, err := selectRuns("^strict GCRA burst 1, same headers", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := config{d: 1500 * time.Millisecond, workers: 32, latency: 20 * time.Millisecond}
+	var out bytes.Buffer
+	if err := bench(t.Context(), &out, io.Discard, cfg, ms, cs); err != nil {
+		t.Fatal(err)
+	}
+	table := out.String()
+	t.Log(table)
+	for _, c := range cs {
+		if !strings.Contains(table, "| "+c.name+" |") {
+			t.Errorf("table has no column %q", c.name)
+		}
+	}
+	if strings.Contains(table, "error:") {
+		t.Errorf("a run failed:\n%s", table)
+	}
+	// x/time/rate at R against a strict limiter: a share of the rate with
+	// many refusals, whatever the load of the machine (wide slack).
+	_, pair, err := selectRuns("", "^x/time/rate")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := run(t.Context(), cfg, ms[0], pair[0])
+	if r.err != nil || r.attempts == 0 || r.ratio < 0.2 || r.ratio > 1.1 {
+		t.Errorf("x/time/rate at R: %+v", r)
+	}
+}
+
+func TestSelectRuns(t *testing.T) {
+	if _, _, err := selectRuns("no such model", ""); err == nil {
+		t.Error("no error for a regexp that matches no model")
+	}
+	if _, _, err := selectRuns("(", ""); err == nil {
+		t.Error("no error for a bad regexp")
+	}
+	ms, cs, err := selectRuns("", "")
+	if err != nil || len(ms) != 10 || len(cs) != 6 {
+		t.Errorf("selectRuns(all) = %d models, %d clients, %v", len(ms), len(cs), err)
+	}
+}

@@ -1,0 +1,110 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"regexp"
+	"runtime"
+	"strings"
+	"time"
+)
+
+func main() {
+	var (
+		d        = flag.Duration("d", 12*time.Second, "length of each run; the second half is measured")
+		workers  = flag.Int("workers", 32, "callers in a closed loop")
+		latency  = flag.Duration("latency", 20*time.Millisecond, "service time of an accepted request")
+		modelRE  = flag.String("model", "", "run only the models whose name matches this regexp")
+		clientRE = flag.String("client", "", "run only the clients whose name matches this regexp")
+		short    = flag.Bool("short", false, "smoke run: 2 s, the strict GCRA model only")
+	)
+	flag.Parse()
+	cfg := config{d: *d, workers: *workers, latency: *latency}
+	if *short {
+		cfg.d = 2 * time.Second
+		if *modelRE == "" {
+			*modelRE = "^strict GCRA burst 1, same headers"
+		}
+	}
+	ms, cs, err := selectRuns(*modelRE, *clientRE)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	if err := bench(ctx, os.Stdout, os.Stderr, cfg, ms, cs); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+}
+
+// selectRuns filters the models and clients by regexp.
+func selectRuns(modelRE, clientRE string) ([]model, []client, error) {
+	mre, err := regexp.Compile(modelRE)
+	if err != nil {
+		return nil, nil, fmt.Errorf("-model: %w", err)
+	}
+	cre, err := regexp.Compile(clientRE)
+	if err != nil {
+		return nil, nil, fmt.Errorf("-client: %w", err)
+	}
+	var ms []model
+	for _, m := range models() {
+		if mre.MatchString(m.name) {
+			ms = append(ms, m)
+		}
+	}
+	var cs []client
+	for _, c := range clients() {
+		if cre.MatchString(c.name) {
+			cs = append(cs, c)
+		}
+	}
+	if len(ms) == 0 || len(cs) == 0 {
+		return nil, nil, fmt.Errorf("no model or no client matches")
+	}
+	return ms, cs, nil
+}
+
+// bench runs every client against every model, one run at a time,
+// reporting progress to log, and writes the table to out. It returns the
+// cells, models by clients.
+func bench(ctx context.Context, out, log io.Writer, cfg config, ms []model, cs []client) error {
+	cells := make([][]result, len(ms))
+	for i, m := range ms {
+		cells[i] = make([]result, len(cs))
+		for j, c := range cs {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			fmt.Fprintf(log, "%s | %s ... ", m.name, c.name)
+			cells[i][j] = run(ctx, cfg, m, c)
+			fmt.Fprintf(log, "%v (%d attempts measured)\n", cells[i][j], cells[i][j].attempts)
+		}
+	}
+	writeTable(out, cfg, ms, cs, cells)
+	return nil
+}
+
+func writeTable(w io.Writer, cfg config, ms []model, cs []client, cells [][]result) {
+	fmt.Fprintf(w, "\n%d callers in a closed loop, %v service latency, second half of %v runs, real loopback; GOMAXPROCS %d, %s/%s, %s.\n",
+		cfg.workers, cfg.latency, cfg.d, runtime.GOMAXPROCS(0), runtime.GOOS, runtime.GOARCH, runtime.Version())
+	fmt.Fprintf(w, "Each cell: accepted/s ÷ published rate, %% of attempts refused.\n\n")
+	fmt.Fprintf(w, "| server |")
+	for _, c := range cs {
+		fmt.Fprintf(w, " %s |", c.name)
+	}
+	fmt.Fprintf(w, "\n|---|%s\n", strings.Repeat("---|", len(cs)))
+	for i, m := range ms {
+		fmt.Fprintf(w, "| %s |", m.name)
+		for j := range cs {
+			fmt.Fprintf(w, " %v |", cells[i][j])
+		}
+		fmt.Fprintln(w)
+	}
+}
