@@ -421,10 +421,12 @@ func (l *lane) observe(resp *http.Response, sent time.Time, p Priority, ch *char
 	case exhausted && q.Reset > 0:
 		l.coolLocked(now.Add(min(f.quota.refusalWait(q), l.cfg.maxRetryAfter)), "remaining 0")
 	}
-	// A 429 that no quota explains means the lane is over a limit the
-	// headers do not describe: the throttle rate must learn it. A 403 that
-	// is not a quota (GitHub's secondary limits) is a penalty, not a pace.
-	if status == http.StatusTooManyRequests && !exhausted && !tokensOut {
+	// A 429 is over a rate the throttle rate must learn, unless a window's
+	// exhausted quota (it refills at its reset, whatever the pace) or a
+	// token budget explains it. A bucket's remaining 0 does not: its refill
+	// rate is what was exceeded. A 403 that is not a quota (GitHub's
+	// secondary limits) is a penalty, not a pace.
+	if status == http.StatusTooManyRequests && !tokensOut && !(exhausted && f.quota.kind == kindWindow) {
 		f.cut(now, sent, l.currentRate(), ra)
 	}
 	l.applyRate(now)
