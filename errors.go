@@ -100,3 +100,8 @@ func (e *RejectedError) Is(target error) bool {
 
 // Unwrap returns ErrRejected.
 func (e *RejectedError) Unwrap() error { return ErrRejected }
+
+// Timeout reports whether the refusal was for the context's deadline, so that
+// os.IsTimeout and net.Error users see it as the timeout it stands for, as
+// they would see the deadline's own error without sluice.
+func (e *RejectedError) Timeout() bool { return e.Reason == ReasonDeadline }

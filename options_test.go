@@ -69,8 +69,8 @@ func TestNewRejectsBadOptions(t *testing.T) {
 
 func TestNewDefaults(t *testing.T) {
 	tr := mustNew(t, nil, WithRate(500, time.Minute))
-	if tr.base != http.DefaultTransport {
-		t.Errorf("nil base: got %T, want http.DefaultTransport", tr.base)
+	if tr.base != nil || tr.baseRT() != http.DefaultTransport {
+		t.Errorf("nil base: got %T, want http.DefaultTransport read at each request", tr.baseRT())
 	}
 	c := tr.cfg
 	if c.burst != DefaultBurst || c.headroom != DefaultHeadroom || c.minConc != DefaultMinConcurrency ||

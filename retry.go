@@ -2,10 +2,14 @@ package sluice
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"io"
+	"log/slog"
 	"math/rand/v2"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/hashicorp/go-retryablehttp"
@@ -81,13 +85,13 @@ func (l *lane) allowRetry() bool {
 }
 
 // do sends req through l, retrying under the Transport's policy. It returns
-// the last response (with a nil error) or the last error.
+// the last response (with a nil error) or the last error. A response's
+// Request is the caller's req, whichever attempt it answered.
 //
 // Each retry takes a token again, at the same priority, and keeps the
-// enqueue time of the first attempt so it does not lose its place. Only
-// bodies that can be replayed (GetBody) are retried, and methods that are
-// not idempotent only when the server said it did not process the request
-// (429, 503).
+// enqueue time of the first attempt so it does not lose its place. See
+// retryable for what is retried. A request from an SDK that retries on its
+// own (see sdkRetries) is attempted once: the SDK decides.
 func (t *Transport) do(l *lane, req *http.Request, p Priority) (*http.Response, error) {
 	ctx := req.Context()
 	enq := firstAttempt
@@ -95,7 +99,10 @@ func (t *Transport) do(l *lane, req *http.Request, p Priority) (*http.Response, 
 	for n := 0; ; n++ {
 		resp, first, err := t.attempt(l, areq, p, enq)
 		enq = first
-		if n >= t.cfg.retries || !t.retryable(ctx, req, resp, err) {
+		if resp != nil && areq != req {
+			resp.Request = req
+		}
+		if n >= t.cfg.retries || !t.retryable(ctx, req, resp, err) || sdkRetries(req) {
 			return resp, err
 		}
 		wait := t.backoff(n, resp)
@@ -103,8 +110,18 @@ func (t *Transport) do(l *lane, req *http.Request, p Priority) (*http.Response, 
 			return resp, err // a retry could not finish in time
 		}
 		next, rerr := rewind(req)
-		if rerr != nil || !l.allowRetry() {
+		if rerr != nil {
 			return resp, err
+		}
+		if !l.allowRetry() {
+			closeBody(next)
+			if lg := t.cfg.logger; lg.Enabled(ctx, slog.LevelWarn) {
+				lg.WarnContext(ctx, "sluice: retry refused by the retry budget", retryAttrs(l, n, resp, err, wait)...)
+			}
+			return resp, err
+		}
+		if lg := t.cfg.logger; lg.Enabled(ctx, slog.LevelInfo) {
+			lg.InfoContext(ctx, "sluice: retrying", retryAttrs(l, n, resp, err, wait)...)
 		}
 		discard(resp)
 		if wait > 0 {
@@ -121,14 +138,59 @@ func (t *Transport) do(l *lane, req *http.Request, p Priority) (*http.Response, 
 	}
 }
 
+// retryAttrs describes retry n+1 of a request for a log record.
+func retryAttrs(l *lane, n int, resp *http.Response, err error, wait time.Duration) []any {
+	a := []any{"lane", l.key, "attempt", n + 2, "wait", wait}
+	if resp != nil {
+		a = append(a, "status", resp.StatusCode)
+	}
+	if err != nil {
+		a = append(a, "err", err)
+	}
+	return a
+}
+
+// sdkRetryHeaders name headers that SDKs which retry on their own send with
+// every attempt: X-Stainless-Retry-Count (openai-go, anthropic-sdk-go and
+// the other Stainless SDKs) and X-Stripe-Client-User-Agent (stripe-go).
+var sdkRetryHeaders = [...]string{"X-Stainless-Retry-Count", "X-Stripe-Client-User-Agent"}
+
+// sdkRetries reports whether req comes from an SDK that retries on its own,
+// so that sluice's retries would multiply its attempts.
+func sdkRetries(req *http.Request) bool {
+	for _, k := range sdkRetryHeaders {
+		if _, ok := req.Header[k]; ok {
+			return true
+		}
+	}
+	return false
+}
+
 // retryable reports whether an attempt that returned resp, err may be
-// retried: sluice's safety rules, then the policy.
+// retried. In order:
+//
+//   - never a refusal, an attempt whose context ended, or an error that a
+//     second attempt cannot fix (see permanent);
+//   - never a body that cannot be replayed (no GetBody);
+//   - on an error status, the server's own hint decides when it gives one
+//     (X-Should-Retry, as OpenAI and Anthropic send, or Stripe-Should-Retry):
+//     false forbids the retry even of a 429 or 503, true allows it even for
+//     a method that is not idempotent;
+//   - a method that is not idempotent only on 429 and 503, when the server
+//     did not act on the request;
+//   - then the policy (WithRetryPolicy), read as go-retryablehttp's
+//     Client.Do reads it: retry when it says true, whatever its error.
 func (t *Transport) retryable(ctx context.Context, req *http.Request, resp *http.Response, err error) bool {
-	if err != nil && (errors.Is(err, ErrRejected) || ctx.Err() != nil) {
-		return false // not sent, or the caller gave up
+	if err != nil && (errors.Is(err, ErrRejected) || ctx.Err() != nil || permanent(err)) {
+		return false // not sent, the caller gave up, or it would fail again
 	}
 	if req.Body != nil && req.Body != http.NoBody && req.GetBody == nil {
 		return false // the body cannot be sent again
+	}
+	if resp != nil && resp.StatusCode >= 400 {
+		if retry, ok := serverHint(resp.Header); ok {
+			return retry
+		}
 	}
 	if !idempotent(req) && (resp == nil || (resp.StatusCode != http.StatusTooManyRequests && resp.StatusCode != http.StatusServiceUnavailable)) {
 		return false // the server may have acted on it
@@ -142,8 +204,71 @@ func (t *Transport) retryable(ctx context.Context, req *http.Request, resp *http
 		}
 		policy = retryablehttp.DefaultRetryPolicy
 	}
-	retry, perr := policy(ctx, resp, err)
-	return retry && perr == nil
+	retry, _ := policy(ctx, resp, err)
+	return retry
+}
+
+// serverHint returns what the server said about retrying its response:
+// X-Should-Retry or Stripe-Should-Retry, "true" or "false" in any case.
+func serverHint(h http.Header) (retry, ok bool) {
+	for _, k := range [...]string{"X-Should-Retry", "Stripe-Should-Retry"} {
+		v, found := h[k]
+		if !found || len(v) == 0 {
+			continue
+		}
+		switch s := strings.TrimSpace(v[0]); {
+		case strings.EqualFold(s, "true"):
+			return true, true
+		case strings.EqualFold(s, "false"):
+			return false, true
+		}
+	}
+	return false, false
+}
+
+// permanentMessages are fragments of the messages of errors that a second
+// attempt meets again: net/http's for a request it cannot send or a
+// response it refuses to read, an http.Client's redirect limit (a base
+// may be a client), and macOS's untrusted certificate. They are matched
+// whether or not the error is wrapped, in a *url.Error or otherwise.
+var permanentMessages = [...]string{
+	"unsupported protocol scheme",
+	"invalid header field",
+	"server response headers exceeded",
+	"no Host in request URL",
+	"net/http: invalid method",
+	"can't write control character",
+	"certificate is not trusted",
+}
+
+// permanent reports whether err is an error that another attempt of the same
+// request would meet again: a certificate the client does not accept, a
+// request net/http cannot send, a response header over the base's limit, a
+// redirect loop, or a base that answered nothing.
+func permanent(err error) bool {
+	if errors.Is(err, errNilResponse) {
+		return true
+	}
+	var (
+		unknown  x509.UnknownAuthorityError
+		invalid  x509.CertificateInvalidError
+		hostname x509.HostnameError
+		verify   *tls.CertificateVerificationError
+	)
+	if errors.As(err, &unknown) || errors.As(err, &invalid) || errors.As(err, &hostname) || errors.As(err, &verify) {
+		return true
+	}
+	msg := err.Error()
+	for _, m := range permanentMessages {
+		if strings.Contains(msg, m) {
+			return true
+		}
+	}
+	// http.Client's "stopped after 10 redirects".
+	if strings.Contains(msg, "stopped after ") && strings.HasSuffix(msg, " redirects") {
+		return true
+	}
+	return false
 }
 
 // idempotent reports whether req may be sent twice with the effect of once:

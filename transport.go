@@ -19,9 +19,12 @@
 package sluice
 
 import (
+	"context"
 	"errors"
 	"io"
+	"log/slog"
 	"net/http"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -35,7 +38,7 @@ import (
 // A Transport starts no goroutine of its own: a lane runs one dispatcher
 // goroutine only while requests are waiting in it.
 type Transport struct {
-	base http.RoundTripper
+	base http.RoundTripper // nil: http.DefaultTransport, read at each request
 	cfg  config
 
 	// lanes is a copy-on-write map: lookups, on every request, are an atomic
@@ -47,15 +50,17 @@ type Transport struct {
 	// comparing its key is cheaper than hashing it into lanes. It is never
 	// moved, so requests to several hosts do not contend on it.
 	hot atomic.Pointer[lane]
+
+	// leaked holds the lanes that have warned of a response body not
+	// closed: each warns once.
+	leaked sync.Map // *lane → struct{}
 }
 
-// New returns a Transport that sends requests through base, or through
-// http.DefaultTransport if base is nil. It returns an error wrapping
+// New returns a Transport that sends requests through base, or, if base is
+// nil, through http.DefaultTransport as it is when each request is sent (as
+// http.Client does with a nil Transport). It returns an error wrapping
 // ErrInvalidOption that names the option and value if any option is invalid.
 func New(base http.RoundTripper, opts ...Option) (*Transport, error) {
-	if base == nil {
-		base = http.DefaultTransport
-	}
 	t := &Transport{base: base, cfg: defaultConfig()}
 	for i, o := range opts {
 		if o == nil {
@@ -71,6 +76,23 @@ func New(base http.RoundTripper, opts ...Option) (*Transport, error) {
 	m := make(map[string]*lane)
 	t.lanes.Store(&m)
 	return t, nil
+}
+
+// baseRT returns the RoundTripper attempts are sent through.
+func (t *Transport) baseRT() http.RoundTripper {
+	if t.base != nil {
+		return t.base
+	}
+	return http.DefaultTransport
+}
+
+// CloseIdleConnections closes the base's idle connections, if the base has a
+// CloseIdleConnections method (as *http.Transport does); http.Client's
+// CloseIdleConnections calls it.
+func (t *Transport) CloseIdleConnections() {
+	if c, ok := t.baseRT().(interface{ CloseIdleConnections() }); ok {
+		c.CloseIdleConnections()
+	}
 }
 
 // lane returns the lane for key, creating it on first use.
@@ -103,6 +125,9 @@ func (t *Transport) lane(key string) *lane {
 var (
 	errNilRequest = errors.New("sluice: nil Request")
 	errNilURL     = errors.New("sluice: nil Request.URL")
+	// errNilResponse is what a base that returns neither a response nor an
+	// error becomes, as http.Client does. It is not retried.
+	errNilResponse = errors.New("sluice: RoundTripper returned a nil *Response with a nil error")
 )
 
 // RoundTrip sends req through the lane its key selects, once the lane grants
@@ -112,8 +137,15 @@ var (
 // cancelled while waiting, a *RejectedError if it was refused because it
 // could not be served in time, or the base transport's error.
 //
-// The in-flight slot is held until the response body is read to EOF or
-// closed, so callers must close response bodies, as net/http requires.
+// The in-flight slot is held until the response body is read to EOF, fails
+// a read or is closed, or the request's context ends; callers must close
+// response bodies, as net/http requires. As a last resort, a body that is
+// dropped unclosed gives its slot back when the garbage collector finds it
+// unreachable, and the lane logs a warning (once) naming the cause.
+//
+// A base that returns a nil response and a nil error gives its slot back and
+// becomes an error. A base that panics gives its slot back, and the panic
+// goes on to the caller: like http.Client, sluice does not recover panics.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if req == nil {
 		return nil, errNilRequest
@@ -138,6 +170,9 @@ func (t *Transport) attempt(l *lane, req *http.Request, p Priority, enq time.Dur
 	enq, start := g.enq, g.start
 	if err != nil {
 		closeBody(req)
+		if rej, ok := err.(*RejectedError); ok {
+			t.logRefusal(ctx, rej)
+		}
 		return nil, enq, err
 	}
 	if err := ctx.Err(); err != nil {
@@ -147,10 +182,14 @@ func (t *Transport) attempt(l *lane, req *http.Request, p Priority, enq time.Dur
 		closeBody(req)
 		return nil, enq, err
 	}
-	resp, err := t.base.RoundTrip(req)
+	resp, err := t.send(l, req, g)
 	if err != nil {
 		l.release(start, g.tn, 0, g.timed)
 		return nil, enq, err
+	}
+	if resp == nil {
+		l.release(start, g.tn, 0, g.timed)
+		return nil, enq, errNilResponse
 	}
 	// status is what the lane learns from when the attempt is done: a
 	// refusal for the rate in another form (GitHub's 403) counts as a 429,
@@ -170,8 +209,30 @@ func (t *Transport) attempt(l *lane, req *http.Request, p Priority, enq time.Dur
 		l.release(start, g.tn, status, g.timed)
 		return resp, enq, nil
 	}
-	resp.Body = &body{rc: resp.Body, l: l, start: start, tn: g.tn, status: status, timed: g.timed}
+	resp.Body = t.wrap(ctx, resp.Body, l, start, g.tn, status, g.timed)
 	return resp, enq, nil
+}
+
+// send hands req to the base. If the base panics, the attempt's slot is
+// given back and the panic goes on: nothing is recovered.
+func (t *Transport) send(l *lane, req *http.Request, g grant) (*http.Response, error) {
+	returned := false
+	defer func() {
+		if !returned {
+			l.release(g.start, g.tn, 0, false)
+		}
+	}()
+	resp, err := t.baseRT().RoundTrip(req)
+	returned = true
+	return resp, err
+}
+
+// logRefusal logs an admission refusal at Info, with the request's context.
+func (t *Transport) logRefusal(ctx context.Context, rej *RejectedError) {
+	if lg := t.cfg.logger; lg.Enabled(ctx, slog.LevelInfo) {
+		lg.InfoContext(ctx, "sluice: request refused", "lane", rej.Key, "priority", rej.Priority,
+			"reason", rej.Reason, "wait", rej.Wait, "retry_after", rej.RetryAfter)
+	}
 }
 
 // fanoutLimit is how many attempts the Transport lets be in flight now: the
@@ -196,16 +257,58 @@ func closeBody(req *http.Request) {
 	}
 }
 
-// body releases its attempt's slot when it is read to EOF or closed,
-// whichever comes first.
+// body releases its attempt's slot when it is read to EOF, fails a read or
+// is closed, whichever comes first; when the request's context ends; or,
+// as a last resort, when it is collected unclosed (see leakToken).
 type body struct {
-	rc     io.ReadCloser
+	rc  io.ReadCloser
+	h   *hold
+	tok atomic.Pointer[leakToken] // nil once the body is done
+}
+
+// hold is an attempt's slot until it is given back. Nothing in it points
+// back to the body, so that a context.AfterFunc or a leakToken holding it
+// does not keep the body reachable.
+type hold struct {
+	t      *Transport
 	l      *lane
+	ctx    context.Context
 	start  time.Duration // on the lane's clock
 	tn     *tenant
 	status int
 	timed  bool
 	done   atomic.Bool
+	stop   func() bool // stops the context.AfterFunc; nil if none
+}
+
+// A leakToken is the last resort: a body holds one until it is done, and
+// if the body is collected first, the token's finalizer gives the slot
+// back. Tokens are recycled through a pool with their finalizers armed, so
+// that the common case, a body closed or read to EOF, pays neither for
+// setting a finalizer (or runtime.AddCleanup, which also allocates twice)
+// nor for clearing one, which take a runtime-wide lock: they were 60-75% of
+// a response's cost. A token the pool drops is collected with no hold, and
+// its finalizer does nothing.
+type leakToken struct{ h atomic.Pointer[hold] }
+
+var leakTokens = sync.Pool{New: func() any {
+	tk := new(leakToken)
+	runtime.SetFinalizer(tk, (*leakToken).collected)
+	return tk
+}}
+
+// wrap returns rc wrapped so that the slot is released once, when the first
+// of the ways listed at body happens.
+func (t *Transport) wrap(ctx context.Context, rc io.ReadCloser, l *lane, start time.Duration, tn *tenant, status int, timed bool) *body {
+	h := &hold{t: t, l: l, ctx: ctx, start: start, tn: tn, status: status, timed: timed}
+	b := &body{rc: rc, h: h}
+	tk := leakTokens.Get().(*leakToken)
+	tk.h.Store(h)
+	b.tok.Store(tk)
+	if ctx.Done() != nil {
+		h.stop = context.AfterFunc(ctx, h.ctxDone)
+	}
+	return b
 }
 
 func (b *body) Read(p []byte) (int, error) {
@@ -222,8 +325,45 @@ func (b *body) Close() error {
 	return err
 }
 
+// finish releases the slot, if not yet released, when the body is done,
+// and recycles its token.
 func (b *body) finish() {
-	if b.done.CompareAndSwap(false, true) {
-		b.l.release(b.start, b.tn, b.status, b.timed)
+	h := b.h
+	if h.release(h.timed) && h.stop != nil {
+		h.stop()
 	}
+	if tk := b.tok.Swap(nil); tk != nil {
+		tk.h.Store(nil)
+		leakTokens.Put(tk)
+	}
+}
+
+// collected runs when the token is unreachable: if its body was never done,
+// the slot goes back and the lane warns, once, that a body was not closed.
+func (tk *leakToken) collected() {
+	h := tk.h.Load()
+	if h == nil || !h.release(false) {
+		return
+	}
+	if h.stop != nil {
+		h.stop()
+	}
+	if _, warned := h.t.leaked.LoadOrStore(h.l, struct{}{}); !warned {
+		h.t.cfg.logger.WarnContext(h.ctx, "sluice: response body not closed; its slot was given back when it was collected (close every response body)",
+			"lane", h.l.key)
+	}
+}
+
+// ctxDone runs when the request's context ends before the body is done:
+// the caller has given up on the response, so its slot goes back. Its
+// latency is not a sample: it is the caller's, not the server's.
+func (h *hold) ctxDone() { h.release(false) }
+
+// release gives the slot back if nobody has, and reports whether it did.
+func (h *hold) release(timed bool) bool {
+	if !h.done.CompareAndSwap(false, true) {
+		return false
+	}
+	h.l.release(h.start, h.tn, h.status, timed)
+	return true
 }

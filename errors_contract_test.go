@@ -1,0 +1,46 @@
+package sluice
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"os"
+	"testing"
+	"testing/synctest"
+	"time"
+)
+
+// TestDeadlineRefusalIsTimeout (#14.5): a refusal for the context's deadline
+// is a timeout to os.IsTimeout, directly and through http.Client, and still
+// matches ErrRejected and context.DeadlineExceeded; other refusals are not
+// timeouts.
+func TestDeadlineRefusalIsTimeout(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr := mustNew(t, &fakeBase{}, WithRate(1, time.Second), WithMaxWait(Batch, 10*time.Millisecond))
+		if err := get(t.Context(), tr, ""); err != nil { // takes the only token
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
+		defer cancel()
+		err := get(ctx, tr, "")
+		if !errors.Is(err, ErrRejected) || !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("err = %v, want a deadline refusal", err)
+		}
+		if !os.IsTimeout(err) {
+			t.Error("os.IsTimeout(refusal for the deadline) = false")
+		}
+		req, _ := http.NewRequestWithContext(ctx, "GET", "http://api.test/", nil)
+		_, err = (&http.Client{Transport: tr}).Do(req)
+		if !os.IsTimeout(err) || !errors.Is(err, ErrRejected) {
+			t.Errorf("through http.Client: os.IsTimeout = %v, ErrRejected = %v (%v)", os.IsTimeout(err), errors.Is(err, ErrRejected), err)
+		}
+		err = get(WithPriority(t.Context(), Batch), tr, "")
+		var rej *RejectedError
+		if !errors.As(err, &rej) || rej.Reason != ReasonMaxWait {
+			t.Fatalf("err = %v, want a max-wait refusal", err)
+		}
+		if os.IsTimeout(err) {
+			t.Error("a max-wait refusal is not a timeout")
+		}
+	})
+}
