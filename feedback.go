@@ -141,9 +141,8 @@ const (
 	minRate       = 0.01 // per second: one request per 100 s, whatever is known
 
 	acceptWindow = 2 * time.Second
-	// minFirstSpan is the shortest span firstRate counts acceptances over:
-	// one acceptance in less says little of a rate.
-	minFirstSpan = 20 * time.Millisecond
+	// minFirstSpan is the shortest span firstRate counts acceptances over.
+	minFirstSpan = time.Second
 )
 
 type feedback struct {
@@ -224,9 +223,9 @@ func (f *feedback) firstRate(now time.Time, ra time.Duration) float64 {
 	if lo, hi := later(from, f.coolFrom), earlier(now, f.coolTo); hi.After(lo) {
 		span -= hi.Sub(lo)
 	}
-	if n > 0 && span >= minFirstSpan {
-		r = max(r, float64(n)/span.Seconds())
-	}
+	// Counted over a second at least: a bucket's burst, taken at once,
+	// says nothing of its rate.
+	r = max(r, float64(n)/max(span, minFirstSpan).Seconds())
 	return r
 }
 
@@ -238,8 +237,8 @@ func (f *feedback) floor() float64 {
 // cut lowers the throttle rate after a 429 for an attempt sent at sent,
 // which said to retry after ra (0 if it did not say).
 func (f *feedback) cut(now, sent time.Time, current float64, ra time.Duration) {
-	if !f.failAt.IsZero() && sent.Before(f.failAt) {
-		return // sent before the last cut: not news
+	if !f.failAt.IsZero() && !sent.After(f.failAt) {
+		return // sent before the last cut took effect: not news
 	}
 	const same = 1e-3 // rates within 0.1% are one level: float noise
 	acc, thr := f.accepted.Sum(now), f.refused.Sum(now)
@@ -408,7 +407,7 @@ func (l *lane) observe(resp *http.Response, sent time.Time, p Priority, ch *char
 	}
 	if !refused {
 		if hasQuota {
-			l.paceLocked(now, f.quota.observe(now, q, l.slot.inUse))
+			l.paceLocked(now, sent, f.quota.observe(now, q, l.slot.inUse))
 		}
 		l.applyRate(now)
 		return false
@@ -433,8 +432,9 @@ func (l *lane) observe(resp *http.Response, sent time.Time, p Priority, ch *char
 	return throttled
 }
 
-// paceLocked applies what a quota says to the lane. mu must be held.
-func (l *lane) paceLocked(now time.Time, qp quotaPace) {
+// paceLocked applies what a quota stated by the response to an attempt sent
+// at sent says to the lane. mu must be held.
+func (l *lane) paceLocked(now, sent time.Time, qp quotaPace) {
 	f := &l.fb
 	switch {
 	case qp.stop.After(now):
@@ -443,9 +443,11 @@ func (l *lane) paceLocked(now time.Time, qp quotaPace) {
 		f.header, f.headerUntil = qp.rate, qp.until
 	}
 	if qp.empty && l.lim != nil && l.be == nil {
-		// The server's bucket is empty: its next token is a token's time
-		// away, and so is the lane's.
-		l.lim.drain(now.Sub(l.epoch))
+		// The server's bucket was empty when the attempt reached it: its
+		// next token came a token's time after, and the lane's may not
+		// come sooner.
+		t := now.Sub(l.epoch)
+		l.lim.set(t, min(l.lim.tokensAt(t), now.Sub(sent).Seconds()*l.lim.rate))
 	}
 }
 

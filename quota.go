@@ -75,7 +75,18 @@ type quotaModel struct {
 	runSeen  time.Time // when the run's first quota was seen
 	runReset time.Time // its reset instant
 	runLeft  int64     // its remaining
+
+	// The refill rate counted from the quotas themselves (see count).
+	countFrom time.Time // when the count began; zero: not counting
+	countLeft int64     // remaining then
+	counted   int64     // responses seen since
+	counts    float64   // the refill rate counted, 0 until known
 }
+
+// countSpan is the least time a refill rate is counted over: long enough
+// that a few responses out of order (they leave the server in another
+// order than they reach it) are a few percent of the count.
+const countSpan = time.Second
 
 // A quotaPace is what one response's quota says to do.
 type quotaPace struct {
@@ -107,6 +118,7 @@ func (m *quotaModel) observe(now time.Time, q headers.Quota, inFlight int) quota
 	if q.Reset > 0 {
 		m.learn(now, q)
 	}
+	m.count(now, q)
 	// Attempts in flight other than this one may not be counted by the
 	// server yet: count them as used.
 	left := q.Remaining - int64(inFlight-1)
@@ -127,6 +139,9 @@ func (m *quotaModel) observe(now time.Time, q headers.Quota, inFlight int) quota
 		return quotaPace{rate: float64(left) / spread.Seconds(), until: now.Add(q.Reset)}
 	}
 	rho, fill := bucketRate(q)
+	if rho == 0 && m.counts > 0 && q.Limit > 0 {
+		rho, fill = m.counts, time.Duration(float64(q.Limit)/m.counts*float64(time.Second))
+	}
 	p := quotaPace{empty: left <= 0}
 	if rho > 0 {
 		// What the bucket holds may go out over the time it takes to
@@ -155,6 +170,32 @@ func bucketRate(q headers.Quota) (float64, time.Duration) {
 		return rho, time.Duration(float64(q.Limit) / rho * float64(time.Second))
 	}
 	return 0, 0
+}
+
+// count measures a bucket's refill rate from the quotas of the responses to
+// accepted requests when their reset is too coarse to state it: between two
+// quotas a second or more apart, the bucket gained what remains now, less
+// what remained then, plus what the requests in between took (one each).
+// A count that may have seen the bucket full (it gains nothing then)
+// starts over.
+func (m *quotaModel) count(now time.Time, q headers.Quota) {
+	// After a request took its token, a bucket that was full holds
+	// Limit-1: only what is below says the bucket gained all it could.
+	if m.kind == kindWindow || q.Limit <= 0 || q.Remaining < 0 || q.Remaining >= q.Limit-1 {
+		m.countFrom = time.Time{}
+		return
+	}
+	if m.countFrom.IsZero() {
+		m.countFrom, m.countLeft, m.counted = now, q.Remaining, 0
+		return
+	}
+	m.counted++
+	if d := now.Sub(m.countFrom); d >= countSpan {
+		if gained := q.Remaining - m.countLeft + m.counted; gained > 0 {
+			m.counts = float64(gained) / d.Seconds()
+		}
+		m.countFrom, m.countLeft, m.counted = now, q.Remaining, 0
+	}
 }
 
 // learn compares q, seen at now, with the run's start; see quotaModel.
