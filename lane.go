@@ -41,6 +41,7 @@ type lane struct {
 	untimed int
 	timedAt time.Duration
 
+	closed      bool          // see Transport.Close: every acquire fails
 	dispatching bool          // a dispatcher goroutine is running
 	stalled     bool          // it waits for a kick: no waiter's tenant is under its cap
 	kick        chan struct{} // wakes the dispatcher early; capacity 1
@@ -335,6 +336,11 @@ func (l *lane) acquire(ctx context.Context, p Priority, enq time.Duration) (gran
 		lv.forget(tn)
 		l.mu.Unlock()
 		return grant{enq: enq}, err
+	}
+	if l.closed {
+		lv.forget(tn)
+		l.mu.Unlock()
+		return grant{enq: enq}, ErrClosed
 	}
 	t := l.timeOf(now)
 	if rej := l.refuse(ctx, t, p, tn, ch); rej != nil {

@@ -169,8 +169,8 @@ func sdkRetries(req *http.Request) bool {
 // retryable reports whether an attempt that returned resp, err may be
 // retried. In order:
 //
-//   - never a refusal, an attempt whose context ended, or an error that a
-//     second attempt cannot fix (see permanent);
+//   - never a refusal, a closed Transport, an attempt whose context ended,
+//     or an error that a second attempt cannot fix (see permanent);
 //   - never a body that cannot be replayed (no GetBody);
 //   - on an error status, the server's own hint decides when it gives one
 //     (X-Should-Retry, as OpenAI and Anthropic send, or Stripe-Should-Retry):
@@ -181,7 +181,7 @@ func sdkRetries(req *http.Request) bool {
 //   - then the policy (WithRetryPolicy), read as go-retryablehttp's
 //     Client.Do reads it: retry when it says true, whatever its error.
 func (t *Transport) retryable(ctx context.Context, req *http.Request, resp *http.Response, err error) bool {
-	if err != nil && (errors.Is(err, ErrRejected) || ctx.Err() != nil || permanent(err)) {
+	if err != nil && (errors.Is(err, ErrRejected) || errors.Is(err, ErrClosed) || ctx.Err() != nil || permanent(err)) {
 		return false // not sent, the caller gave up, or it would fail again
 	}
 	if req.Body != nil && req.Body != http.NoBody && req.GetBody == nil {

@@ -54,6 +54,8 @@ type Transport struct {
 	// leaked holds the lanes that have warned of a response body not
 	// closed: each warns once.
 	leaked sync.Map // *lane → struct{}
+
+	closed atomic.Bool // see Close
 }
 
 // New returns a Transport that sends requests through base, or, if base is
@@ -153,6 +155,10 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if req.URL == nil {
 		closeBody(req)
 		return nil, errNilURL
+	}
+	if t.closed.Load() {
+		closeBody(req)
+		return nil, ErrClosed
 	}
 	l := t.lane(t.cfg.key(req))
 	p := PriorityFrom(req.Context())

@@ -1,0 +1,46 @@
+package sluice
+
+import "errors"
+
+// ErrClosed is the error of every request made through a Transport after
+// Close, and of every request still waiting in it when Close is called.
+var ErrClosed = errors.New("sluice: Transport closed")
+
+// Close stops the Transport: requests waiting in its lanes fail with
+// ErrClosed, later requests fail at once, and the lanes' dispatcher
+// goroutines exit. Attempts already sent finish as usual, and give their
+// slots (and a Backend's leases) back when their bodies are done. Close
+// leaves alone what the Transport does not own: the base transport's
+// connections (see CloseIdleConnections) and a Backend, which other
+// Transports may share (close it after every Transport that uses it).
+// Close may be called more than once, and concurrently with requests.
+func (t *Transport) Close() error {
+	if !t.closed.CompareAndSwap(false, true) {
+		return nil
+	}
+	t.mu.Lock() // no lane is created meanwhile
+	defer t.mu.Unlock()
+	for _, l := range *t.lanes.Load() {
+		l.close()
+	}
+	return nil
+}
+
+// close fails every waiter of the lane with ErrClosed, and every later
+// acquire.
+func (l *lane) close() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.closed = true
+	now := l.now()
+	// Every waiter, those of tenants at their cap included.
+	var ws []*waiter
+	for p := range l.q.levels {
+		l.q.levels[p].each(func(t *tenant) { ws = append(ws, t.waiters...) })
+	}
+	for _, w := range ws {
+		l.q.remove(w)
+		l.grantLocked(now, w, ErrClosed)
+	}
+	l.wake() // the dispatcher finds the queue empty and exits
+}
