@@ -94,7 +94,17 @@ type budget struct {
 	// its value at the grant, so that what was sent after an attempt is
 	// known when its response states what remained.
 	sent float64
+	// margin is how much costs are underestimated, as a share of the
+	// estimate, learned from what the server says remains: a request waits
+	// until its cost and that margin are there, so that an estimate below
+	// the true cost is not refused. Waiting longer costs no throughput
+	// while requests queue: the bucket does not fill meanwhile.
+	margin float64
 }
+
+// maxCostMargin bounds the learned underestimate: an estimate half the
+// cost.
+const maxCostMargin = 1.0
 
 // A charge is what one attempt costs the lane's budgets, indexed as
 // l.budgets, and each budget's sent count when it was granted.
@@ -154,11 +164,17 @@ func (l *lane) canPay(now time.Duration, ch *charge) bool {
 		return true
 	}
 	for i := range l.budgets {
-		if ch.cost[i] > 0 && l.budgets[i].b.advance(now) < ch.cost[i] {
+		if c := ch.cost[i]; c > 0 && l.budgets[i].b.advance(now) < l.budgets[i].need(c) {
 			return false
 		}
 	}
 	return true
+}
+
+// need is what b must hold to pay a cost c: c, and the learned margin for
+// underestimates, within the bucket's size.
+func (b *budget) need(c float64) float64 {
+	return min(c*(1+b.margin), b.b.burst)
 }
 
 // pay takes ch's cost from every budget at now. mu must be held.
@@ -199,8 +215,10 @@ func (l *lane) payDelay(now time.Duration, ch *charge) time.Duration {
 		return 0
 	}
 	for i := range l.budgets {
-		b := &l.budgets[i].b
-		d = max(d, tokensDelay(ch.cost[i]-b.advance(now), b.rate))
+		b := &l.budgets[i]
+		if c := ch.cost[i]; c > 0 {
+			d = max(d, tokensDelay(b.need(c)-b.b.advance(now), b.b.rate))
+		}
 	}
 	return d
 }
@@ -246,7 +264,15 @@ func (l *lane) reconcile(i int, remaining int64, now, sent time.Duration, ch *ch
 		since -= ch.mark[i] + ch.cost[i]
 	}
 	t := float64(remaining) + (now-sent).Seconds()*b.b.rate - since
-	b.b.set(now, min(max(t, -b.b.burst), b.b.burst))
+	t = min(max(t, -b.b.burst), b.b.burst)
+	if ch != nil && ch.cost[i] > 0 {
+		// The lane held more than the server: the attempt cost more than
+		// its estimate by about that much. The margin follows the largest
+		// recent underestimate, and forgets it slowly.
+		under := (b.b.advance(now) - t) / ch.cost[i]
+		b.margin = min(max(b.margin*0.98, under), maxCostMargin)
+	}
+	b.b.set(now, t)
 }
 
 // adjust charges budget name the difference between what an attempt was

@@ -396,6 +396,10 @@ func (l *lane) observe(resp *http.Response, sent time.Time, p Priority, ch *char
 	now := l.now()
 	for i := range l.budgets {
 		if budgetOK[i] && budgetQuotas[i].Remaining >= 0 {
+			if ch != nil && float64(budgetQuotas[i].Remaining) < ch.cost[i] {
+				// Less than the attempt cost: that budget is what ran out.
+				tokensOut = true
+			}
 			l.reconcile(i, budgetQuotas[i].Remaining, now.Sub(l.epoch), sent.Sub(l.epoch), ch)
 		}
 	}
