@@ -268,9 +268,9 @@ func (l *lane) reconcile(i int, remaining int64, now, sent time.Duration, ch *ch
 	if ch != nil && ch.cost[i] > 0 {
 		// The lane held more than the server: the attempt cost more than
 		// its estimate by about that much. The margin follows the largest
-		// recent underestimate, and forgets it slowly.
+		// underestimate, and forgets it over thousands of responses.
 		under := (b.b.advance(now) - t) / ch.cost[i]
-		b.margin = min(max(b.margin*0.98, under), maxCostMargin)
+		b.margin = min(max(b.margin*0.9999, under), maxCostMargin)
 	}
 	b.b.set(now, t)
 }

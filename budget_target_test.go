@@ -88,7 +88,8 @@ func runTokens(tb testing.TB, anthropic bool, realClock bool, dur time.Duration,
 				resp.Body.Close()
 				waited := time.Since(t0) - 20*time.Millisecond
 				mu.Lock()
-				if resp.StatusCode == 200 && t0.Sub(start) >= dur/2 {
+				// Counted when served: a batch call may have waited minutes.
+				if resp.StatusCode == 200 && time.Since(start) >= dur/2 {
 					tokens += cost
 					waits[p] = append(waits[p], waited)
 				}
@@ -126,15 +127,12 @@ func (r tokenRun) row(name string) string {
 
 const tokenTableHead = "\n| server | tokens/min ÷ TPM | requests/min ÷ RPM | 429s | interactive p99 wait | batch p99 wait |\n|---|---|---|---|---|---|"
 
-// TestTokenBudgetMixedCosts: calls of 100 to 8,000 tokens estimated within
-// ±30%, in virtual time over 20 minutes, against servers that enforce OpenAI's
-// and Anthropic's budgets: interactive calls go first, and the token limit
-// is used with few refusals. A regression guard, below issue 15's targets
-// (>= 0.95 of the limit, <= 1% refused), which are not met yet: calls
-// whose estimate is below their cost are refused when the lane has waited
-// for the estimate only; the learned margin (see budget.margin) cuts
-// refusals from 36% to about 12% and costs some throughput (0.89-0.90 of
-// the limit, from 0.92-0.94).
+// TestTokenBudgetMixedCosts: issue 15's targets, in virtual time over 40
+// minutes: calls of 100 to 8,000 tokens estimated within ±30%, against
+// servers that enforce OpenAI's and Anthropic's budgets, run at >= 0.95 of
+// the token limit with <= 1% of attempts refused, interactive calls first.
+// Before the learned margin (see budget.margin), 36% were refused: a call
+// whose estimate was below its cost went as soon as the estimate was there.
 func TestTokenBudgetMixedCosts(t *testing.T) {
 	for _, anthropic := range []bool{false, true} {
 		name := "OpenAI: 600 RPM, 60k TPM"
@@ -143,13 +141,13 @@ func TestTokenBudgetMixedCosts(t *testing.T) {
 		}
 		t.Run(name, func(t *testing.T) {
 			var res tokenRun
-			synctest.Test(t, func(t *testing.T) { res = runTokens(t, anthropic, false, 20*time.Minute, 1) })
+			synctest.Test(t, func(t *testing.T) { res = runTokens(t, anthropic, false, 40*time.Minute, 1) })
 			t.Log(tokenTableHead + "\n" + res.row(name))
-			if res.tokenShare < 0.85 || res.tokenShare > 1.01 {
-				t.Errorf("%.3f of the token limit, want >= 0.85 (and never above it)", res.tokenShare)
+			if res.tokenShare < 0.95 || res.tokenShare > 1.02 {
+				t.Errorf("%.3f of the token limit, want >= 0.95 (and not above it but for the bucket's start)", res.tokenShare)
 			}
-			if float64(res.refused) > 0.15*float64(res.sent) {
-				t.Errorf("%d of %d attempts refused, want <= 15%%", res.refused, res.sent)
+			if float64(res.refused) > 0.01*float64(res.sent) {
+				t.Errorf("%d of %d attempts refused, want <= 1%%", res.refused, res.sent)
 			}
 			if res.interP99 >= res.batchP99 {
 				t.Errorf("interactive p99 wait %v, not below batch's %v", res.interP99, res.batchP99)
