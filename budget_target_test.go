@@ -156,18 +156,19 @@ func TestTokenBudgetMixedCosts(t *testing.T) {
 	}
 }
 
-// BenchmarkTokenBudgetLoopback is TestTokenBudgetMixedCosts on real loopback,
-// scaled to seconds (the budgets per second, 20 times larger): it prints
-// the table. -sluice.loopback sets the run (default 10 s).
+// BenchmarkTokenBudgetLoopback is TestTokenBudgetMixedCosts on real
+// loopback, with the budgets per second instead of per minute (60,000
+// tokens a second): it prints the table. -sluice.loopback sets the run
+// (default 10 s).
 func BenchmarkTokenBudgetLoopback(b *testing.B) {
 	for b.Loop() {
 		fmt.Println(tokenTableHead)
 		for _, anthropic := range []bool{false, true} {
-			name := "OpenAI: 12k RPS-scaled, 1.2M tokens/s-scaled"
+			name := "OpenAI: 600 requests and 60k tokens a second"
 			if anthropic {
-				name = "Anthropic: three budgets, scaled"
+				name = "Anthropic: 600 requests, 60k input and 12k output tokens a second"
 			}
-			fmt.Println(runTokens(b, anthropic, true, loopbackRun, 20).row(name))
+			fmt.Println(runTokens(b, anthropic, true, loopbackRun, 1).row(name))
 		}
 	}
 }

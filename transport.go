@@ -226,8 +226,11 @@ func (t *Transport) attempt(l *lane, req *http.Request, p Priority, enq time.Dur
 		}
 	}
 	// A protocol switch keeps the connection for as long as it lives; it is
-	// not a request in flight, and its body must stay writable.
-	if resp.StatusCode == http.StatusSwitchingProtocols || resp.Body == nil || resp.Body == http.NoBody {
+	// not a request in flight, and its body must stay writable. A stream
+	// (see HoldStream) is done with the server's work when its headers
+	// come: its slot goes back, and its latency is the time to them.
+	if resp.StatusCode == http.StatusSwitchingProtocols || resp.Body == nil || resp.Body == http.NoBody ||
+		isStream(resp) && !holdsStream(ctx) {
 		l.release(start, g.tn, status, g.timed)
 		return resp, enq, nil
 	}

@@ -1,0 +1,150 @@
+package sluice
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+)
+
+// sseBody streams a token every interval for n tokens, the first at once.
+type sseBody struct {
+	n, sent  int
+	interval time.Duration
+}
+
+func (b *sseBody) Read(p []byte) (int, error) {
+	if b.sent == b.n {
+		return 0, io.EOF
+	}
+	if b.sent > 0 {
+		time.Sleep(b.interval)
+	}
+	b.sent++
+	return copy(p, "data: tok\n\n"), nil
+}
+
+func (b *sseBody) Close() error { return nil }
+
+// llmBase answers /quick after 50 ms, and /stream with server-sent events
+// after 100 ms: a token every 100 ms for 3 s.
+var llmBase = rtFunc(func(req *http.Request) (*http.Response, error) {
+	if strings.HasSuffix(req.URL.Path, "/stream") {
+		time.Sleep(100 * time.Millisecond)
+		return &http.Response{StatusCode: 200, Header: http.Header{"Content-Type": {"text/event-stream; charset=utf-8"}},
+			Body: &sseBody{n: 30, interval: 100 * time.Millisecond}, Request: req}, nil
+	}
+	time.Sleep(50 * time.Millisecond)
+	return &http.Response{StatusCode: 200, Header: http.Header{}, Body: io.NopCloser(strings.NewReader("ok")), Request: req}, nil
+})
+
+// streamRun makes 20 quick calls at 10/s through rt, then starts six
+// streams at once and an Interactive quick call with a 1 s deadline 200 ms
+// later; it returns each stream's time to its first token, and the quick
+// call's error.
+func streamRun(t *testing.T, rt http.RoundTripper) (first []time.Duration, quickErr error) {
+	call := func(ctx context.Context, path string) (*http.Response, error) {
+		req, _ := http.NewRequestWithContext(ctx, "POST", "http://api.test"+path, nil)
+		return rt.RoundTrip(req)
+	}
+	for range 20 {
+		resp, err := call(t.Context(), "/quick")
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		time.Sleep(100 * time.Millisecond)
+	}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for range 6 {
+		wg.Go(func() {
+			t0 := time.Now()
+			resp, err := call(t.Context(), "/stream")
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer resp.Body.Close()
+			buf := make([]byte, 64)
+			if _, err := resp.Body.Read(buf); err != nil {
+				t.Error(err)
+			}
+			mu.Lock()
+			first = append(first, time.Since(t0))
+			mu.Unlock()
+			io.Copy(io.Discard, resp.Body)
+		})
+	}
+	time.Sleep(200 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(WithPriority(t.Context(), Interactive), time.Second)
+	defer cancel()
+	if resp, err := call(ctx, "/quick"); err != nil {
+		quickErr = err
+	} else {
+		resp.Body.Close()
+	}
+	wg.Wait()
+	return first, quickErr
+}
+
+// TestStreamsDoNotHoldTheLane: six 3 s streams started after 20 quick
+// calls, with sluice's defaults, get their first token within 150 ms of
+// the same run without sluice, and an Interactive quick call with a 1 s
+// deadline is served meanwhile (before: a second stream's first token came
+// after 3.1 s, and the quick call failed).
+func TestStreamsDoNotHoldTheLane(t *testing.T) {
+	var bare, through []time.Duration
+	var quickErr error
+	synctest.Test(t, func(t *testing.T) { bare, _ = streamRun(t, llmBase) })
+	synctest.Test(t, func(t *testing.T) {
+		through, quickErr = streamRun(t, mustNew(t, llmBase))
+	})
+	var table strings.Builder
+	fmt.Fprintf(&table, "\nfirst token: without sluice %v, with sluice %v", bare, through)
+	t.Log(table.String())
+	if len(through) != 6 {
+		t.Fatalf("%d streams started", len(through))
+	}
+	worstBare := bare[len(bare)-1]
+	for _, d := range through {
+		if d > worstBare+150*time.Millisecond {
+			t.Errorf("a stream's first token after %v, without sluice %v", d, worstBare)
+		}
+	}
+	if quickErr != nil {
+		t.Errorf("Interactive quick call with a 1 s deadline: %v", quickErr)
+	}
+}
+
+// TestHoldStream: with HoldStream, a stream keeps its slot until its body
+// is done.
+func TestHoldStream(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr := mustNew(t, llmBase, WithConcurrency(1, 1))
+		req, _ := http.NewRequestWithContext(HoldStream(t.Context()), "POST", "http://api.test/stream", nil)
+		resp, err := tr.RoundTrip(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s, _ := tr.Stats().Lane("api.test"); s.InFlight != 1 {
+			t.Errorf("held stream: %d in flight, want 1", s.InFlight)
+		}
+		resp.Body.Close()
+		req, _ = http.NewRequestWithContext(t.Context(), "POST", "http://api.test/stream", nil)
+		resp, err = tr.RoundTrip(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		if s, _ := tr.Stats().Lane("api.test"); s.InFlight != 0 {
+			t.Errorf("stream by default: %d in flight after its headers, want 0", s.InFlight)
+		}
+	})
+}
