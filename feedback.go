@@ -14,11 +14,11 @@ import (
 //
 //   - the configured rate (WithRate x headroom), the ceiling;
 //   - the throttle rate, learned from 429s (AIMD, below);
-//   - the header rate: remaining / time-to-reset from rate-limit headers,
-//     valid until that reset.
+//   - the header rate: what the quota headers say, by the kind of limit
+//     they describe (see quotaModel), valid for a while.
 //
-// Retry-After, and a rate-limit header saying nothing remains, set the
-// lane's cooldown instead: nothing of any priority is sent before it ends.
+// A refusal (see observe) sets the lane's cooldown instead, as does a fixed
+// window with nothing left: nothing of any priority is sent before it ends.
 //
 // The throttle rate. A 429 means the lane sent faster than the server
 // accepts. What it says depends on what came before it:
