@@ -1,0 +1,120 @@
+package sdktest
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+
+	"github.com/sluice-go/sluice"
+)
+
+// chatAPI poses as OpenAI's chat completions: a quick call answers after
+// 50 ms; a streamed one sends its first chunk after 100 ms, then one every
+// 100 ms for 3 s.
+func chatAPI(t *testing.T) *httptest.Server {
+	s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var req struct {
+			Stream bool `json:"stream"`
+		}
+		body, _ := io.ReadAll(r.Body)
+		json.Unmarshal(body, &req)
+		if !req.Stream {
+			time.Sleep(50 * time.Millisecond)
+			w.Header().Set("Content-Type", "application/json")
+			fmt.Fprint(w, `{"id":"c","object":"chat.completion","created":1,"model":"gpt-4o-mini","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}]}`)
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+		w.Header().Set("Content-Type", "text/event-stream")
+		fl := w.(http.Flusher)
+		for i := range 30 {
+			if i > 0 {
+				time.Sleep(100 * time.Millisecond)
+			}
+			fmt.Fprintf(w, "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"gpt-4o-mini\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"t%d\"}}]}\n\n", i)
+			fl.Flush()
+		}
+		fmt.Fprint(w, "data: [DONE]\n\n")
+		fl.Flush()
+	}))
+	t.Cleanup(s.Close)
+	return s
+}
+
+// streamScenario makes 20 quick calls at 10/s through c, then six streams
+// at once and, 200 ms later, an Interactive quick call with a 1 s
+// deadline; it returns the streams' first-token times, sorted, and the
+// quick call's error.
+func streamScenario(t *testing.T, c *http.Client, url string) ([]time.Duration, error) {
+	client := openai.NewClient(option.WithBaseURL(url), option.WithAPIKey("sk-test"), option.WithHTTPClient(c))
+	params := openai.ChatCompletionNewParams{Model: "gpt-4o-mini", Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("hi")}}
+	for range 20 {
+		if _, err := client.Chat.Completions.New(context.Background(), params); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	var mu sync.Mutex
+	var first []time.Duration
+	var wg sync.WaitGroup
+	for range 6 {
+		wg.Go(func() {
+			t0 := time.Now()
+			st := client.Chat.Completions.NewStreaming(context.Background(), params)
+			defer st.Close()
+			if st.Next() {
+				mu.Lock()
+				first = append(first, time.Since(t0))
+				mu.Unlock()
+			}
+			for st.Next() {
+			}
+			if err := st.Err(); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	time.Sleep(200 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(sluice.WithPriority(context.Background(), sluice.Interactive), time.Second)
+	_, quickErr := client.Chat.Completions.New(ctx, params)
+	cancel()
+	wg.Wait()
+	sort.Slice(first, func(i, j int) bool { return first[i] < first[j] })
+	return first, quickErr
+}
+
+// TestOpenAIStreams: under openai-go, with sluice's defaults, six 3 s
+// streams started after 20 quick calls get their first token within
+// 150 ms of the SDK alone, and an Interactive quick call with a 1 s
+// deadline is served meanwhile.
+func TestOpenAIStreams(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a real-clock run of about 12 s")
+	}
+	alone, _ := streamScenario(t, &http.Client{}, chatAPI(t).URL)
+	tr, err := sluice.New(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	through, quickErr := streamScenario(t, &http.Client{Transport: tr}, chatAPI(t).URL)
+	t.Logf("first token: the SDK alone %v, through sluice %v", alone, through)
+	if len(through) != 6 || len(alone) != 6 {
+		t.Fatalf("%d and %d streams gave a first token, want 6", len(alone), len(through))
+	}
+	if worst := through[5]; worst > alone[5]+150*time.Millisecond {
+		t.Errorf("through sluice the last first token came after %v, alone after %v", worst, alone[5])
+	}
+	if quickErr != nil {
+		t.Errorf("Interactive quick call with a 1 s deadline: %v", quickErr)
+	}
+}
