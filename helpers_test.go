@@ -81,7 +81,8 @@ func (f *fakeBase) times() []time.Time {
 	return ts
 }
 
-// doneBody tells fakeBase when the client is done with a response.
+// doneBody tells fakeBase when the client is done with a response: at EOF
+// or when it is closed.
 type doneBody struct {
 	io.ReadCloser
 	f    *fakeBase
@@ -91,6 +92,16 @@ type doneBody struct {
 func (b *doneBody) Close() error {
 	b.once.Do(b.f.done)
 	return b.ReadCloser.Close()
+}
+
+// Read counts the response done at EOF, as sluice does: the client may
+// close the body later, after another attempt was let through.
+func (b *doneBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err == io.EOF {
+		b.once.Do(b.f.done)
+	}
+	return n, err
 }
 
 func mustNew(t testing.TB, base http.RoundTripper, opts ...Option) *Transport {

@@ -259,6 +259,11 @@ type grant struct {
 	ch         *charge // what it cost the lane's budgets
 }
 
+// testHookGrant, set only by tests, sees every grant a lane makes, at its
+// reading of the lane's clock, with the lane's lock held: the hand-off
+// times the bound is about, before any goroutine is scheduled.
+var testHookGrant func(l *lane, at time.Duration)
+
 // firstAttempt is the enqueue time acquire is given for a logical request's
 // first attempt: it has none yet.
 const firstAttempt time.Duration = -1
@@ -325,6 +330,9 @@ func (l *lane) acquire(ctx context.Context, p Priority, enq time.Duration) (gran
 	if l.be == nil && l.q.len() == 0 && tn.inFlight < lv.capOf(l.slot.limit) && l.tryTake(now, false, ch) {
 		lv.started(tn, l.slot.limit)
 		l.grantedLocked(now, p, first)
+		if testHookGrant != nil {
+			testHookGrant(l, now)
+		}
 		l.levels[p].wait.Record(0)
 		timed := l.timeNext(now)
 		l.mu.Unlock()
@@ -636,6 +644,9 @@ func (l *lane) grantLocked(now time.Time, w *waiter, err error) {
 	} else {
 		w.granted = true
 		w.timed = l.timeNext(now.Sub(l.epoch))
+		if testHookGrant != nil {
+			testHookGrant(l, now.Sub(l.epoch))
+		}
 		l.q.levels[w.level].started(w.tn, l.slot.limit)
 		l.grantedLocked(now.Sub(l.epoch), w.level, w.first)
 		l.levels[w.level].wait.Record(now.Sub(w.start))
