@@ -44,8 +44,18 @@ func TestFleet(t *testing.T) {
 				t.Errorf("used %s, want %s", sum.Store, name)
 			}
 			limit := float64(cfg.Rate) * sum.Elapsed.Seconds()
-			if float64(sum.Accepted) < 0.9*limit || float64(sum.Accepted) > limit+5 {
-				t.Errorf("the fleet sent %d against a limit of %.0f", sum.Accepted, limit)
+			// miniredis runs the budget's Lua script in an interpreter in
+			// this process, which under the race detector on a loaded 2-core
+			// runner takes milliseconds a call: it measured 0.50-0.66 of the
+			// limit there, 0.99 otherwise. What this test guards is the
+			// sharing (never over the limit, few refusals), and that the
+			// fleet moves.
+			floor := 0.9
+			if mini {
+				floor = 0.4
+			}
+			if float64(sum.Accepted) < floor*limit || float64(sum.Accepted) > limit+5 {
+				t.Errorf("the fleet sent %d against a limit of %.0f (want at least %.0f%% of it)", sum.Accepted, limit, 100*floor)
 			}
 			if float64(sum.Refused) > 0.02*float64(sum.Accepted) {
 				t.Errorf("the upstream refused %d of %d: the processes did not share the budget",
