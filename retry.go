@@ -98,6 +98,10 @@ func (t *Transport) do(l *lane, req *http.Request, p Priority) (*http.Response, 
 	areq := req
 	for n := 0; ; n++ {
 		resp, first, err := t.attempt(l, areq, p, enq)
+		for err == errLaneGone {
+			l = t.relane(l)
+			resp, first, err = t.attempt(l, areq, p, enq)
+		}
 		enq = first
 		if resp != nil && areq != req {
 			resp.Request = req
