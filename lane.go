@@ -46,9 +46,12 @@ type lane struct {
 	// dead: the lane was forgotten (see forget). Set under mu, never
 	// cleared; read without it by lookups, which then make a new lane.
 	dead        atomic.Bool
-	dispatching bool          // a dispatcher goroutine is running
-	stalled     bool          // it waits for a kick: no waiter's tenant is under its cap
-	kick        chan struct{} // wakes the dispatcher early; capacity 1
+	dispatching bool // a dispatcher goroutine is running
+	stalled     bool // it waits for a kick: no waiter's tenant is under its cap
+	// kick wakes the dispatcher early; capacity 1. It is made when the
+	// first dispatcher starts, and never changes after: a lane whose
+	// requests never wait does without.
+	kick chan struct{}
 
 	// be, when set, holds the lane's budget (see Backend): tokens come from
 	// it, the local bucket only keeps the lane's rate, and notBefore is when
@@ -70,7 +73,7 @@ type levelCounters struct {
 	cancelled uint64
 	throttled uint64
 	refused   [numReasons]uint64
-	wait      stats.Histogram
+	wait      stats.Histogram // its buckets are allocated at the first wait
 }
 
 func newLane(key string, cfg *config) *lane {
@@ -82,7 +85,6 @@ func newLane(key string, cfg *config) *lane {
 		epochNS: epoch.UnixNano(),
 		q:       waitQueue{aging: cfg.aging, lowShare: cfg.lowShare},
 		slot:    slots{limit: cfg.maxConc},
-		kick:    make(chan struct{}, 1),
 		be:      cfg.backend,
 	}
 	if r := cfg.perSecond(); r > 0 {
@@ -93,7 +95,6 @@ func newLane(key string, cfg *config) *lane {
 	l.q.init(cfg.tenantShare)
 	l.budgets = newBudgets(cfg.budgets)
 	l.fb.accepted = stats.NewWindow(acceptWindow)
-	l.fb.refused = stats.NewWindow(acceptWindow)
 	l.budget = newRetryBudget()
 	l.ctl.init(l)
 	return l
@@ -361,6 +362,9 @@ func (l *lane) acquire(ctx context.Context, p Priority, enq time.Duration) (gran
 	l.queueCost(w, 1)
 	if !l.dispatching {
 		l.dispatching = true
+		if l.kick == nil {
+			l.kick = make(chan struct{}, 1)
+		}
 		go l.dispatch()
 	} else if l.stalled {
 		// The dispatcher waits for a release because every tenant with
