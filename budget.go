@@ -305,5 +305,9 @@ func (t *Transport) Report(resp *http.Response, name string, actual int) {
 	if est == 0 {
 		return
 	}
-	t.lane(t.cfg.key(resp.Request)).adjust(name, float64(est), float64(max(actual, 0)))
+	l := t.find(t.cfg.key(resp.Request))
+	if l == nil {
+		return // forgotten: idle since, its budgets full again
+	}
+	l.adjust(name, float64(est), float64(max(actual, 0)))
 }

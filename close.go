@@ -18,11 +18,18 @@ func (t *Transport) Close() error {
 	if !t.closed.CompareAndSwap(false, true) {
 		return nil
 	}
-	t.mu.Lock() // no lane is created meanwhile
-	defer t.mu.Unlock()
-	for _, l := range *t.lanes.Load() {
-		l.close()
+	// A lane created from now on is closed by its creator (see added).
+	t.lanes.Range(func(_, v any) bool {
+		v.(*lane).close()
+		return true
+	})
+	// No sweep runs after Close: an unused closed Transport is not kept
+	// reachable by its timer.
+	t.sweepMu.Lock()
+	if t.sweeper != nil {
+		t.sweeper.Stop()
 	}
+	t.sweepMu.Unlock()
 	return nil
 }
 

@@ -169,11 +169,16 @@ type feedback struct {
 	headerUntil time.Time
 	quota       quotaModel
 
-	accepted  stats.Window // accepted responses over acceptWindow
-	refused   stats.Window // throttled responses over acceptWindow
+	accepted  stats.Window  // accepted responses over acceptWindow
+	refused   *stats.Window // throttled responses over acceptWindow; nil before the first
 	firstSeen time.Time
 
 	throttled, cooldowns uint64
+}
+
+func newAcceptWindow() *stats.Window {
+	w := stats.NewWindow(acceptWindow)
+	return &w
 }
 
 // acceptedRate returns the rate at which the server accepted requests over
@@ -241,7 +246,10 @@ func (f *feedback) cut(now, sent time.Time, current float64, ra time.Duration) {
 		return // sent before the last cut took effect: not news
 	}
 	const same = 1e-3 // rates within 0.1% are one level: float noise
-	acc, thr := f.accepted.Sum(now), f.refused.Sum(now)
+	acc, thr := f.accepted.Sum(now), uint64(0)
+	if f.refused != nil {
+		thr = f.refused.Sum(now)
+	}
 	share := float64(acc) / float64(max(1, acc+thr))
 	atCeiling := f.throttle == 0 && f.ceiling > 0 && current >= f.ceiling*(1-1e-9)
 	rf, cut, edge := current, throttleCut, false
@@ -407,6 +415,9 @@ func (l *lane) observe(resp *http.Response, sent time.Time, p Priority, ch *char
 	if throttled {
 		f.throttled++
 		l.levels[p].throttled++
+		if f.refused == nil {
+			f.refused = newAcceptWindow()
+		}
 		f.refused.Add(now, 1)
 	}
 	if !refused {

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"math"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sluice-go/sluice/internal/stats"
@@ -41,10 +42,16 @@ type lane struct {
 	untimed int
 	timedAt time.Duration
 
-	closed      bool          // see Transport.Close: every acquire fails
-	dispatching bool          // a dispatcher goroutine is running
-	stalled     bool          // it waits for a kick: no waiter's tenant is under its cap
-	kick        chan struct{} // wakes the dispatcher early; capacity 1
+	closed bool // see Transport.Close: every acquire fails
+	// dead: the lane was forgotten (see forget). Set under mu, never
+	// cleared; read without it by lookups, which then make a new lane.
+	dead        atomic.Bool
+	dispatching bool // a dispatcher goroutine is running
+	stalled     bool // it waits for a kick: no waiter's tenant is under its cap
+	// kick wakes the dispatcher early; capacity 1. It is made when the
+	// first dispatcher starts, and never changes after: a lane whose
+	// requests never wait does without.
+	kick chan struct{}
 
 	// be, when set, holds the lane's budget (see Backend): tokens come from
 	// it, the local bucket only keeps the lane's rate, and notBefore is when
@@ -66,7 +73,7 @@ type levelCounters struct {
 	cancelled uint64
 	throttled uint64
 	refused   [numReasons]uint64
-	wait      stats.Histogram
+	wait      stats.Histogram // its buckets are allocated at the first wait
 }
 
 func newLane(key string, cfg *config) *lane {
@@ -78,7 +85,6 @@ func newLane(key string, cfg *config) *lane {
 		epochNS: epoch.UnixNano(),
 		q:       waitQueue{aging: cfg.aging, lowShare: cfg.lowShare},
 		slot:    slots{limit: cfg.maxConc},
-		kick:    make(chan struct{}, 1),
 		be:      cfg.backend,
 	}
 	if r := cfg.perSecond(); r > 0 {
@@ -89,7 +95,6 @@ func newLane(key string, cfg *config) *lane {
 	l.q.init(cfg.tenantShare)
 	l.budgets = newBudgets(cfg.budgets)
 	l.fb.accepted = stats.NewWindow(acceptWindow)
-	l.fb.refused = stats.NewWindow(acceptWindow)
 	l.budget = newRetryBudget()
 	l.ctl.init(l)
 	return l
@@ -313,6 +318,10 @@ func (l *lane) acquire(ctx context.Context, p Priority, enq time.Duration) (gran
 		return grant{enq: enq}, rej
 	}
 	l.mu.Lock()
+	if l.dead.Load() {
+		l.mu.Unlock()
+		return grant{enq: enq}, errLaneGone
+	}
 	// The clock is read under the lock: a reading taken before it would
 	// charge the grant to an instant up to the lock wait in the past, when
 	// the bucket may have been full and overflowing, and the bound would
@@ -361,6 +370,9 @@ func (l *lane) acquire(ctx context.Context, p Priority, enq time.Duration) (gran
 	l.queueCost(w, 1)
 	if !l.dispatching {
 		l.dispatching = true
+		if l.kick == nil {
+			l.kick = make(chan struct{}, 1)
+		}
 		go l.dispatch()
 	} else if l.stalled {
 		// The dispatcher waits for a release because every tenant with
@@ -405,6 +417,41 @@ func (l *lane) acquire(ctx context.Context, p Priority, enq time.Duration) (gran
 		}
 		return grant{enq: enq}, ctx.Err()
 	}
+}
+
+// forget marks the lane dead, and reports true, if it has been idle for
+// idle (0: never) and forgetting it loses nothing still in force: no
+// waiter, nothing in flight, no dispatcher, no cooldown, Backend wait or
+// header rate pending, and its token bucket and budgets full again, as a
+// new lane's are. A lane that is already dead reports true. What is lost
+// is what it learned (see WithLaneIdle). Its clock is read without moving
+// its last-use stamp (l.last, the latest reading a request used).
+func (l *lane) forget(idle time.Duration) bool {
+	if idle <= 0 {
+		return false
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.dead.Load() {
+		return true
+	}
+	d := l.clock()
+	if d-l.last < idle || l.q.len() > 0 || l.slot.inUse > 0 || l.dispatching || d < l.coolTick {
+		return false
+	}
+	if now := l.timeOf(d); now.Before(l.cooldown) || now.Before(l.notBefore) || now.Before(l.fb.headerUntil) {
+		return false
+	}
+	if l.lim != nil && l.lim.tokensAt(d) < l.lim.burst {
+		return false
+	}
+	for i := range l.budgets {
+		if b := &l.budgets[i].b; b.tokensAt(d) < b.burst {
+			return false
+		}
+	}
+	l.dead.Store(true)
+	return true
 }
 
 // grantedLocked counts a grant made at now, on the lane's clock. First

@@ -49,6 +49,14 @@ const (
 	// of the rate however much interactive work there is, and interactive
 	// calls wait at most one extra token's time for it.
 	DefaultLowShare = 10
+
+	// DefaultLaneIdle is how long a lane must have been idle before it is
+	// forgotten (see WithLaneIdle). Five minutes is longer than the windows
+	// a lane's statistics and feedback look back over (a minute at most), so
+	// a key called now and then keeps its lane, and short enough that a
+	// gateway with a key per customer holds the lanes of the recently active
+	// ones only.
+	DefaultLaneIdle = 5 * time.Minute
 )
 
 // An Option configures a Transport. Options are checked by New, which
@@ -78,6 +86,7 @@ type config struct {
 	retryRatio    float64
 	retryMin      int
 	key           func(*http.Request) string
+	laneIdle      time.Duration // see WithLaneIdle; 0: lanes are kept
 	logger        *slog.Logger
 	backend       Backend
 	budgets       []budgetConfig
@@ -95,6 +104,7 @@ func defaultConfig() config {
 		retries:       DefaultRetries,
 		lowShare:      DefaultLowShare,
 		maxRetryAfter: DefaultMaxRetryAfter,
+		laneIdle:      DefaultLaneIdle,
 		retryRatio:    DefaultRetryRatio,
 		retryMin:      DefaultRetryMin,
 		key:           hostKey,
@@ -314,6 +324,29 @@ func WithLogger(l *slog.Logger) Option {
 			return invalid("WithLogger(nil)")
 		}
 		c.logger = l
+		return nil
+	})
+}
+
+// WithLaneIdle forgets a lane (see WithKey) that has been idle for d: no
+// request waiting or in flight, no cooldown or rate-limit reset still in
+// force, and its token bucket and budgets full again. The next request of
+// its key starts a fresh lane, at the configured rate. What is lost is what
+// the lane had learned from the server: a rate cut by 429s, the kind and
+// pace of its rate-limit headers, its latency and in-flight limit, and its
+// counters (Stats). That is safe because nothing the server said is still
+// in force by then, and a fresh lane relearns the rest from the next
+// responses: at worst one 429 at the configured rate. d must not be
+// negative; 0 keeps every lane for the Transport's life. The default is
+// DefaultLaneIdle. Idle lanes are found by a sweep every d/2 that runs
+// only while the Transport has lanes, so a lane is forgotten between d and
+// 1.5 d after its last use.
+func WithLaneIdle(d time.Duration) Option {
+	return optionFunc(func(c *config) error {
+		if d < 0 {
+			return invalid("WithLaneIdle(%v): d must not be negative", d)
+		}
+		c.laneIdle = d
 		return nil
 	})
 }

@@ -59,12 +59,13 @@ func WithRetryBudget(ratio float64, min int) Option {
 // retryBudget counts first attempts and retries over RetryBudgetWindow.
 // The lane's mutex guards it.
 type retryBudget struct {
-	firsts, retries stats.Window
-	made, refused   uint64
+	firsts        stats.Window
+	retries       *stats.Window // nil before the first retry
+	made, refused uint64
 }
 
 func newRetryBudget() retryBudget {
-	return retryBudget{firsts: stats.NewWindow(RetryBudgetWindow), retries: stats.NewWindow(RetryBudgetWindow)}
+	return retryBudget{firsts: stats.NewWindow(RetryBudgetWindow)}
 }
 
 // allowRetry reports whether the lane's budget allows one more retry, and
@@ -75,6 +76,10 @@ func (l *lane) allowRetry() bool {
 	now := l.now()
 	b := &l.budget
 	limit := l.cfg.retryRatio*float64(b.firsts.Sum(now)) + float64(l.cfg.retryMin)
+	if b.retries == nil {
+		w := stats.NewWindow(RetryBudgetWindow)
+		b.retries = &w
+	}
 	if float64(b.retries.Sum(now)+1) > limit {
 		b.refused++
 		return false
@@ -98,6 +103,10 @@ func (t *Transport) do(l *lane, req *http.Request, p Priority) (*http.Response, 
 	areq := req
 	for n := 0; ; n++ {
 		resp, first, err := t.attempt(l, areq, p, enq)
+		for err == errLaneGone {
+			l = t.relane(l)
+			resp, first, err = t.attempt(l, areq, p, enq)
+		}
 		enq = first
 		if resp != nil && areq != req {
 			resp.Request = req

@@ -11,14 +11,15 @@ type Stats struct {
 	Lanes []LaneStats
 }
 
-// Lane returns the stats of the lane with the given key, and whether it exists.
+// Lane returns the stats of the lane with the given key, and whether it
+// exists, by binary search of the sorted Lanes. Transport.LaneStats finds
+// one lane without taking a snapshot of all.
 func (s Stats) Lane(key string) (LaneStats, bool) {
-	for _, l := range s.Lanes {
-		if l.Key == key {
-			return l, true
-		}
+	i, ok := slices.BinarySearchFunc(s.Lanes, key, func(l LaneStats, k string) int { return strings.Compare(l.Key, k) })
+	if !ok {
+		return LaneStats{}, false
 	}
-	return LaneStats{}, false
+	return s.Lanes[i], true
 }
 
 // LaneStats is a snapshot of one lane. Counters count since the lane was
@@ -75,16 +76,32 @@ type LevelStats struct {
 }
 
 // Stats returns a snapshot of every lane. It takes each lane's lock briefly,
-// one at a time, and allocates only the result: calling it every second is
-// cheap.
+// one at a time, and no lock of the Transport, so requests and new lanes
+// go on while it copies; a lane created or forgotten meanwhile may or may
+// not be in it. It allocates only the result: calling it every second is
+// cheap with a few lanes. With very many, Transport.LaneStats reads one.
 func (t *Transport) Stats() Stats {
-	lanes := *t.lanes.Load()
-	s := Stats{Lanes: make([]LaneStats, 0, len(lanes))}
-	for _, l := range lanes {
-		s.Lanes = append(s.Lanes, l.stats())
-	}
+	s := Stats{Lanes: make([]LaneStats, 0, max(t.nLanes.Load(), 0))}
+	t.lanes.Range(func(_, v any) bool {
+		if l := v.(*lane); !l.dead.Load() {
+			s.Lanes = append(s.Lanes, l.stats())
+		}
+		return true
+	})
 	slices.SortFunc(s.Lanes, func(a, b LaneStats) int { return strings.Compare(a.Key, b.Key) })
 	return s
+}
+
+// LaneStats returns a snapshot of the lane of key, and whether the
+// Transport has one (a lane is created by its key's first request, and
+// forgotten when idle; see WithLaneIdle). It creates no lane and reads no
+// other.
+func (t *Transport) LaneStats(key string) (LaneStats, bool) {
+	l := t.find(key)
+	if l == nil {
+		return LaneStats{}, false
+	}
+	return l.stats(), true
 }
 
 func (l *lane) stats() LaneStats {

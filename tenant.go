@@ -107,8 +107,7 @@ type levelQueue struct {
 	named map[string]*tenant // active named tenants; see forget
 	spare []*tenant          // records to reuse; see forget
 	big   bool               // named has held more than bigTenants
-	ring  tenant             // sentinel of the rotation, a circular list
-	held  tenant             // sentinel of the tenants with waiters at their cap
+	lists *tenantLists       // nil until the level's first waiter
 	share float64            // the tenant cap's share of the limit; 0: none
 	n     int                // waiters queued at this level
 
@@ -116,10 +115,16 @@ type levelQueue struct {
 	queuing int
 }
 
+// tenantLists are the sentinels of a level's two lists of tenants with
+// waiters: the rotation, a circular list, and the tenants at their cap.
+// A level allocates them at its first waiter: a lane whose requests never
+// wait does without.
+type tenantLists struct {
+	ring, held tenant
+}
+
 func (lv *levelQueue) init(p Priority, share float64) {
 	lv.anon.level = p
-	lv.ring.next, lv.ring.prev = &lv.ring, &lv.ring
-	lv.held.next, lv.held.prev = &lv.held, &lv.held
 	lv.share = share
 }
 
@@ -158,10 +163,16 @@ func (lv *levelQueue) capOf(limit int) int {
 // link puts t at the back of the rotation if it is under its cap, or in
 // the held list if not.
 func (lv *levelQueue) link(t *tenant, limit int) {
-	list := &lv.ring
+	if lv.lists == nil {
+		ls := new(tenantLists)
+		ls.ring.next, ls.ring.prev = &ls.ring, &ls.ring
+		ls.held.next, ls.held.prev = &ls.held, &ls.held
+		lv.lists = ls
+	}
+	list := &lv.lists.ring
 	t.held = t.inFlight >= lv.capOf(limit)
 	if t.held {
-		list = &lv.held
+		list = &lv.lists.held
 	}
 	last := list.prev
 	t.prev, t.next = last, list
@@ -216,7 +227,11 @@ func (lv *levelQueue) pop(w *waiter, limit int) {
 // that is under its cap, or nil. A tenant found at its cap (the limit shrank
 // since it was filed) moves to the held list.
 func (lv *levelQueue) candidate(limit int) *waiter {
-	for t := lv.ring.next; t != &lv.ring; t = lv.ring.next {
+	if lv.lists == nil {
+		return nil
+	}
+	ring := &lv.lists.ring
+	for t := ring.next; t != ring; t = ring.next {
 		if t.inFlight < lv.capOf(limit) {
 			return t.waiters[0]
 		}
@@ -251,7 +266,11 @@ func (lv *levelQueue) finished(t *tenant, limit int) {
 // into the rotation. Each held tenant holds at least one slot, so the list
 // is never longer than the limit.
 func (lv *levelQueue) grew(limit int) {
-	for t := lv.held.next; t != &lv.held; {
+	if lv.lists == nil {
+		return
+	}
+	held := &lv.lists.held
+	for t := held.next; t != held; {
 		next := t.next
 		if t.inFlight < lv.capOf(limit) {
 			lv.unlink(t)

@@ -57,15 +57,24 @@ type Transport struct {
 	base http.RoundTripper // nil: http.DefaultTransport, read at each request
 	cfg  config
 
-	// lanes is a copy-on-write map: lookups, on every request, are an atomic
-	// load and a map read; creating a lane, once per key, copies the map under
-	// mu.
-	lanes atomic.Pointer[map[string]*lane]
-	mu    sync.Mutex
-	// hot is the first lane created: most Transports call one host, and
-	// comparing its key is cheaper than hashing it into lanes. It is never
-	// moved, so requests to several hosts do not contend on it.
+	// lanes maps a key to its lane (*lane). A lookup, on every request, reads
+	// it without a lock; creating a lane, once per key, costs O(1)
+	// amortised whatever the number of lanes (sync.Map is a concurrent hash
+	// trie), and so does forgetting one. nLanes counts its entries.
+	lanes  sync.Map
+	nLanes atomic.Int64
+	// hot is the first live lane created: most Transports call one host,
+	// and comparing its key is cheaper than hashing it into lanes. It is not
+	// moved while it lives, so requests to several hosts do not contend on
+	// it; when it is forgotten, the next lane created takes its place.
 	hot atomic.Pointer[lane]
+
+	// The sweep that forgets idle lanes (see WithLaneIdle): a timer armed
+	// while the Transport has lanes, every laneIdle/2. armed says it is
+	// armed or running; sweepMu guards sweeper.
+	armed   atomic.Bool
+	sweepMu sync.Mutex
+	sweeper *time.Timer
 
 	// leaked holds the lanes that have warned of a response body not
 	// closed: each warns once.
@@ -91,8 +100,6 @@ func New(base http.RoundTripper, opts ...Option) (*Transport, error) {
 	if err := t.cfg.validate(); err != nil {
 		return nil, err
 	}
-	m := make(map[string]*lane)
-	t.lanes.Store(&m)
 	return t, nil
 }
 
@@ -113,36 +120,126 @@ func (t *Transport) CloseIdleConnections() {
 	}
 }
 
-// lane returns the lane for key, creating it on first use.
+// lane returns the lane for key, creating it on first use. The lane it
+// returns may be forgotten at any moment after (see WithLaneIdle); its
+// acquire then fails with errLaneGone, and the caller asks relane for the
+// key's live lane.
 func (t *Transport) lane(key string) *lane {
 	if l := t.hot.Load(); l != nil && l.key == key {
 		return l
 	}
-	if l, ok := (*t.lanes.Load())[key]; ok {
-		return l
+	if v, ok := t.lanes.Load(key); ok {
+		if l := v.(*lane); !l.dead.Load() {
+			return l
+		}
 	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	old := *t.lanes.Load()
-	if l, ok := old[key]; ok {
-		return l
+	return t.laneSlow(key)
+}
+
+// relane returns the live lane of a lane that acquire found forgotten.
+func (t *Transport) relane(dead *lane) *lane {
+	t.hot.CompareAndSwap(dead, nil)
+	return t.laneSlow(dead.key)
+}
+
+// laneSlow returns the live lane for key, creating it if there is none,
+// or only a forgotten one not yet removed from the map.
+func (t *Transport) laneSlow(key string) *lane {
+	for {
+		v, ok := t.lanes.Load(key)
+		if ok {
+			old := v.(*lane)
+			if !old.dead.Load() {
+				return old
+			}
+			l := newLane(key, &t.cfg)
+			if t.lanes.CompareAndSwap(key, old, l) {
+				t.added(l)
+				return l
+			}
+			continue
+		}
+		l := newLane(key, &t.cfg)
+		if _, loaded := t.lanes.LoadOrStore(key, l); !loaded {
+			t.nLanes.Add(1)
+			t.added(l)
+			return l
+		}
 	}
-	m := make(map[string]*lane, len(old)+1)
-	for k, v := range old {
-		m[k] = v
+}
+
+// added finishes the creation of l, now in the map: it may become the hot
+// lane, it is closed at once if Close has run meanwhile (Close sets closed
+// before it visits the map, so one of the two sees the other), and the
+// sweep is armed if it is not.
+func (t *Transport) added(l *lane) {
+	t.hot.CompareAndSwap(nil, l)
+	if t.closed.Load() {
+		l.close()
 	}
-	l := newLane(key, &t.cfg)
-	m[key] = l
-	t.lanes.Store(&m)
-	if len(old) == 0 {
-		t.hot.Store(l)
+	t.armSweep()
+}
+
+// find returns the live lane for key, or nil: it creates none.
+func (t *Transport) find(key string) *lane {
+	if v, ok := t.lanes.Load(key); ok {
+		if l := v.(*lane); !l.dead.Load() {
+			return l
+		}
 	}
-	return l
+	return nil
+}
+
+// armSweep arms the sweep of idle lanes if it is not armed, lanes are
+// forgotten (WithLaneIdle is not 0) and the Transport is open.
+func (t *Transport) armSweep() {
+	if t.cfg.laneIdle == 0 || t.armed.Load() || !t.armed.CompareAndSwap(false, true) {
+		return
+	}
+	t.sweepMu.Lock()
+	defer t.sweepMu.Unlock()
+	if t.closed.Load() {
+		return // Close stopped the sweep for good; armed stays set
+	}
+	d := max(t.cfg.laneIdle/2, 1)
+	if t.sweeper == nil {
+		t.sweeper = time.AfterFunc(d, t.sweep)
+	} else {
+		t.sweeper.Reset(d)
+	}
+}
+
+// sweep forgets every lane idle for laneIdle or more (see lane.forget),
+// then arms itself again if lanes remain. It visits each lane once, taking
+// its lock briefly, and holds no lock of the Transport: requests and lane
+// creation go on meanwhile.
+func (t *Transport) sweep() {
+	t.lanes.Range(func(k, v any) bool {
+		l := v.(*lane)
+		if l.forget(t.cfg.laneIdle) {
+			if t.lanes.CompareAndDelete(k, l) {
+				t.nLanes.Add(-1)
+			}
+			t.hot.CompareAndSwap(l, nil)
+			t.leaked.Delete(l)
+		}
+		return true
+	})
+	// A lane created from here on arms the sweep itself; one created
+	// before is counted in nLanes.
+	t.armed.Store(false)
+	if t.nLanes.Load() > 0 {
+		t.armSweep()
+	}
 }
 
 var (
 	errNilRequest = errors.New("sluice: nil Request")
 	errNilURL     = errors.New("sluice: nil Request.URL")
+	// errLaneGone is what acquire returns on a lane that was forgotten
+	// (see WithLaneIdle): the caller takes the key's live lane and tries
+	// again. It never reaches a caller of RoundTrip.
+	errLaneGone = errors.New("sluice: lane forgotten")
 	// errNilResponse is what a base that returns neither a response nor an
 	// error becomes, as http.Client does. It is not retried.
 	errNilResponse = errors.New("sluice: RoundTripper returned a nil *Response with a nil error")
@@ -190,6 +287,9 @@ func (t *Transport) attempt(l *lane, req *http.Request, p Priority, enq time.Dur
 	ctx := req.Context()
 	g, err := l.acquire(ctx, p, enq)
 	enq, start := g.enq, g.start
+	if err == errLaneGone {
+		return nil, enq, err // nothing was taken; do tries the live lane
+	}
 	if err != nil {
 		closeBody(req)
 		if rej, ok := err.(*RejectedError); ok {
@@ -265,11 +365,13 @@ func (t *Transport) logRefusal(ctx context.Context, rej *RejectedError) {
 // lane exists. ForEach reads it to bound its goroutines.
 func (t *Transport) fanoutLimit() int {
 	n := 0
-	for _, l := range *t.lanes.Load() {
+	t.lanes.Range(func(_, v any) bool {
+		l := v.(*lane)
 		l.mu.Lock()
 		n += l.slot.limit
 		l.mu.Unlock()
-	}
+		return true
+	})
 	if n == 0 {
 		return t.cfg.minConc
 	}

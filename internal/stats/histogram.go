@@ -10,8 +10,9 @@ import (
 // subBuckets equal parts, so a reported quantile is within 1/subBuckets (about
 // 6%) of the true value, whatever its magnitude. 40 powers of two reach
 // 2^40 ns, about 18 minutes; longer durations land in the last bucket. The
-// whole histogram is a fixed array: recording never allocates and memory does
-// not grow with traffic.
+// buckets are a fixed array, allocated at the first positive duration
+// recorded (zero and negative ones are only counted): a histogram that has
+// seen none costs a few words, and memory never grows with traffic after.
 const (
 	subBits    = 4
 	subBuckets = 1 << subBits
@@ -22,7 +23,8 @@ const (
 // Histogram counts durations. The zero value is empty and ready to use. It is
 // not safe for concurrent use; callers hold their own lock.
 type Histogram struct {
-	counts [numBuckets]uint64
+	counts *[numBuckets]uint64 // nil until a positive duration is recorded
+	zeros  uint64              // durations <= 0: bucket 0, kept apart
 	total  uint64
 }
 
@@ -57,10 +59,17 @@ func lower(i int) (time.Duration, time.Duration) {
 	return time.Duration(uint64(1)<<exp + uint64(sub)*width), time.Duration(width)
 }
 
-// Record adds one observation.
+// Record adds one observation. It allocates once, at the first positive d.
 func (h *Histogram) Record(d time.Duration) {
-	h.counts[index(d)]++
 	h.total++
+	if d <= 0 {
+		h.zeros++
+		return
+	}
+	if h.counts == nil {
+		h.counts = new([numBuckets]uint64)
+	}
+	h.counts[index(d)]++
 }
 
 // Count reports the number of observations.
@@ -83,7 +92,11 @@ func (h *Histogram) Quantile(q float64) time.Duration {
 	if rank < 1 {
 		rank = 1
 	}
-	var seen uint64
+	seen := h.zeros
+	if seen >= rank {
+		lo, w := lower(0)
+		return lo + w/2
+	}
 	for i, c := range h.counts {
 		seen += c
 		if seen >= rank {
