@@ -261,13 +261,16 @@ type grant struct {
 	enq, start time.Duration // on the lane's clock
 	tn         *tenant
 	timed      bool
-	ch         *charge // what it cost the lane's budgets
+	ch         *charge       // what it cost the lane's budgets
+	at         time.Duration // when it was handed out, on the lane's clock
 }
 
 // testHookGrant, set only by tests, sees every grant a lane makes, at its
 // reading of the lane's clock, with the lane's lock held: the hand-off
 // times the bound is about, before any goroutine is scheduled.
-var testHookGrant func(l *lane, at time.Duration)
+// testHookRefund sees every grant given back unsent, by the time it was
+// made.
+var testHookGrant, testHookRefund func(l *lane, at time.Duration)
 
 // firstAttempt is the enqueue time acquire is given for a logical request's
 // first attempt: it has none yet.
@@ -347,7 +350,7 @@ func (l *lane) acquire(ctx context.Context, p Priority, enq time.Duration) (gran
 		l.mu.Unlock()
 		// The grant time is the send time, give or take the few
 		// nanoseconds until the caller sends: no clock read is needed.
-		return grant{enq, now, tn, timed, ch}, nil
+		return grant{enq, now, tn, timed, ch, now}, nil
 	}
 	if err := ctx.Err(); err != nil {
 		lv.forget(tn)
@@ -386,7 +389,7 @@ func (l *lane) acquire(ctx context.Context, p Priority, enq time.Duration) (gran
 		if w.err != nil {
 			return grant{enq: enq}, w.err
 		}
-		return grant{enq, l.clock(), tn, w.timed, ch}, nil
+		return grant{enq, l.clock(), tn, w.timed, ch, w.at}, nil
 	case <-ctx.Done():
 		l.mu.Lock()
 		refunded, failed := false, false
@@ -394,7 +397,7 @@ func (l *lane) acquire(ctx context.Context, p Priority, enq time.Duration) (gran
 			// The grant and the cancellation raced and the grant won: give
 			// the token and the slot back, as if it had not happened. The
 			// caller sees its context's error and sends nothing.
-			l.refundLocked(tn, ch)
+			l.refundLocked(tn, ch, w.at)
 			refunded = true
 		} else if w.err != nil {
 			failed = true // the lane failed it first; it was not cancelled
@@ -465,9 +468,9 @@ func (l *lane) grantedLocked(now time.Duration, p Priority, first bool) {
 
 // refund gives back the token and slot of an attempt that was granted but
 // not sent.
-func (l *lane) refund(tn *tenant, ch *charge) {
+func (l *lane) refund(tn *tenant, ch *charge, at time.Duration) {
 	l.mu.Lock()
-	l.refundLocked(tn, ch)
+	l.refundLocked(tn, ch, at)
 	l.mu.Unlock()
 	l.backendDone()
 }
@@ -476,7 +479,10 @@ func (l *lane) refund(tn *tenant, ch *charge) {
 // given back (a shared budget cannot take one back safely once others may
 // have been refused for it); its lease is, by the caller's backendDone
 // after mu is released. mu must be held.
-func (l *lane) refundLocked(tn *tenant, ch *charge) {
+func (l *lane) refundLocked(tn *tenant, ch *charge, at time.Duration) {
+	if testHookRefund != nil {
+		testHookRefund(l, at)
+	}
 	now := l.tick()
 	if l.lim != nil && l.be == nil {
 		// The bucket caps its tokens at burst on its next read, so a
@@ -690,7 +696,8 @@ func (l *lane) grantLocked(now time.Time, w *waiter, err error) {
 		l.q.levels[w.level].forget(w.tn) // it may have been its last waiter
 	} else {
 		w.granted = true
-		w.timed = l.timeNext(now.Sub(l.epoch))
+		w.at = now.Sub(l.epoch)
+		w.timed = l.timeNext(w.at)
 		if testHookGrant != nil {
 			testHookGrant(l, now.Sub(l.epoch))
 		}

@@ -66,11 +66,12 @@ type waiter struct {
 	start   time.Time // enqueue time of this attempt (measures its wait)
 	index   int       // position in its tenant's heap; -1 once removed
 	ready   chan struct{}
-	first   bool    // the logical request's first attempt
-	granted bool    // set under the lane's lock before ready is closed
-	timed   bool    // with granted: its latency is measured; see lane.timeNext
-	err     error   // set instead of granted when the lane fails the waiter
-	charge  *charge // what it costs the lane's budgets; nil: nothing
+	first   bool          // the logical request's first attempt
+	granted bool          // set under the lane's lock before ready is closed
+	timed   bool          // with granted: its latency is measured; see lane.timeNext
+	at      time.Duration // with granted: when, on the lane's clock
+	err     error         // set instead of granted when the lane fails the waiter
+	charge  *charge       // what it costs the lane's budgets; nil: nothing
 }
 
 // waiterHeap is a min-heap of waiters by (rank, seq).

@@ -300,7 +300,7 @@ func (t *Transport) attempt(l *lane, req *http.Request, p Priority, enq time.Dur
 	if err := ctx.Err(); err != nil {
 		// Cancelled between grant and send: nothing was sent, so the token
 		// and the slot go back.
-		l.refund(g.tn, g.ch)
+		l.refund(g.tn, g.ch, g.at)
 		closeBody(req)
 		return nil, enq, err
 	}

@@ -307,7 +307,7 @@ func TestCancelAfterGrantRefundsToken(t *testing.T) {
 		}
 		cancel()
 		// What attempt does when it finds the context ended after the grant.
-		l.refund(g.tn, nil)
+		l.refund(g.tn, nil, g.at)
 		at := time.Now()
 		if err := get(t.Context(), tr, ""); err != nil {
 			t.Fatal(err)
@@ -494,7 +494,7 @@ func TestGrantWinsRaceWithCancel(t *testing.T) {
 			l.mu.Unlock()
 			if err := <-errc; err == nil {
 				outcomes[0]++
-				l.refund(w.tn, nil) // what attempt does on finding ctx done after the grant
+				l.refund(w.tn, nil, w.at) // what attempt does on finding ctx done after the grant
 			} else {
 				outcomes[1]++
 			}
