@@ -325,6 +325,10 @@ func (l *lane) acquire(ctx context.Context, p Priority, enq time.Duration) (gran
 		l.mu.Unlock()
 		return grant{enq: enq}, errLaneGone
 	}
+	if l.closed {
+		l.mu.Unlock()
+		return grant{enq: enq}, ErrClosed
+	}
 	// The clock is read under the lock: a reading taken before it would
 	// charge the grant to an instant up to the lock wait in the past, when
 	// the bucket may have been full and overflowing, and the bound would
@@ -356,11 +360,6 @@ func (l *lane) acquire(ctx context.Context, p Priority, enq time.Duration) (gran
 		lv.forget(tn)
 		l.mu.Unlock()
 		return grant{enq: enq}, err
-	}
-	if l.closed {
-		lv.forget(tn)
-		l.mu.Unlock()
-		return grant{enq: enq}, ErrClosed
 	}
 	t := l.timeOf(now)
 	if rej := l.refuse(ctx, t, p, tn, ch); rej != nil {
@@ -595,8 +594,8 @@ func (l *lane) wake() {
 // one token's time back), and as many waiters as tokens are due are served
 // at one wake-up. Go's timers cannot wake a goroutine sooner than about a
 // millisecond; where a token's time is shorter than that, the dispatcher
-// yields the processor until the token is due instead of arming a timer
-// (see spinBelow).
+// sleeps precisely until the token is due instead of arming a timer (see
+// timerGrain).
 func (l *lane) dispatch() {
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
@@ -639,13 +638,13 @@ func (l *lane) dispatch() {
 			d = max(l.tokenDelay(tick), l.payDelay(tick, next.charge))
 			late = l.lim != nil
 		}
-		spin := late && d < spinBelow && tokenTime(l.lim.rate) < spinLag
+		precise := late && d < timerGrain && tokenTime(l.lim.rate) < preciseLag
 		l.mu.Unlock()
 
 		switch {
 		case d < 0:
 			<-l.kick
-		case spin && l.yieldUntil(tick+d):
+		case precise && l.sleepUntil(tick+d):
 		default:
 			timer.Reset(d)
 			select {
@@ -657,21 +656,21 @@ func (l *lane) dispatch() {
 }
 
 const (
-	// A timer armed for less than spinBelow fires about a millisecond
+	// A timer armed for less than timerGrain fires about a millisecond
 	// late on Linux (the runtime's poller sleeps in whole milliseconds).
-	// A lane whose token's time is under spinLag could not charge that
+	// A lane whose token's time is under preciseLag could not charge that
 	// lateness back (see bucket.takeLate), so its dispatcher sleeps
-	// precisely until the token is due instead (see yieldUntil).
-	spinBelow = time.Millisecond
-	spinLag   = spinBelow + spinBelow/5
+	// precisely until the token is due instead (see sleepUntil).
+	timerGrain = time.Millisecond
+	preciseLag = timerGrain + timerGrain/5
 )
 
-// yieldUntil returns when the lane's clock reaches until or the lane is
+// sleepUntil returns when the lane's clock reaches until or the lane is
 // kicked, sleeping precisely (see preciseSleep) in between. It reports
 // false, having waited for nothing, if the clock stands still meanwhile:
 // time that moves only when every goroutine is blocked (a testing/synctest
 // bubble) must be waited for with a timer.
-func (l *lane) yieldUntil(until time.Duration) bool {
+func (l *lane) sleepUntil(until time.Duration) bool {
 	for prev := l.clock(); prev < until; {
 		select {
 		case <-l.kick:
