@@ -11,6 +11,9 @@ import (
 	"testing/synctest"
 	"time"
 
+	"golang.org/x/sync/semaphore"
+	"golang.org/x/time/rate"
+
 	"github.com/sluice-go/sluice/internal/stats"
 	"github.com/sluice-go/sluice/internal/upstream"
 )
@@ -26,7 +29,7 @@ type tokenRun struct {
 	interP99, batchP99       time.Duration
 }
 
-func runTokens(tb testing.TB, anthropic bool, realClock bool, dur time.Duration, scale int) tokenRun {
+func runTokens(tb testing.TB, anthropic bool, realClock bool, dur time.Duration, scale int, peer bool) tokenRun {
 	per := time.Minute
 	if realClock {
 		per = time.Second
@@ -49,8 +52,14 @@ func runTokens(tb testing.TB, anthropic bool, realClock bool, dur time.Duration,
 		srv = upstream.New(cfg)
 	}
 	defer srv.Close()
-	tr := mustNew(tb, srv.Transport(), opts...)
-	defer tr.Close()
+	var tr http.RoundTripper
+	if peer {
+		tr = peerTokens(srv.Transport(), anthropic, reqs, toks, per)
+	} else {
+		st := mustNew(tb, srv.Transport(), opts...)
+		defer st.Close()
+		tr = st
+	}
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), dur)
 	defer cancel()
@@ -141,7 +150,7 @@ func TestTokenBudgetMixedCosts(t *testing.T) {
 		}
 		t.Run(name, func(t *testing.T) {
 			var res tokenRun
-			synctest.Test(t, func(t *testing.T) { res = runTokens(t, anthropic, false, 40*time.Minute, 1) })
+			synctest.Test(t, func(t *testing.T) { res = runTokens(t, anthropic, false, 40*time.Minute, 1, false) })
 			t.Log(tokenTableHead + "\n" + res.row(name))
 			if res.tokenShare < 0.95 || res.tokenShare > 1.02 {
 				t.Errorf("%.3f of the token limit, want >= 0.95 (and not above it but for the bucket's start)", res.tokenShare)
@@ -156,10 +165,44 @@ func TestTokenBudgetMixedCosts(t *testing.T) {
 	}
 }
 
+// peerTokens is what a careful user builds by hand from the peers: an
+// x/time/rate limiter for requests and one per token budget (WaitN by the
+// call's estimated cost, burst a period's worth), and 16 slots of
+// x/sync/semaphore, held until the response headers.
+func peerTokens(base http.RoundTripper, anthropic bool, reqs, toks int, per time.Duration) http.RoundTripper {
+	perSec := func(n int) rate.Limit { return rate.Limit(float64(n) / per.Seconds()) }
+	reqLim := rate.NewLimiter(perSec(reqs), 1)
+	budgets := map[string]*rate.Limiter{"tokens": rate.NewLimiter(perSec(toks), toks)}
+	if anthropic {
+		budgets = map[string]*rate.Limiter{
+			"input-tokens":  rate.NewLimiter(perSec(toks), toks),
+			"output-tokens": rate.NewLimiter(perSec(toks/5), toks/5),
+		}
+	}
+	sem := semaphore.NewWeighted(16)
+	return rtFunc(func(req *http.Request) (*http.Response, error) {
+		ctx := req.Context()
+		if err := reqLim.Wait(ctx); err != nil {
+			return nil, err
+		}
+		for name, lim := range budgets {
+			if err := lim.WaitN(ctx, CostFrom(ctx, name)); err != nil {
+				return nil, err
+			}
+		}
+		if err := sem.Acquire(ctx, 1); err != nil {
+			return nil, err
+		}
+		defer sem.Release(1)
+		return base.RoundTrip(req)
+	})
+}
+
 // BenchmarkTokenBudgetLoopback is TestTokenBudgetMixedCosts on real
 // loopback, with the budgets per second instead of per minute (60,000
-// tokens a second): it prints the table. -sluice.loopback sets the run
-// (default 10 s).
+// tokens a second), sluice beside the peers by hand (see peerTokens) in the
+// same run: it prints the table. -sluice.loopback sets the run (default
+// 10 s).
 func BenchmarkTokenBudgetLoopback(b *testing.B) {
 	for b.Loop() {
 		fmt.Println(tokenTableHead)
@@ -168,7 +211,8 @@ func BenchmarkTokenBudgetLoopback(b *testing.B) {
 			if anthropic {
 				name = "Anthropic: 600 requests, 60k input and 12k output tokens a second"
 			}
-			fmt.Println(runTokens(b, anthropic, true, loopbackRun, 1).row(name))
+			fmt.Println(runTokens(b, anthropic, true, loopbackRun, 1, false).row(name + ", sluice"))
+			fmt.Println(runTokens(b, anthropic, true, loopbackRun, 1, true).row(name + ", x/time/rate + semaphore"))
 		}
 	}
 }
