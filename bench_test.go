@@ -39,6 +39,10 @@ func BenchmarkRoundTrip(b *testing.B) {
 	for _, base := range []http.RoundTripper{nopBase{}, bodyBase{}} {
 		name := fmt.Sprintf("%T", base)[len("sluice."):]
 		tr := mustNew(b, base, WithRate(1e9, time.Second), WithBurst(1<<30))
+		// An Observer that does nothing: what the events cost when one
+		// is set (without one, only a nil check).
+		otr := mustNew(b, base, WithRate(1e9, time.Second), WithBurst(1<<30),
+			WithObserver(ObserverFunc(func(context.Context, Event) {})))
 		lim := rate.NewLimiter(1e9, 1<<30)
 		sem := semaphore.NewWeighted(DefaultMaxConcurrency)
 		ctx := context.Background()
@@ -49,6 +53,7 @@ func BenchmarkRoundTrip(b *testing.B) {
 			{"bare", func() error { return send(base, req) }},
 			{"sluice", func() error { return send(tr, req) }},
 			{"sluice+tenant", func() error { return send(tr, treq) }},
+			{"sluice+observer", func() error { return send(otr, req) }},
 			{"rate+semaphore", func() error {
 				if err := lim.Wait(ctx); err != nil {
 					return err
@@ -81,6 +86,7 @@ func BenchmarkRoundTrip(b *testing.B) {
 				})
 			})
 		}
+		otr.WaitEvents(context.Background())
 	}
 }
 

@@ -1,6 +1,7 @@
 package sluice
 
 import (
+	"context"
 	"math"
 	"net/http"
 	"time"
@@ -164,6 +165,7 @@ type feedback struct {
 	creep     time.Duration // how long the last cut's creep from plateau to fail takes; 0: no creep
 
 	coolFrom, coolTo time.Time // the latest cooldown
+	coolWhy          string    // and its cause
 
 	header      float64 // rate from rate-limit headers; 0 if none
 	headerUntil time.Time
@@ -379,7 +381,7 @@ func signals(resp *http.Response) bool {
 // Retry-After, else the wait of the quota that says nothing remains (the
 // token budget's, or the requests'; see quotaModel.refusalWait). Any other
 // quota paces the lane (see quotaModel).
-func (l *lane) observe(resp *http.Response, sent time.Time, p Priority, ch *charge) (throttled bool) {
+func (l *lane) observe(ctx context.Context, resp *http.Response, sent time.Time, p Priority, ch *charge) (throttled bool) {
 	h := resp.Header
 	// Headers state times on the wall clock; one reading serves all.
 	wall := time.Now()
@@ -402,6 +404,11 @@ func (l *lane) observe(resp *http.Response, sent time.Time, p Priority, ch *char
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	now := l.now()
+	cause := RateHeader
+	if ev := l.cfg.events; ev != nil {
+		rate, cool := l.rate, l.cooldown
+		defer func() { l.changed(ctx, ev, rate, cool, cause) }()
+	}
 	for i := range l.budgets {
 		if budgetOK[i] && budgetQuotas[i].Remaining >= 0 {
 			if ch != nil && float64(budgetQuotas[i].Remaining) < ch.cost[i] {
@@ -419,6 +426,9 @@ func (l *lane) observe(resp *http.Response, sent time.Time, p Priority, ch *char
 			f.refused = newAcceptWindow()
 		}
 		f.refused.Add(now, 1)
+	}
+	if refused && l.cfg.events != nil {
+		l.cfg.events.push(ctx, Event{Kind: EventThrottled, Lane: l.key, Priority: p, Tenant: TenantFrom(ctx), Status: status})
 	}
 	if !refused {
 		if hasQuota {
@@ -442,6 +452,7 @@ func (l *lane) observe(resp *http.Response, sent time.Time, p Priority, ch *char
 	// secondary limits) is a penalty, not a pace.
 	if status == http.StatusTooManyRequests && !tokensOut && !(exhausted && f.quota.kind == kindWindow) {
 		f.cut(now, sent, l.currentRate(), ra)
+		cause = RateCut
 	}
 	l.applyRate(now)
 	return throttled
@@ -489,7 +500,11 @@ func (l *lane) settle(now, sent time.Duration, status int) {
 		t := l.timeOf(now)
 		f.peak = max(f.peak, f.acceptedRate(t))
 		f.grow(t)
+		rate := l.rate
 		l.applyRate(t)
+		if ev := l.cfg.events; ev != nil && l.rate != rate {
+			ev.push(context.Background(), Event{Kind: EventRateChanged, Lane: l.key, From: rate, To: l.rate, Cause: RateRecovery})
+		}
 	}
 }
 
@@ -511,9 +526,22 @@ func (l *lane) coolLocked(until time.Time, why string) {
 		l.cfg.logger.Info("sluice: lane cooling down", "lane", l.key, "for", until.Sub(last).Round(time.Millisecond), "why", why)
 		l.fb.coolFrom = last
 	}
+	l.fb.coolWhy = why
 	l.fb.coolTo = until
 	l.cooldown = until
 	l.coolTick = until.Sub(l.epoch)
+}
+
+// changed reports to ev what a response changed: the lane's cooldown,
+// which was cool, and its rate, which was rate, for cause. mu must be held.
+func (l *lane) changed(ctx context.Context, ev *events, rate float64, cool time.Time, cause string) {
+	if l.cooldown.After(cool) {
+		ev.push(ctx, Event{Kind: EventCooldown, Lane: l.key, Until: l.cooldown,
+			Wait: l.cooldown.Sub(l.timeOf(l.last)), Cause: l.fb.coolWhy})
+	}
+	if l.rate != rate {
+		ev.push(ctx, Event{Kind: EventRateChanged, Lane: l.key, From: rate, To: l.rate, Cause: cause})
+	}
 }
 
 // applyRate sets the limiter to the pace feedback asks for. mu must be held.

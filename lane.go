@@ -263,6 +263,7 @@ type grant struct {
 	timed      bool
 	ch         *charge       // what it cost the lane's budgets
 	at         time.Duration // when it was handed out, on the lane's clock
+	wait       time.Duration // how long this attempt queued for it
 }
 
 // testHookGrant, set only by tests, sees every grant a lane makes, at its
@@ -354,7 +355,7 @@ func (l *lane) acquire(ctx context.Context, p Priority, enq time.Duration) (gran
 		l.mu.Unlock()
 		// The grant time is the send time, give or take the few
 		// nanoseconds until the caller sends: no clock read is needed.
-		return grant{enq, now, tn, timed, ch, now}, nil
+		return grant{enq, now, tn, timed, ch, now, 0}, nil
 	}
 	if err := ctx.Err(); err != nil {
 		lv.forget(tn)
@@ -370,6 +371,9 @@ func (l *lane) acquire(ctx context.Context, p Priority, enq time.Duration) (gran
 	w := &waiter{level: p, tn: tn, enq: l.timeOf(enq), start: t, first: first, ready: make(chan struct{}), charge: ch}
 	l.q.push(w, l.slot.limit)
 	l.queueCost(w, 1)
+	if ev := l.cfg.events; ev != nil {
+		ev.push(ctx, Event{Kind: EventQueued, Lane: l.key, Priority: p, Tenant: id, Queued: l.q.len()})
+	}
 	if !l.dispatching {
 		l.dispatching = true
 		if l.kick == nil {
@@ -388,7 +392,7 @@ func (l *lane) acquire(ctx context.Context, p Priority, enq time.Duration) (gran
 		if w.err != nil {
 			return grant{enq: enq}, w.err
 		}
-		return grant{enq, l.clock(), tn, w.timed, ch, w.at}, nil
+		return grant{enq, l.clock(), tn, w.timed, ch, w.at, w.at - now}, nil
 	case <-ctx.Done():
 		l.mu.Lock()
 		refunded, failed := false, false
@@ -565,6 +569,9 @@ func (l *lane) setLimitLocked(n int) {
 	// limit can change on any response.
 	if l.cfg.logger.Enabled(context.Background(), slog.LevelDebug) {
 		l.cfg.logger.Debug("sluice: in-flight limit changed", "lane", l.key, "from", l.slot.limit, "to", n)
+	}
+	if ev := l.cfg.events; ev != nil {
+		ev.push(context.Background(), Event{Kind: EventLimitChanged, Lane: l.key, From: float64(l.slot.limit), To: float64(n)})
 	}
 	if l.slot.resize(n) && l.q.len() > 0 {
 		for p := range l.q.levels {

@@ -88,6 +88,8 @@ type config struct {
 	key           func(*http.Request) string
 	laneIdle      time.Duration // see WithLaneIdle; 0: lanes are kept
 	logger        *slog.Logger
+	observers     []Observer
+	events        *events // built by New from observers; nil if none
 	backend       Backend
 	budgets       []budgetConfig
 	tenantShare   [numLevels]float64

@@ -102,10 +102,10 @@ func (t *Transport) do(l *lane, req *http.Request, p Priority) (*http.Response, 
 	enq := firstAttempt
 	areq := req
 	for n := 0; ; n++ {
-		resp, first, err := t.attempt(l, areq, p, enq)
+		resp, first, err := t.attempt(l, areq, p, enq, n+1)
 		for err == errLaneGone {
 			l = t.relane(l)
-			resp, first, err = t.attempt(l, areq, p, enq)
+			resp, first, err = t.attempt(l, areq, p, enq, n+1)
 		}
 		enq = first
 		if resp != nil && areq != req {
@@ -131,6 +131,13 @@ func (t *Transport) do(l *lane, req *http.Request, p Priority) (*http.Response, 
 		}
 		if lg := t.cfg.logger; lg.Enabled(ctx, slog.LevelInfo) {
 			lg.InfoContext(ctx, "sluice: retrying", retryAttrs(l, n, resp, err, wait)...)
+		}
+		if ev := t.cfg.events; ev != nil {
+			e := Event{Kind: EventRetried, Lane: l.key, Priority: p, Tenant: TenantFrom(ctx), Attempt: n + 2, Err: err, Wait: wait}
+			if resp != nil {
+				e.Status = resp.StatusCode
+			}
+			ev.push(ctx, e)
 		}
 		discard(resp)
 		if wait > 0 {

@@ -9,6 +9,9 @@ import (
 // Stats is a snapshot of a Transport's lanes, sorted by key.
 type Stats struct {
 	Lanes []LaneStats
+	// EventsDropped counts the events the Observers missed because they
+	// fell behind by more than a few thousand (see WithObserver).
+	EventsDropped uint64
 }
 
 // Lane returns the stats of the lane with the given key, and whether it
@@ -89,6 +92,9 @@ func (t *Transport) Stats() Stats {
 		return true
 	})
 	slices.SortFunc(s.Lanes, func(a, b LaneStats) int { return strings.Compare(a.Key, b.Key) })
+	if ev := t.cfg.events; ev != nil {
+		s.EventsDropped = ev.dropped.Load()
+	}
 	return s
 }
 

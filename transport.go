@@ -100,6 +100,7 @@ func New(base http.RoundTripper, opts ...Option) (*Transport, error) {
 	if err := t.cfg.validate(); err != nil {
 		return nil, err
 	}
+	t.cfg.events = newEvents(t.cfg.observers, t.cfg.logger)
 	return t, nil
 }
 
@@ -283,7 +284,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 // that the slot is released when it is done. enq is the first attempt's
 // enqueue time on the lane's clock (firstAttempt for a first attempt);
 // attempt returns it for the next.
-func (t *Transport) attempt(l *lane, req *http.Request, p Priority, enq time.Duration) (*http.Response, time.Duration, error) {
+func (t *Transport) attempt(l *lane, req *http.Request, p Priority, enq time.Duration, n int) (*http.Response, time.Duration, error) {
 	ctx := req.Context()
 	g, err := l.acquire(ctx, p, enq)
 	enq, start := g.enq, g.start
@@ -294,8 +295,15 @@ func (t *Transport) attempt(l *lane, req *http.Request, p Priority, enq time.Dur
 		closeBody(req)
 		if rej, ok := err.(*RejectedError); ok {
 			t.logRefusal(ctx, rej)
+			if ev := t.cfg.events; ev != nil {
+				ev.push(ctx, Event{Kind: EventRefused, Lane: l.key, Priority: p, Tenant: rej.Tenant, Attempt: n,
+					Reason: rej.Reason, Err: rej, Wait: rej.Wait})
+			}
 		}
 		return nil, enq, err
+	}
+	if ev := t.cfg.events; ev != nil {
+		ev.push(ctx, Event{Kind: EventGranted, Lane: l.key, Priority: p, Tenant: g.tn.id, Attempt: n, Wait: g.wait})
 	}
 	if err := ctx.Err(); err != nil {
 		// Cancelled between grant and send: nothing was sent, so the token
@@ -318,7 +326,7 @@ func (t *Transport) attempt(l *lane, req *http.Request, p Priority, enq time.Dur
 	// neither accepted nor a latency sample.
 	status := resp.StatusCode
 	if signals(resp) {
-		if l.observe(resp, l.timeOf(start), p, g.ch) {
+		if l.observe(ctx, resp, l.timeOf(start), p, g.ch) {
 			status = http.StatusTooManyRequests
 		}
 		if l.be != nil {

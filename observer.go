@@ -1,0 +1,134 @@
+package sluice
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// An Observer is told what a Transport does, as it happens: see
+// WithObserver. Observe is called from one goroutine per Transport, in the
+// order the events happened, never with a lock of the Transport held and
+// never on a request's path, so a slow or blocking Observer delays only
+// the events after it (and drops some, see Stats.EventsDropped), and one
+// that panics loses that event only.
+type Observer interface {
+	Observe(ctx context.Context, e Event)
+}
+
+// ObserverFunc adapts a function to an Observer.
+type ObserverFunc func(ctx context.Context, e Event)
+
+// Observe calls f(ctx, e).
+func (f ObserverFunc) Observe(ctx context.Context, e Event) { f(ctx, e) }
+
+// WithObserver adds o to the Observers of the Transport's events. It may be
+// given more than once; each Observer sees every event, in order. Without
+// one, a request pays one nil check for them.
+func WithObserver(o Observer) Option {
+	return optionFunc(func(c *config) error {
+		if o == nil {
+			return invalid("WithObserver(nil): the observer must not be nil")
+		}
+		c.observers = append(c.observers, o)
+		return nil
+	})
+}
+
+// WaitEvents returns when every event so far has reached the Observers, or
+// ctx ends; with no Observer it returns at once. A test, or a service
+// shutting down, calls it before reading what its Observers recorded.
+func (t *Transport) WaitEvents(ctx context.Context) error {
+	if t.cfg.events == nil {
+		return nil
+	}
+	return t.cfg.events.wait(ctx)
+}
+
+// EventKind says what an Event reports.
+type EventKind uint8
+
+const (
+	// EventQueued: an attempt could not be granted at once and waits in
+	// its lane. Queued is the lane's queue length with it.
+	EventQueued EventKind = iota + 1
+	// EventGranted: an attempt was granted its token and in-flight slot
+	// after waiting Wait (0 if it did not wait), and is about to be sent.
+	EventGranted
+	// EventRefused: an attempt was refused before it was sent, for
+	// Reason; Err is its *RejectedError, and Wait the wait estimated.
+	EventRefused
+	// EventRetried: a request is tried again (Attempt is the attempt about
+	// to be made, 2 for the first retry) after a response with Status (0:
+	// none, the base failed with Err), after Wait.
+	EventRetried
+	// EventThrottled: the server refused an attempt for its rate: a 429, a
+	// 403 that says so (GitHub's limits) or a 503 with Retry-After. Status
+	// is the response's.
+	EventThrottled
+	// EventCooldown: the lane sends nothing before Until, for Wait from
+	// now, because of Cause ("retry-after", "remaining 0", ...). A cooldown
+	// that is extended is reported again.
+	EventCooldown
+	// EventRateChanged: the lane's pace went From To requests per second
+	// (0: not paced), because of Cause: RateCut (a 429), RateHeader (what
+	// the server's rate-limit headers say) or RateRecovery (accepted
+	// requests after a cut).
+	EventRateChanged
+	// EventLimitChanged: the lane's in-flight limit went From To.
+	EventLimitChanged
+)
+
+// Causes of an EventRateChanged.
+const (
+	RateCut      = "429"
+	RateHeader   = "header"
+	RateRecovery = "recovery"
+)
+
+func (k EventKind) String() string {
+	switch k {
+	case EventQueued:
+		return "queued"
+	case EventGranted:
+		return "granted"
+	case EventRefused:
+		return "refused"
+	case EventRetried:
+		return "retried"
+	case EventThrottled:
+		return "throttled"
+	case EventCooldown:
+		return "cooldown"
+	case EventRateChanged:
+		return "rate changed"
+	case EventLimitChanged:
+		return "limit changed"
+	}
+	return fmt.Sprintf("EventKind(%d)", int(k))
+}
+
+// An Event is one thing a Transport did; which fields are set depends on
+// its Kind (see EventKind). The context Observe gets with it is the
+// request's for the events of an attempt (queued, granted, refused,
+// retried, throttled, cooldown, and a rate change a response caused), and
+// context.Background() for the lane's own (a limit change, a rate change
+// on recovery).
+type Event struct {
+	Kind     EventKind
+	Time     time.Time // when it happened
+	Lane     string    // the lane's key
+	Priority Priority
+	Tenant   string // see WithTenant
+	Attempt  int    // 1 for a first attempt; set for Queued, Granted, Refused and Retried
+
+	Wait   time.Duration
+	Queued int
+	Reason Reason
+	Err    error
+	Status int
+	Cause  string
+	Until  time.Time
+	From   float64
+	To     float64
+}
