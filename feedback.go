@@ -166,6 +166,7 @@ type feedback struct {
 
 	coolFrom, coolTo time.Time // the latest cooldown
 	coolWhy          string    // and its cause
+	reported         float64   // the rate last reported to Observers
 
 	header      float64 // rate from rate-limit headers; 0 if none
 	headerUntil time.Time
@@ -406,8 +407,8 @@ func (l *lane) observe(ctx context.Context, resp *http.Response, sent time.Time,
 	now := l.now()
 	cause := RateHeader
 	if ev := l.cfg.events; ev != nil {
-		rate, cool := l.rate, l.cooldown
-		defer func() { l.changed(ctx, ev, rate, cool, cause) }()
+		cool := l.cooldown
+		defer func() { l.changed(ctx, ev, cool, cause) }()
 	}
 	for i := range l.budgets {
 		if budgetOK[i] && budgetQuotas[i].Remaining >= 0 {
@@ -500,10 +501,9 @@ func (l *lane) settle(now, sent time.Duration, status int) {
 		t := l.timeOf(now)
 		f.peak = max(f.peak, f.acceptedRate(t))
 		f.grow(t)
-		rate := l.rate
 		l.applyRate(t)
-		if ev := l.cfg.events; ev != nil && l.rate != rate {
-			ev.push(context.Background(), Event{Kind: EventRateChanged, Lane: l.key, From: rate, To: l.rate, Cause: RateRecovery})
+		if ev := l.cfg.events; ev != nil {
+			l.rateChanged(context.Background(), ev, RateRecovery)
 		}
 	}
 }
@@ -533,15 +533,26 @@ func (l *lane) coolLocked(until time.Time, why string) {
 }
 
 // changed reports to ev what a response changed: the lane's cooldown,
-// which was cool, and its rate, which was rate, for cause. mu must be held.
-func (l *lane) changed(ctx context.Context, ev *events, rate float64, cool time.Time, cause string) {
+// which was cool, and its rate, for cause. mu must be held.
+func (l *lane) changed(ctx context.Context, ev *events, cool time.Time, cause string) {
 	if l.cooldown.After(cool) {
 		ev.push(ctx, Event{Kind: EventCooldown, Lane: l.key, Until: l.cooldown,
 			Wait: l.cooldown.Sub(l.timeOf(l.last)), Cause: l.fb.coolWhy})
 	}
-	if l.rate != rate {
-		ev.push(ctx, Event{Kind: EventRateChanged, Lane: l.key, From: rate, To: l.rate, Cause: cause})
+	l.rateChanged(ctx, ev, cause)
+}
+
+// rateChanged reports the lane's rate to ev if it moved by 1% or more
+// since the last report: a recovering rate creeps up with every response,
+// and an event each time would say nothing. A cut is always reported. mu
+// must be held.
+func (l *lane) rateChanged(ctx context.Context, ev *events, cause string) {
+	from, to := l.fb.reported, l.rate
+	if to == from || cause != RateCut && from != 0 && to != 0 && math.Abs(to-from) < 0.01*from {
+		return
 	}
+	l.fb.reported = to
+	ev.push(ctx, Event{Kind: EventRateChanged, Lane: l.key, From: from, To: to, Cause: cause})
 }
 
 // applyRate sets the limiter to the pace feedback asks for. mu must be held.

@@ -90,7 +90,7 @@ func newLane(key string, cfg *config) *lane {
 	if r := cfg.perSecond(); r > 0 {
 		l.lim = newBucket(r, cfg.burst)
 		l.rate = r
-		l.fb.ceiling, l.fb.peak = r, r
+		l.fb.ceiling, l.fb.peak, l.fb.reported = r, r, r
 	}
 	l.q.init(cfg.tenantShare)
 	l.budgets = newBudgets(cfg.budgets)
@@ -148,7 +148,7 @@ func (l *lane) tryTake(now time.Duration, late bool, ch *charge) bool {
 	}
 	if l.lim != nil {
 		if late {
-			if !l.lim.takeLate(now, tokenTime(l.lim.rate)) {
+			if !l.lim.takeLate(now, lateLag(l.lim.rate, l.fb.fail)) {
 				return false
 			}
 		} else if !l.lim.take(now) {
@@ -158,6 +158,19 @@ func (l *lane) tryTake(now time.Duration, late bool, ch *charge) bool {
 	l.slot.take()
 	l.pay(now, ch)
 	return true
+}
+
+// lateLag is how far back a late token of a bucket at rate may be charged
+// (see bucket.takeLate): a token's time, less a token's time at fail, the
+// pace a server last refused (0: none did). Two grants are then never
+// closer together than the spacing the server refused, which a strict
+// (burst 1) server punishes by any margin.
+func lateLag(rate, fail float64) time.Duration {
+	lag := tokenTime(rate)
+	if fail > 0 {
+		lag = max(0, lag-tokenTime(fail))
+	}
+	return lag
 }
 
 // tokenDelay returns how long until a token is due. mu must be held.
