@@ -458,3 +458,37 @@ func TestParseCoarse(t *testing.T) {
 		}
 	}
 }
+
+// A Date field within its one-second resolution of our clock leaves resets
+// measured on ours: the reset of a one-second window is under a second
+// away, not a whole second. A Date far off ours is the server's clock, and
+// the reset is read on it.
+func TestParseResetReference(t *testing.T) {
+	now := time.Date(2026, 12, 1, 10, 0, 7, 990_000_000, time.UTC) // 10 ms before the window ends
+	reset := strconv.FormatInt(now.Unix()+1, 10)
+	for _, c := range []struct {
+		name string
+		date time.Time
+		want time.Duration
+	}{
+		{"no skew", now, 10 * time.Millisecond},
+		{"server 0.9 s behind", now.Add(-900 * time.Millisecond), 10 * time.Millisecond},
+		// On the server's clock the reset has passed.
+		{"server a minute ahead", now.Add(time.Minute), 0},
+		// Read from Date, which truncates 09:59:07.99 to 09:59:07: up to a
+		// second long, on the safe side.
+		{"server a minute behind", now.Add(-time.Minute), time.Minute + time.Second},
+	} {
+		h := http.Header{
+			"X-Ratelimit-Limit": {"50"}, "X-Ratelimit-Remaining": {"0"}, "X-Ratelimit-Reset": {reset},
+			"Date": {c.date.UTC().Format(http.TimeFormat)},
+		}
+		q, ok := Parse(h, now)
+		if !ok {
+			t.Fatalf("%s: no quota", c.name)
+		}
+		if q.Reset != c.want {
+			t.Errorf("%s: Reset = %v, want %v", c.name, q.Reset, c.want)
+		}
+	}
+}

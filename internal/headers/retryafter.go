@@ -103,13 +103,24 @@ func parseDelay(s string, unit time.Duration) (time.Duration, bool) {
 	return time.Duration(d + f), true
 }
 
-// refTime is the instant relative times in a response are measured from:
-// the response's Date field if it parses, else now.
+// refTime is the instant absolute times in a response are measured from:
+// now, unless the response's Date field shows the server's clock off ours
+// by more than dateSkew beyond Date's whole-second resolution; then Date,
+// so that the server's instants are read on its own clock. Date alone
+// would make every reset up to a second late: a one-second window's
+// reset would read as a whole window.
 func refTime(h http.Header, now time.Time) time.Time {
 	if v, ok := field(h, hdrDate); ok {
 		if t, ok := parseHTTPDate(v); ok {
-			return t
+			if d := now.Sub(t); d < -dateSkew || d >= time.Second+dateSkew {
+				return t
+			}
 		}
 	}
 	return now
 }
+
+// dateSkew is the clock skew, beyond a Date field's resolution, that
+// refTime ignores: a response's Date is stamped before its headers cross
+// the network.
+const dateSkew = time.Second
