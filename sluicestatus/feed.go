@@ -89,11 +89,13 @@ func ms(t time.Time) int64 { return t.UnixMilli() }
 // feed builds the JSON feed. q's since (Unix ms) limits each history to the
 // samples after it.
 func (h *Handler) feed(q url.Values) feedJSON {
-	var since int64
+	since := int64(math.MinInt64)
 	if s := q.Get("since"); s != "" {
-		since, _ = strconv.ParseInt(s, 10, 64) // a bad one sends everything
+		if n, err := strconv.ParseInt(s, 10, 64); err == nil { // a bad one sends everything
+			since = n
+		}
 	}
-	lanes, total, at := h.hist.snapshot()
+	lanes, total, at := h.hist.snapshot(since, h.cfg.interval)
 	now := h.now()
 	f := feedJSON{
 		Now:      ms(now),
@@ -111,12 +113,12 @@ func (h *Handler) feed(q url.Values) feedJSON {
 		if !ok {
 			ls = lh.last
 		}
-		f.Shown = append(f.Shown, laneFeed(now, h.cfg.interval, lh, ls, since))
+		f.Shown = append(f.Shown, laneFeed(now, lh, ls))
 	}
 	return f
 }
 
-func laneFeed(now time.Time, interval time.Duration, lh laneHistory, ls sluice.LaneStats, since int64) laneJSON {
+func laneFeed(now time.Time, lh laneHistory, ls sluice.LaneStats) laneJSON {
 	j := laneJSON{
 		Key:           lh.key,
 		Rate:          round3(ls.Rate),
@@ -154,15 +156,9 @@ func laneFeed(now time.Time, interval time.Duration, lh laneHistory, ls sluice.L
 			Tenants:    lv.Tenants,
 		}
 	}
-	if n := len(lh.pts); n > 0 {
-		j.Achieved = round3(lh.pts[n-1].achieved)
-		// Each sample counts the interval before it.
-		j.Recent = (lh.pts[n-1].at.Sub(lh.pts[0].at) + interval).Seconds()
-		for _, p := range lh.pts {
-			j.RecentThrottled += p.throttled
-			j.RecentCooldowns += p.cooldowns
-		}
-	}
+	j.Achieved = round3(lh.achieved)
+	j.RecentThrottled, j.RecentCooldowns = lh.throttled, lh.cooldowns
+	j.Recent = lh.span.Seconds()
 	// Empty columns, not null, when no sample is new.
 	hj := &j.History
 	hj.T, hj.Achieved, hj.Rate = []int64{}, []float64{}, []float64{}
@@ -172,9 +168,6 @@ func laneFeed(now time.Time, interval time.Duration, lh laneHistory, ls sluice.L
 	}
 	hj.Throttled, hj.Cooldowns, hj.Cooling = []uint64{}, []uint64{}, []bool{}
 	for _, p := range lh.pts {
-		if ms(p.at) <= since {
-			continue
-		}
 		hj.T = append(hj.T, ms(p.at))
 		hj.Achieved = append(hj.Achieved, round3(p.achieved))
 		hj.Rate = append(hj.Rate, round3(p.rate))

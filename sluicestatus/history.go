@@ -48,13 +48,6 @@ func (s *series) add(p point) {
 	s.next = (s.next + 1) % len(s.pts)
 }
 
-// points returns the samples oldest first, in a new slice.
-func (s *series) points() []point {
-	out := make([]point, 0, len(s.pts))
-	out = append(out, s.pts[s.next:]...)
-	return append(out, s.pts[:s.next]...)
-}
-
 // seen is what the history keeps of every lane of the latest sample, shown
 // or not: its counters, to take differences, and its activity score.
 type seen struct {
@@ -163,21 +156,47 @@ func (h *history) record(now time.Time, s sluice.Stats) {
 	h.seen, h.shown, h.total, h.last = next, shown, len(s.Lanes), now
 }
 
-// laneHistory is a copy of one series, for a reader.
+// laneHistory is a copy of one series, for a reader: its samples after a
+// time, and figures over all it keeps.
 type laneHistory struct {
 	key  string
-	pts  []point
+	pts  []point // oldest first
 	last sluice.LaneStats
+	// achieved is the latest sample's; throttled and cooldowns are the
+	// counts of all the samples kept, which cover span.
+	achieved             float64
+	throttled, cooldowns uint64
+	span                 time.Duration
 }
 
-// snapshot copies the series shown, in key order, and returns the number
-// of lanes in the latest sample and its time.
-func (h *history) snapshot() (lanes []laneHistory, total int, at time.Time) {
+// snapshot copies the series shown, in key order, with their samples after
+// since, in Unix milliseconds as the feed gives times, and returns the number of lanes in the
+// latest sample and its time.
+func (h *history) snapshot(since int64, interval time.Duration) (lanes []laneHistory, total int, at time.Time) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	lanes = make([]laneHistory, 0, len(h.shown))
 	for k, s := range h.shown {
-		lanes = append(lanes, laneHistory{key: k, pts: s.points(), last: s.last})
+		lh := laneHistory{key: k, last: s.last}
+		n := len(s.pts)
+		if n == 0 {
+			lanes = append(lanes, lh)
+			continue
+		}
+		// The ring in time order: s.pts[s.next:] then s.pts[:s.next].
+		at := func(i int) *point { return &s.pts[(s.next+i)%n] }
+		for i := range n {
+			p := at(i)
+			lh.throttled += p.throttled
+			lh.cooldowns += p.cooldowns
+			if p.at.UnixMilli() > since {
+				lh.pts = append(lh.pts, *p)
+			}
+		}
+		lh.achieved = at(n - 1).achieved
+		// Each sample counts the interval before it.
+		lh.span = at(n-1).at.Sub(at(0).at) + interval
+		lanes = append(lanes, lh)
 	}
 	slices.SortFunc(lanes, func(a, b laneHistory) int { return cmp.Compare(a.key, b.key) })
 	return lanes, h.total, h.last
