@@ -34,20 +34,19 @@ import (
 var page []byte
 
 // A Handler serves the status page of one Transport and samples its Stats
-// in the background: every Interval into a history of the last History,
-// for at most MaxLanes lanes. With more lanes than that it shows the
-// busiest, by requests granted per second plus in flight plus queued,
-// smoothed over about the last five samples. A lane is shown from the first
-// sample after its first request; its history starts then and is dropped
-// when it is no longer shown. Its memory is
-// bounded by MaxLanes x History / Interval samples of about 200 bytes
-// (about 2.4 MB at the defaults), plus a few counters per lane of the
-// Transport.
+// in the background: every WithInterval (1 s) into a history of the last
+// WithHistory (10 minutes), for at most WithMaxLanes (20) lanes. With more
+// lanes than that it shows the busiest, by requests granted per second
+// plus in flight plus queued, smoothed over about the last five samples. A
+// lane is shown from the first sample after its first request; its history
+// starts then and is dropped when it is no longer shown. Its memory is
+// bounded by MaxLanes x History / Interval samples of 128 bytes (1.5 MB at
+// the defaults), plus a few counters per lane of the Transport.
 //
-// The sampler is a goroutine started by New and stopped by Close; a
-// Handler must be closed, before or after its Transport. A Handler is safe for concurrent
-// use; serving a request takes a snapshot of the lanes shown, and no lock
-// of the Transport.
+// The sampler is a goroutine started by New and stopped by Close: a Handler
+// must be closed, before or after its Transport. The zero Handler is not
+// usable; New makes one. A Handler is safe for concurrent use; serving a
+// request copies the lanes shown and takes no lock of the Transport.
 type Handler struct {
 	t    *sluice.Transport
 	cfg  config

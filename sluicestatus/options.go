@@ -19,7 +19,7 @@ const (
 )
 
 // Bounds on the options: they keep one sample's cost and the memory of the
-// history (MaxLanes x History / Interval samples of about 200 bytes) small.
+// history (MaxLanes x History / Interval samples of 128 bytes) small.
 const (
 	minInterval = 10 * time.Millisecond
 	maxSamples  = 100_000 // per lane: History / Interval
