@@ -30,6 +30,9 @@
 //	-url URL       call a real API instead of the embedded upstream: GET URL
 //	               for each item, with {item} replaced by the item's number
 //	-progress      show the progress bar (default: when stdout is a terminal)
+//	-status ADDR   serve sluice's live status page (package sluicestatus) at
+//	               ADDR, e.g. -status 127.0.0.1:8080, and print its address;
+//	               the page stays up after the summary until Ctrl-C
 package main
 
 import (
@@ -41,6 +44,7 @@ import (
 	"iter"
 	"math"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"os"
 	"os/signal"
@@ -58,6 +62,7 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/internal/upstream"
+	"github.com/sluice-go/sluice/sluicestatus"
 )
 
 // config is what the flags set.
@@ -75,6 +80,16 @@ type config struct {
 	// Report is how often a line of progress is printed when there is no
 	// progress bar; 0 prints none.
 	Report time.Duration
+
+	// Status is the address to serve the status page at; "" serves none.
+	// Linger keeps it up after the summary until ctx ends.
+	Status string
+	Linger bool
+	// statusInterval is the page's sampling interval (0: sluicestatus's
+	// default); statusUp, if set, is called with the page's URL once it
+	// is served. Both are for tests.
+	statusInterval time.Duration
+	statusUp       func(url string)
 }
 
 func defaultConfig() config {
@@ -91,7 +106,9 @@ func main() {
 	flag.DurationVar(&cfg.Latency, "latency", cfg.Latency, "the embedded upstream's median latency")
 	cfg.Progress = term.IsTerminal(int(os.Stdout.Fd()))
 	flag.BoolVar(&cfg.Progress, "progress", cfg.Progress, "show a progress bar (default: when stdout is a terminal)")
+	flag.StringVar(&cfg.Status, "status", cfg.Status, "serve the live status page at this address, e.g. 127.0.0.1:8080 (it stays up after the summary until Ctrl-C)")
 	flag.Parse()
+	cfg.Linger = cfg.Status != ""
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -206,6 +223,13 @@ func run(ctx context.Context, cfg config, stdout io.Writer) error {
 	client := &http.Client{Transport: tr}
 
 	fmt.Fprintf(stdout, "sluice fan-out: %d items through sluice.ForEach, to %s.\n", cfg.Items, describe)
+	if cfg.Status != "" {
+		stopStatus, err := serveStatus(cfg, tr, stdout)
+		if err != nil {
+			return err
+		}
+		defer stopStatus()
+	}
 
 	var tl tally
 	prog := newProgress(cfg, tr, stdout)
@@ -247,7 +271,45 @@ func run(ctx context.Context, cfg config, stdout io.Writer) error {
 	if interrupted {
 		return ctx.Err()
 	}
+	if cfg.Status != "" && cfg.Linger {
+		fmt.Fprintln(stdout, "\nthe status page is still up; Ctrl-C to exit")
+		<-ctx.Done()
+	}
 	return err
+}
+
+// serveStatus serves sluicestatus's page for tr at cfg.Status and prints
+// its address; the func it returns stops the server and the page's sampler.
+func serveStatus(cfg config, tr *sluice.Transport, stdout io.Writer) (stop func(), err error) {
+	var opts []sluicestatus.Option
+	if cfg.statusInterval > 0 {
+		opts = append(opts, sluicestatus.WithInterval(cfg.statusInterval))
+	}
+	page, err := sluicestatus.New(tr, opts...)
+	if err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", cfg.Status)
+	if err != nil {
+		page.Close()
+		return nil, fmt.Errorf("-status: %w", err)
+	}
+	srv := &http.Server{Handler: page, ReadHeaderTimeout: 10 * time.Second}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		srv.Serve(ln) // returns at Close
+	}()
+	url := "http://" + ln.Addr().String() + "/"
+	fmt.Fprintf(stdout, "status page: %s\n", url)
+	if cfg.statusUp != nil {
+		cfg.statusUp(url)
+	}
+	return func() {
+		srv.Close()
+		<-done
+		page.Close()
+	}, nil
 }
 
 // count yields 0, 1, ..., n-1, one at a time: ForEach takes items as it can

@@ -3,8 +3,10 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"regexp"
@@ -143,5 +145,81 @@ func TestRunRejectsBadFlags(t *testing.T) {
 	cfg.Rate = 0
 	if err := run(t.Context(), cfg, &bytes.Buffer{}); err == nil {
 		t.Error("run with -rate 0 succeeded")
+	}
+}
+
+// TestRunStatusPage runs with -status on a free port: the page is served
+// while the items fan out, its feed shows the demo's lane at work, and the
+// server is gone when run returns.
+func TestRunStatusPage(t *testing.T) {
+	cfg := short(400)
+	cfg.Rate = 200 // 2 s of work
+	cfg.Status = "127.0.0.1:0"
+	cfg.statusInterval = 50 * time.Millisecond
+	type seen struct {
+		page    string
+		granted uint64
+		err     error
+	}
+	got := make(chan seen, 1)
+	var addr string
+	cfg.statusUp = func(url string) {
+		addr = url
+		go func() {
+			var s seen
+			defer func() { got <- s }()
+			resp, err := http.Get(url)
+			if err != nil {
+				s.err = err
+				return
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			s.page = string(b)
+			// Poll the feed until the lane has granted something.
+			for range 100 {
+				time.Sleep(20 * time.Millisecond)
+				resp, err := http.Get(url + "?format=json")
+				if err != nil {
+					s.err = err
+					return
+				}
+				var f struct {
+					Shown []struct {
+						Levels []struct {
+							Granted uint64 `json:"granted"`
+						} `json:"levels"`
+					} `json:"shown"`
+				}
+				err = json.NewDecoder(resp.Body).Decode(&f)
+				resp.Body.Close()
+				if err != nil {
+					s.err = err
+					return
+				}
+				if len(f.Shown) == 1 {
+					for _, lv := range f.Shown[0].Levels {
+						s.granted += lv.Granted
+					}
+					if s.granted > 0 {
+						return
+					}
+				}
+			}
+		}()
+	}
+	var out bytes.Buffer
+	if err := run(t.Context(), cfg, &out); err != nil {
+		t.Fatalf("run: %v\n%s", err, out.String())
+	}
+	s := <-got
+	if s.err != nil || !strings.Contains(s.page, "<svg") || s.granted == 0 {
+		t.Errorf("status page: err %v, %d bytes of page, %d granted in its feed", s.err, len(s.page), s.granted)
+	}
+	if !strings.Contains(out.String(), "status page: "+addr+"\n") {
+		t.Errorf("the address %s is not printed:\n%s", addr, out.String())
+	}
+	if _, err := http.Get(addr); err == nil {
+		t.Errorf("the status page is still served after run")
 	}
 }

@@ -1,0 +1,68 @@
+package sluicestatus
+
+import (
+	"testing"
+	"time"
+
+	"github.com/sluice-go/sluice"
+)
+
+func lane(key string, granted, throttled uint64) sluice.LaneStats {
+	l := sluice.LaneStats{Key: key, Throttled: throttled}
+	l.Levels[sluice.Normal].Granted = granted
+	return l
+}
+
+// TestHistorySince: samples taken between milliseconds are sent once, to
+// the poll whose since (the feed's time of the latest sample, in whole
+// milliseconds) is before them.
+func TestHistorySince(t *testing.T) {
+	h := newHistory(10, 5)
+	t0 := time.UnixMilli(1_000_000).Add(700 * time.Microsecond)
+	for i := range 5 {
+		h.record(t0.Add(time.Duration(i)*time.Second), sluice.Stats{Lanes: []sluice.LaneStats{lane("a", uint64(10*i), 0)}})
+	}
+	_, _, at := h.snapshot(0, time.Second)
+	lanes, _, _ := h.snapshot(at.UnixMilli(), time.Second)
+	if len(lanes) != 1 || len(lanes[0].pts) != 0 {
+		t.Errorf("since the latest sample: %d lanes, %d samples; want the lane and no sample", len(lanes), len(lanes[0].pts))
+	}
+	lanes, _, _ = h.snapshot(at.Add(-time.Second).UnixMilli(), time.Second)
+	if len(lanes[0].pts) != 1 || !lanes[0].pts[0].at.Equal(at) {
+		t.Errorf("since the one before: %v, want the latest only", lanes[0].pts)
+	}
+}
+
+// TestHistoryCounters: rates and counts are differences of the counters,
+// a lane created again (its counters restarted) counts from zero, and the
+// figures over the history add up what it keeps.
+func TestHistoryCounters(t *testing.T) {
+	h := newHistory(3, 5)
+	t0 := time.Unix(1000, 0)
+	for i, c := range []struct{ granted, throttled uint64 }{{0, 0}, {20, 1}, {50, 1}, {5, 0}, {25, 2}} {
+		h.record(t0.Add(time.Duration(i)*2*time.Second), sluice.Stats{Lanes: []sluice.LaneStats{lane("a", c.granted, c.throttled)}})
+	}
+	lanes, total, _ := h.snapshot(0, 2*time.Second)
+	if total != 1 || len(lanes) != 1 {
+		t.Fatalf("%d lanes, %d shown", total, len(lanes))
+	}
+	lh := lanes[0]
+	var got []float64
+	var th []uint64
+	for _, p := range lh.pts {
+		got = append(got, p.achieved)
+		th = append(th, p.throttled)
+	}
+	// Kept: the last 3 samples, at 4, 6 and 8 s: 30 granted in 2 s, then a
+	// restart with 5, then 20 more; 429s 0, 0 (restarted at 0), 2.
+	want := []float64{15, 2.5, 10}
+	wantTh := []uint64{0, 0, 2}
+	for i := range want {
+		if len(got) != 3 || got[i] != want[i] || th[i] != wantTh[i] {
+			t.Fatalf("achieved %v, 429s %v; want %v and %v", got, th, want, wantTh)
+		}
+	}
+	if lh.achieved != 10 || lh.throttled != 2 || lh.span != 6*time.Second {
+		t.Errorf("latest achieved %v, 429s %d over %v; want 10, 2 over 6s", lh.achieved, lh.throttled, lh.span)
+	}
+}
