@@ -30,6 +30,7 @@ func (s Stats) Lane(key string) (LaneStats, bool) {
 type LaneStats struct {
 	Key      string
 	Rate     float64   // tokens per second the lane paces to now; 0 if not paced
+	Ceiling  float64   // the most Rate can be: WithRate x WithHeadroom; 0 if none
 	InFlight int       // attempts sent and not finished
 	Limit    int       // the in-flight limit
 	Cooldown time.Time // nothing is sent before this; zero if not cooling down
@@ -119,7 +120,7 @@ func (l *lane) stats() LaneStats {
 		InFlight: l.slot.inUse,
 		Limit:    l.slot.limit,
 	}
-	ls.Rate = l.currentRate()
+	ls.Rate, ls.Ceiling = l.currentRate(), l.fb.ceiling
 	if now.Before(l.cooldown) {
 		ls.Cooldown = l.cooldown
 	}
