@@ -74,9 +74,9 @@
 // # Cardinality
 //
 // A lane is a key of the Transport (by default the host), so lanes may be
-// many; each lane name makes 48 series: 12 per lane, 11 per priority level
-// (5 of them the refusal reasons) and a histogram per level. Tenants are
-// never an attribute. WithLaneLabel maps keys to names (several lanes
+// many; each lane name makes up to 48 series: 12 per lane, 11 per priority
+// level (5 of them the refusal reasons) and a histogram per level that
+// granted requests. Tenants are never an attribute. WithLaneLabel maps keys to names (several lanes
 // under one name are summed, or for latencies, cooldown and oldest wait,
 // the largest is kept), and WithMaxLanes caps the names: the first ones
 // seen keep theirs, later lanes go under sluice.lane "other". The default

@@ -244,6 +244,39 @@ func TestMetricsMatchStats(t *testing.T) {
 			t.Errorf("sluice.wait count %s = %d, Stats granted %d", p, h.Count, lv.Granted)
 		}
 	}
+	// The package doc's count: 45 series per lane besides the histogram.
+	series := 0
+	hasLane := func(set attribute.Set) bool {
+		v, ok := set.Value("server.address")
+		return ok && v == lane[0].Value
+	}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			switch d := m.Data.(type) {
+			case metricdata.Sum[int64]:
+				for _, p := range d.DataPoints {
+					if hasLane(p.Attributes) {
+						series++
+					}
+				}
+			case metricdata.Gauge[int64]:
+				for _, p := range d.DataPoints {
+					if hasLane(p.Attributes) {
+						series++
+					}
+				}
+			case metricdata.Gauge[float64]:
+				for _, p := range d.DataPoints {
+					if hasLane(p.Attributes) {
+						series++
+					}
+				}
+			}
+		}
+	}
+	if series != 45 {
+		t.Errorf("%d series for one lane besides the histogram, the doc says 45", series)
+	}
 	// The retry waited for the 1 s cooldown.
 	if _, h := point(t, rm, "sluice.wait", at(sluice.Normal)...); h.Sum < 0.5 {
 		t.Errorf("sluice.wait sum %v s, want the retry's wait for the cooldown in it", h.Sum)

@@ -51,9 +51,9 @@
 // # Cardinality
 //
 // A lane is a key of the Transport (by default the host), so lanes may be
-// many, and each lane label costs about 100 series (33 per priority level
-// and 12 per lane, with the histogram's 17 per level at the default
-// buckets). Tenants are never a label. WithLaneLabel maps keys to labels
+// many, and each lane label makes 96 series: 12 per lane, 11 per priority
+// level (5 of them the refusal reasons) and the histogram's 17 per level at
+// the default buckets. Tenants are never a label. WithLaneLabel maps keys to labels
 // (several lanes under one label are summed, or for latencies, cooldown and
 // oldest wait, the largest is kept), and WithMaxLanes caps the labels: the
 // first ones seen keep theirs, later lanes go under "other". The default

@@ -225,6 +225,24 @@ func TestScrapeMatchesStats(t *testing.T) {
 	}
 	eq("events dropped", value(t, fams, "sluice_events_dropped_total"), float64(tr.Stats().EventsDropped))
 
+	// The package doc's count: 96 series per lane label.
+	series := 0
+	for _, f := range fams {
+		for _, m := range f.Metric {
+			for _, lp := range m.Label {
+				if lp.GetName() == "lane" && lp.GetValue() == key {
+					series++
+					if m.Histogram != nil {
+						series += len(m.Histogram.Bucket) + 2 // with +Inf, _sum and _count: 17
+					}
+				}
+			}
+		}
+	}
+	if series != 96 {
+		t.Errorf("%d series for one lane, the doc says 96", series)
+	}
+
 	problems, err := testutil.GatherAndLint(reg)
 	if err != nil {
 		t.Fatal(err)
