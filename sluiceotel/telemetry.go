@@ -5,7 +5,6 @@ import (
 	"errors"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
@@ -168,9 +167,9 @@ func (t *Telemetry) collect(_ context.Context, o metric.Observer) error {
 	if tr == nil {
 		return nil
 	}
-	s := tr.Stats()
+	groups, s := t.groups.Groups(tr.Stats)
 	o.ObserveInt64(t.dropped, int64(s.EventsDropped))
-	for _, g := range t.groups.Groups(s, time.Now()) {
+	for _, g := range groups {
 		lane := laneAttrs(g.Label)
 		la := metric.WithAttributeSet(attribute.NewSet(lane...))
 		o.ObserveInt64(t.lanes, int64(g.Lanes), la)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -132,7 +131,7 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	if tr == nil {
 		return
 	}
-	s := tr.Stats()
+	groups, s := m.groups.Groups(tr.Stats)
 	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
 	}
@@ -140,7 +139,7 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
 	}
 	counter(descDropped, s.EventsDropped)
-	for _, g := range m.groups.Groups(s, time.Now()) {
+	for _, g := range groups {
 		l := g.Label
 		gauge(descLanes, float64(g.Lanes), l)
 		gauge(descRate, g.Rate, l)

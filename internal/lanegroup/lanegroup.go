@@ -136,12 +136,18 @@ func (g *Grouper) labelLocked(key string) string {
 	return l
 }
 
-// Groups returns the figures of s by label, in the order of s's lanes'
-// first appearance (s is sorted by key), with every label that has had a
-// lane, so a group's counters do not vanish with its lanes.
-func (g *Grouper) Groups(s sluice.Stats, now time.Time) []Group {
+// Groups calls stats and returns its figures by label, in the order of its
+// lanes' first appearance (Stats are sorted by key), with every label that
+// has had a lane, so a group's counters do not vanish with its lanes; and
+// the snapshot itself. It calls stats with the Grouper's lock held: two
+// collections at once (two scrapers) must not fold their snapshots in
+// the other order, which would read as lanes made anew. Transport.Stats
+// takes each lane's lock briefly and never waits.
+func (g *Grouper) Groups(stats func() sluice.Stats) ([]Group, sluice.Stats) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	s := stats()
+	now := time.Now()
 	var out []Group
 	idx := make(map[string]int)
 	group := func(label string) *Group {
@@ -182,7 +188,7 @@ func (g *Grouper) Groups(s sluice.Stats, now time.Time) []Group {
 	for label, c := range g.retired {
 		group(label).Counters.add(c)
 	}
-	return out
+	return out, s
 }
 
 func (g *Grouper) retire(m laneMemo) {

@@ -2,6 +2,8 @@ package lanegroup
 
 import (
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -13,6 +15,11 @@ func lane(key string, granted, retries uint64, queued int) sluice.LaneStats {
 	ls.Levels[sluice.Normal].Granted = granted
 	ls.Levels[sluice.Normal].Queued = queued
 	return ls
+}
+
+func groups(g *Grouper, s sluice.Stats) []Group {
+	gs, _ := g.Groups(func() sluice.Stats { return s })
+	return gs
 }
 
 func find(t *testing.T, gs []Group, label string) Group {
@@ -28,11 +35,10 @@ func find(t *testing.T, gs []Group, label string) Group {
 
 func TestCapAndMap(t *testing.T) {
 	g := New(func(k string) string { return strings.TrimSuffix(k, ":443") }, 2)
-	now := time.Now()
 	s := sluice.Stats{Lanes: []sluice.LaneStats{
 		lane("a:443", 1, 0, 1), lane("a:8443", 10, 0, 2), lane("b:443", 100, 0, 3), lane("c:443", 1000, 0, 4),
 	}}
-	gs := g.Groups(s, now)
+	gs := groups(g, s)
 	if len(gs) != 3 {
 		t.Fatalf("groups %+v, want a, a:8443 and other", gs)
 	}
@@ -55,10 +61,9 @@ func TestCapAndMap(t *testing.T) {
 // where they were; gauges follow the lanes now.
 func TestCountersStayMonotonic(t *testing.T) {
 	g := New(func(string) string { return "all" }, 0)
-	now := time.Now()
-	g.Groups(sluice.Stats{Lanes: []sluice.LaneStats{lane("x", 5, 1, 2), lane("y", 7, 2, 3)}}, now)
+	groups(g, sluice.Stats{Lanes: []sluice.LaneStats{lane("x", 5, 1, 2), lane("y", 7, 2, 3)}})
 	// y forgotten; x forgotten and made anew with 2 granted.
-	gs := g.Groups(sluice.Stats{Lanes: []sluice.LaneStats{lane("x", 2, 0, 0)}}, now)
+	gs := groups(g, sluice.Stats{Lanes: []sluice.LaneStats{lane("x", 2, 0, 0)}})
 	all := find(t, gs, "all")
 	if got := all.Level[sluice.Normal].Granted; got != 5+7+2 {
 		t.Errorf("granted = %d, want 14", got)
@@ -70,7 +75,7 @@ func TestCountersStayMonotonic(t *testing.T) {
 		t.Errorf("gauges %+v, want the one live lane's", all.Gauges)
 	}
 	// No lane at all: the group and its counters remain.
-	gs = g.Groups(sluice.Stats{}, now)
+	gs = groups(g, sluice.Stats{})
 	if all := find(t, gs, "all"); all.Level[sluice.Normal].Granted != 14 || all.Lanes != 0 {
 		t.Errorf("after every lane went: %+v", all)
 	}
@@ -81,11 +86,35 @@ func TestCooldownLeft(t *testing.T) {
 	now := time.Now()
 	ls := lane("x", 0, 0, 0)
 	ls.Cooldown = now.Add(3 * time.Second)
-	gs := g.Groups(sluice.Stats{Lanes: []sluice.LaneStats{ls, lane("y", 0, 0, 0)}}, now)
-	if c := find(t, gs, "x").Cooldown; c != 3*time.Second {
-		t.Errorf("cooldown = %v, want 3s", c)
+	gs := groups(g, sluice.Stats{Lanes: []sluice.LaneStats{ls, lane("y", 0, 0, 0)}})
+	if c := find(t, gs, "x").Cooldown; c > 3*time.Second || c < 2*time.Second {
+		t.Errorf("cooldown = %v, want a little under 3s", c)
 	}
 	if c := find(t, gs, "y").Cooldown; c != 0 {
 		t.Errorf("cooldown of y = %v, want 0", c)
+	}
+}
+
+// Two collections at once fold their snapshots in the order they were
+// taken: a later one read first would look like a lane made anew, and be
+// counted twice.
+func TestConcurrentGroups(t *testing.T) {
+	g := New(nil, 0)
+	var n atomic.Uint64
+	stats := func() sluice.Stats {
+		return sluice.Stats{Lanes: []sluice.LaneStats{lane("x", n.Add(1), 0, 0)}}
+	}
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Go(func() {
+			for range 500 {
+				g.Groups(stats)
+			}
+		})
+	}
+	wg.Wait()
+	gs, _ := g.Groups(stats)
+	if got, want := find(t, gs, "x").Level[sluice.Normal].Granted, n.Load(); got != want {
+		t.Errorf("granted = %d after concurrent reads, want the last snapshot's %d", got, want)
 	}
 }
