@@ -46,4 +46,3 @@ func TestLaneStatsCeiling(t *testing.T) {
 		}
 	})
 }
-
