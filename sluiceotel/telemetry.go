@@ -114,7 +114,9 @@ func New(opts ...Option) (*Telemetry, error) {
 }
 
 // Watch makes the Telemetry read tr's Stats at each collection. Until it
-// is called, only the sluice.wait histogram is recorded. It panics if the
+// is called, only the sluice.wait histogram is recorded; and tr must have
+// the Telemetry as its Observer (sluice.WithObserver), or there is no
+// histogram and no span event. It panics if the
 // Telemetry already watches another Transport: a Telemetry serves one.
 func (t *Telemetry) Watch(tr *sluice.Transport) {
 	if tr == nil {

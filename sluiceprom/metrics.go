@@ -46,7 +46,8 @@ func New(opts ...Option) (*Metrics, error) {
 }
 
 // Watch makes the Collector read tr's Stats. Until it is called, only the
-// wait-time histogram is collected. It panics if the Metrics already
+// wait-time histogram is collected; and tr must have the Metrics as its
+// Observer (sluice.WithObserver), or the histogram stays empty. It panics if the Metrics already
 // watches another Transport: a Metrics serves one.
 func (m *Metrics) Watch(tr *sluice.Transport) {
 	if tr == nil {
