@@ -1,0 +1,264 @@
+// Package lanegroup groups a Transport's lanes under a bounded set of labels
+// for the metric exporters (sluiceprom, sluiceotel), and keeps each group's
+// counters monotonic while its lanes come and go.
+//
+// A lane's counters count since the lane was created, and a lane forgotten
+// when idle (WithLaneIdle) comes back from zero. Exported as they are, a
+// group of several lanes would see its sums fall when one of them goes, which
+// a metrics backend reads as a counter reset and counts as a burst. A Grouper
+// keeps what the lanes that went had counted, so a group's counters only
+// grow. Counts a lane made between two reads and lost before the second are
+// not seen.
+package lanegroup
+
+import (
+	"sync"
+	"time"
+
+	"github.com/sluice-go/sluice"
+)
+
+// maxCache bounds the cache of labels by lane key.
+const maxCache = 4096
+
+// Other is the label of the lanes beyond the cap of a Grouper.
+const Other = "other"
+
+// Levels and Reasons are how many priority levels and refusal reasons
+// LaneStats reports.
+const (
+	Levels  = len(sluice.LaneStats{}.Levels)
+	Reasons = len(sluice.LevelStats{}.Refused)
+)
+
+// Counters are the figures of a group that only grow.
+type Counters struct {
+	Retries, RetriesDenied, Cooldowns uint64
+	Level                             [Levels]LevelCounters
+}
+
+// LevelCounters are the figures of one priority level of a group that only
+// grow.
+type LevelCounters struct {
+	Granted, Cancelled, Throttled uint64
+	Refused                       [Reasons]uint64
+}
+
+// Gauges are the figures of a group read as they are now: sums over its
+// lanes, except Cooldown, Latency, Baseline and OldestWait, which are the
+// largest of them, and Saturated, true if any is.
+type Gauges struct {
+	Lanes             int     // lanes in the group
+	Rate, Ceiling     float64 // per second
+	InFlight, Limit   int
+	Cooldown          time.Duration // left of the longest cooldown; 0 if none
+	Latency, Baseline time.Duration
+	Saturated         bool
+	Queue             [Levels]LevelGauges
+}
+
+// LevelGauges are the figures of one priority level of a group, now.
+type LevelGauges struct {
+	Queued     int
+	OldestWait time.Duration
+	Tenants    int
+}
+
+// A Group is one label's figures.
+type Group struct {
+	Label string
+	Gauges
+	Counters
+}
+
+// A Grouper names each lane's group: Map(key), or Other once Max distinct
+// labels are taken (first come, first kept, for the Grouper's life). Its
+// zero value is not usable: see New. It is safe for concurrent use.
+type Grouper struct {
+	mapf func(string) string
+	max  int // 0: no cap
+
+	mu      sync.Mutex
+	labels  map[string]bool      // labels given out, Other aside
+	last    map[string]laneMemo  // by lane key: the lane's counters at the last read
+	retired map[string]*Counters // by label: counted by lanes gone
+	byKey   map[string]string    // lane key -> label, a cache for Label
+}
+
+type laneMemo struct {
+	label string
+	c     Counters
+}
+
+// New returns a Grouper that labels a lane by mapf(key) (the key itself if
+// mapf is nil) and gives out at most max labels besides Other (no cap if max
+// is 0).
+func New(mapf func(string) string, max int) *Grouper {
+	if mapf == nil {
+		mapf = func(k string) string { return k }
+	}
+	return &Grouper{
+		mapf:    mapf,
+		max:     max,
+		labels:  make(map[string]bool),
+		last:    make(map[string]laneMemo),
+		retired: make(map[string]*Counters),
+		byKey:   make(map[string]string),
+	}
+}
+
+// Label returns the label of the lane of key.
+func (g *Grouper) Label(key string) string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.labelLocked(key)
+}
+
+func (g *Grouper) labelLocked(key string) string {
+	if l, ok := g.byKey[key]; ok {
+		return l
+	}
+	l := g.mapf(key)
+	if !g.labels[l] {
+		if g.max > 0 && len(g.labels) >= g.max {
+			l = Other
+		} else {
+			g.labels[l] = true
+		}
+	}
+	// Groups drops the keys of lanes gone; this bound holds for an
+	// Observer whose Transport nobody reads. Labels given stay given, so
+	// clearing the cache changes no label.
+	if len(g.byKey) >= maxCache {
+		clear(g.byKey)
+	}
+	g.byKey[key] = l
+	return l
+}
+
+// Groups calls stats and returns its figures by label, in the order of its
+// lanes' first appearance (Stats are sorted by key), with every label that
+// has had a lane, so a group's counters do not vanish with its lanes; and
+// the snapshot itself. It calls stats with the Grouper's lock held: two
+// collections at once (two scrapers) must not fold their snapshots in
+// the other order, which would read as lanes made anew. Transport.Stats
+// takes each lane's lock briefly and never waits.
+func (g *Grouper) Groups(stats func() sluice.Stats) ([]Group, sluice.Stats) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	s := stats()
+	now := time.Now()
+	var out []Group
+	idx := make(map[string]int)
+	group := func(label string) *Group {
+		i, ok := idx[label]
+		if !ok {
+			i = len(out)
+			idx[label] = i
+			out = append(out, Group{Label: label})
+		}
+		return &out[i]
+	}
+	live := make(map[string]bool, len(s.Lanes))
+	for i := range s.Lanes {
+		ls := &s.Lanes[i]
+		live[ls.Key] = true
+		label := g.labelLocked(ls.Key)
+		c := counters(ls)
+		if m, ok := g.last[ls.Key]; ok && (m.label != label || !m.c.le(&c)) {
+			// The lane was forgotten and made anew since the last read.
+			g.retire(m)
+		}
+		g.last[ls.Key] = laneMemo{label, c}
+		gr := group(label)
+		gr.Counters.add(&c)
+		gr.Gauges.add(ls, now)
+	}
+	for key, m := range g.last {
+		if !live[key] {
+			g.retire(m)
+			delete(g.last, key)
+		}
+	}
+	for key := range g.byKey {
+		if !live[key] {
+			delete(g.byKey, key)
+		}
+	}
+	for label, c := range g.retired {
+		group(label).Counters.add(c)
+	}
+	return out, s
+}
+
+func (g *Grouper) retire(m laneMemo) {
+	r := g.retired[m.label]
+	if r == nil {
+		r = new(Counters)
+		g.retired[m.label] = r
+	}
+	r.add(&m.c)
+}
+
+func counters(ls *sluice.LaneStats) Counters {
+	c := Counters{Retries: ls.Retries, RetriesDenied: ls.RetriesDenied, Cooldowns: ls.Cooldowns}
+	for p := range ls.Levels {
+		lv := &ls.Levels[p]
+		c.Level[p] = LevelCounters{Granted: lv.Granted, Cancelled: lv.Cancelled, Throttled: lv.Throttled, Refused: lv.Refused}
+	}
+	return c
+}
+
+func (c *Counters) add(d *Counters) {
+	c.Retries += d.Retries
+	c.RetriesDenied += d.RetriesDenied
+	c.Cooldowns += d.Cooldowns
+	for p := range c.Level {
+		a, b := &c.Level[p], &d.Level[p]
+		a.Granted += b.Granted
+		a.Cancelled += b.Cancelled
+		a.Throttled += b.Throttled
+		for r := range a.Refused {
+			a.Refused[r] += b.Refused[r]
+		}
+	}
+}
+
+// le reports whether every counter of c is at most d's.
+func (c *Counters) le(d *Counters) bool {
+	if c.Retries > d.Retries || c.RetriesDenied > d.RetriesDenied || c.Cooldowns > d.Cooldowns {
+		return false
+	}
+	for p := range c.Level {
+		a, b := &c.Level[p], &d.Level[p]
+		if a.Granted > b.Granted || a.Cancelled > b.Cancelled || a.Throttled > b.Throttled {
+			return false
+		}
+		for r := range a.Refused {
+			if a.Refused[r] > b.Refused[r] {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+func (gg *Gauges) add(ls *sluice.LaneStats, now time.Time) {
+	gg.Lanes++
+	gg.Rate += ls.Rate
+	gg.Ceiling += ls.Ceiling
+	gg.InFlight += ls.InFlight
+	gg.Limit += ls.Limit
+	if !ls.Cooldown.IsZero() {
+		gg.Cooldown = max(gg.Cooldown, ls.Cooldown.Sub(now))
+	}
+	gg.Latency = max(gg.Latency, ls.Latency)
+	gg.Baseline = max(gg.Baseline, ls.Baseline)
+	gg.Saturated = gg.Saturated || ls.Saturated
+	for p := range gg.Queue {
+		a, b := &gg.Queue[p], &ls.Levels[p]
+		a.Queued += b.Queued
+		a.OldestWait = max(a.OldestWait, b.OldestWait)
+		a.Tenants += b.Tenants
+	}
+}
