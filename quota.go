@@ -212,10 +212,16 @@ func (m *quotaModel) learn(now time.Time, q headers.Quota) {
 	var kind limitKind
 	switch {
 	case now.After(m.runReset.Add(slack)):
-		if q.Limit > 0 && 2*q.Remaining < q.Limit && q.Remaining <= m.runLeft {
+		// Weak evidence: a short window may have refilled and been drained
+		// again since its reset, which reads the same. It decides only
+		// where the family has no prior.
+		if q.Limit > 0 && 2*q.Remaining < q.Limit && q.Remaining <= m.runLeft && priorKind(q.Source) == kindUnknown {
 			kind = kindBucket
 		}
-	case reset.After(m.runReset.Add(slack)):
+	case reset.After(m.runReset.Add(slack)) && (priorKind(q.Source) != kindWindow || now.Before(m.runReset)):
+		// Against a window's prior, only a reset that moved before the
+		// stated one came: a short window's next reset, a window later,
+		// is within a coarse reset's slack.
 		kind = kindBucket
 	case now.Sub(m.runSeen) > 2*slack && q.Remaining < m.runLeft:
 		kind = kindWindow

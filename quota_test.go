@@ -64,6 +64,14 @@ func TestQuotaKinds(t *testing.T) {
 		{"GitHub prior, hourly window", func(i int, now time.Time) headers.Quota {
 			return quotaAt("github", 5000, int64(4000-i), t0.Add(time.Hour).Sub(now), true)
 		}, time.Second, kindWindow},
+		{"GitHub prior, 1 s windows drained by the end of each", func(i int, now time.Time) headers.Quota {
+			// 50 a window, sent evenly over its first 0.9 s: a response
+			// late in one window and the next seen late in the next both
+			// say little remains, though the window refilled between.
+			end := now.Truncate(time.Second).Add(time.Second)
+			used := int64(now.Sub(now.Truncate(time.Second)) / (18 * time.Millisecond))
+			return quotaAt("github", 50, max(0, 49-used), end.Sub(now), true)
+		}, 900 * time.Millisecond, kindWindow},
 		{"GitHub prior, but the reset moves: evidence wins", func(int, time.Time) headers.Quota {
 			return quotaAt("github", 10, 0, 2*time.Second, true)
 		}, 100 * time.Millisecond, kindBucket},
