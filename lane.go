@@ -73,8 +73,12 @@ type levelCounters struct {
 	cancelled uint64
 	throttled uint64
 	refused   [numReasons]uint64
-	wait      stats.Histogram // its buckets are allocated at the first wait
+	wait      stats.Recent // over the last waitPeriod or two; buckets allocated at the first wait
 }
+
+// waitPeriod is the period of the wait quantiles in Stats: they cover the
+// last one to two of them.
+const waitPeriod = time.Minute
 
 func newLane(key string, cfg *config) *lane {
 	epoch := time.Now()
@@ -363,7 +367,7 @@ func (l *lane) acquire(ctx context.Context, p Priority, enq time.Duration) (gran
 		if testHookGrant != nil {
 			testHookGrant(l, now)
 		}
-		l.levels[p].wait.Record(0)
+		l.levels[p].wait.Record(now, waitPeriod, 0)
 		timed := l.timeNext(now)
 		l.mu.Unlock()
 		// The grant time is the send time, give or take the few
@@ -722,7 +726,7 @@ func (l *lane) grantLocked(now time.Time, w *waiter, err error) {
 		}
 		l.q.levels[w.level].started(w.tn, l.slot.limit)
 		l.grantedLocked(now.Sub(l.epoch), w.level, w.first)
-		l.levels[w.level].wait.Record(now.Sub(w.start))
+		l.levels[w.level].wait.Record(w.at, waitPeriod, now.Sub(w.start))
 	}
 	close(w.ready)
 }

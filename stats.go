@@ -66,7 +66,8 @@ type LevelStats struct {
 	// Refused counts early refusals, indexed by Reason.
 	Refused [numReasons]uint64
 	// WaitP50 and WaitP99 are quantiles of the time from enqueue to grant
-	// over all granted attempts (within about 6%).
+	// of the attempts granted over the last one to two minutes (within
+	// about 6%); 0 if none was.
 	WaitP50, WaitP99 time.Duration
 	// OldestWait is how long the longest-waiting queued request has waited
 	// (since its first attempt), or 0.
@@ -121,6 +122,7 @@ func (l *lane) stats() LaneStats {
 		Limit:    l.slot.limit,
 	}
 	ls.Rate, ls.Ceiling = l.currentRate(), l.fb.ceiling
+	tick := now.Sub(l.epoch)
 	if now.Before(l.cooldown) {
 		ls.Cooldown = l.cooldown
 	}
@@ -134,7 +136,7 @@ func (l *lane) stats() LaneStats {
 		l.q.levels[p].tenantStats(lv)
 		lv.Granted, lv.Cancelled, lv.Refused = c.granted, c.cancelled, c.refused
 		lv.Throttled = c.throttled
-		lv.WaitP50, lv.WaitP99 = c.wait.Quantile(0.5), c.wait.Quantile(0.99)
+		lv.WaitP50, lv.WaitP99 = c.wait.Quantile(tick, waitPeriod, 0.5), c.wait.Quantile(tick, waitPeriod, 0.99)
 		if enq, ok := l.q.oldest(Priority(p)); ok {
 			lv.OldestWait = now.Sub(enq)
 		}

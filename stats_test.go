@@ -2,6 +2,7 @@ package sluice
 
 import (
 	"net/http"
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -43,6 +44,36 @@ func TestLaneStatsCeiling(t *testing.T) {
 		}
 		if ls, _ := bare.LaneStats("api.test"); ls.Ceiling != 0 || ls.Rate != 0 {
 			t.Errorf("without WithRate: Ceiling %v, Rate %v, want 0 and 0", ls.Ceiling, ls.Rate)
+		}
+	})
+}
+
+// TestWaitQuantilesAreRecent: a backlog's long waits show in WaitP99 for a
+// minute or two, then give way to the waits of now.
+func TestWaitQuantilesAreRecent(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr := mustNew(t, nopBase{}, WithRate(10, time.Second))
+		defer tr.Close()
+		// 50 at once: the last waits about 5 s.
+		var wg sync.WaitGroup
+		for range 50 {
+			wg.Go(func() { get(t.Context(), tr, "") })
+		}
+		wg.Wait()
+		p99 := func() time.Duration {
+			ls, _ := tr.LaneStats("api.test")
+			return ls.Levels[Normal].WaitP99
+		}
+		if w := p99(); w < 4*time.Second {
+			t.Fatalf("WaitP99 after the backlog = %v, want about 5s", w)
+		}
+		// Then one request every 200 ms for three minutes: none waits.
+		for range 3 * 60 * 5 {
+			time.Sleep(200 * time.Millisecond)
+			get(t.Context(), tr, "")
+		}
+		if w := p99(); w > 10*time.Millisecond {
+			t.Errorf("WaitP99 three minutes later = %v, want about 0: the backlog is old", w)
 		}
 	})
 }

@@ -1,0 +1,89 @@
+package stats
+
+import "time"
+
+// Recent counts durations over the latest one to two periods: each is
+// recorded in the current period's histogram, which becomes the previous
+// one when the period ends, and quantiles read both. Older observations
+// are forgotten. The zero value is empty and ready to use; like Histogram,
+// it is not safe for concurrent use. Times are on the caller's clock, which
+// must not run backwards.
+type Recent struct {
+	cur, prev Histogram
+	start     time.Duration // when cur's period began
+}
+
+// Record adds d, observed at now, for periods of length period.
+func (r *Recent) Record(now, period, d time.Duration) {
+	r.roll(now, period)
+	r.cur.Record(d)
+}
+
+// roll starts a new period if the current one has ended at now.
+func (r *Recent) roll(now, period time.Duration) {
+	if now-r.start < period {
+		return
+	}
+	if now-r.start >= 2*period {
+		r.prev.reset()
+	} else {
+		r.prev, r.cur = r.cur, r.prev // reuse prev's buckets
+	}
+	r.cur.reset()
+	r.start = now
+}
+
+// Quantile returns the q-quantile of what was recorded over the current
+// and previous periods at now, as Histogram.Quantile does, or 0 if
+// nothing was.
+func (r *Recent) Quantile(now, period time.Duration, q float64) time.Duration {
+	if now-r.start >= 2*period {
+		return 0
+	}
+	if now-r.start >= period {
+		// The current period ended with no record since: it is the
+		// previous one now, alone.
+		return r.cur.Quantile(q)
+	}
+	return quantile2(&r.cur, &r.prev, q)
+}
+
+// reset empties h, keeping its buckets.
+func (h *Histogram) reset() {
+	if h.counts != nil {
+		clear(h.counts[:])
+	}
+	h.zeros, h.total = 0, 0
+}
+
+// quantile2 is Quantile over the sum of a and b.
+func quantile2(a, b *Histogram, q float64) time.Duration {
+	switch {
+	case b.total == 0:
+		return a.Quantile(q)
+	case a.total == 0:
+		return b.Quantile(q)
+	}
+	total := a.total + b.total
+	q = min(max(q, 0), 1)
+	rank := max(uint64(q*float64(total)+0.5), 1)
+	seen := a.zeros + b.zeros
+	if seen >= rank {
+		lo, w := lower(0)
+		return lo + w/2
+	}
+	for i := range numBuckets {
+		if a.counts != nil {
+			seen += a.counts[i]
+		}
+		if b.counts != nil {
+			seen += b.counts[i]
+		}
+		if seen >= rank {
+			lo, w := lower(i)
+			return lo + w/2
+		}
+	}
+	lo, w := lower(numBuckets - 1)
+	return lo + w/2
+}
