@@ -62,18 +62,28 @@ type lane struct {
 
 	budgets []budget // see WithBudget; nil if none
 
-	levels [numLevels]levelCounters
-	ctl    controller
-	fb     feedback    // what the server said; see feedback.go
-	budget retryBudget // see retry.go
+	levels  [numLevels]levelCounters
+	refused *[numLevels][numReasons]uint64 // early refusals; nil before the first
+	ctl     controller
+	fb      feedback    // what the server said; see feedback.go
+	budget  retryBudget // see retry.go
 }
 
 type levelCounters struct {
 	granted   uint64
 	cancelled uint64
 	throttled uint64
-	refused   [numReasons]uint64
 	wait      stats.Histogram // its buckets are allocated at the first wait
+}
+
+// countRefused counts an early refusal of a request of level p. The
+// counters are allocated at the lane's first: most lanes refuse nothing.
+// mu must be held.
+func (l *lane) countRefused(p Priority, r Reason) {
+	if l.refused == nil {
+		l.refused = new([numLevels][numReasons]uint64)
+	}
+	l.refused[p][r]++
 }
 
 func newLane(key string, cfg *config) *lane {
@@ -261,7 +271,7 @@ func (l *lane) refuse(ctx context.Context, now time.Time, p Priority, tn *tenant
 	// Trying again after the estimated wait finds, if nothing else arrives,
 	// the queue ahead drained; it is a hint, not a promise.
 	rej.RetryAfter = est
-	l.levels[p].refused[rej.Reason]++
+	l.countRefused(p, rej.Reason)
 	return rej
 }
 
@@ -330,7 +340,7 @@ func (l *lane) acquire(ctx context.Context, p Priority, enq time.Duration) (gran
 	ch, rej := l.chargeOf(ctx, p)
 	if rej != nil {
 		l.mu.Lock()
-		l.levels[p].refused[ReasonCost]++
+		l.countRefused(p, ReasonCost)
 		l.mu.Unlock()
 		return grant{enq: enq}, rej
 	}

@@ -132,7 +132,10 @@ func (l *lane) stats() LaneStats {
 		lv := &ls.Levels[p]
 		lv.Queued = l.q.levels[p].n
 		l.q.levels[p].tenantStats(lv)
-		lv.Granted, lv.Cancelled, lv.Refused = c.granted, c.cancelled, c.refused
+		lv.Granted, lv.Cancelled = c.granted, c.cancelled
+		if l.refused != nil {
+			lv.Refused = l.refused[p]
+		}
 		lv.Throttled = c.throttled
 		lv.WaitP50, lv.WaitP99 = c.wait.Quantile(0.5), c.wait.Quantile(0.99)
 		if enq, ok := l.q.oldest(Priority(p)); ok {
