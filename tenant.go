@@ -355,10 +355,13 @@ func (lv *levelQueue) tenantStats(s *LevelStats) {
 		}
 		return a.ID < b.ID
 	}
-	top := make([]TenantStats, 0, TopTenants)
+	var top []TenantStats // allocated at the first tenant with work
 	lv.each(func(t *tenant) {
 		s.Tenants++
 		ts := TenantStats{ID: t.id, InFlight: t.inFlight, Queued: len(t.waiters)}
+		if top == nil {
+			top = make([]TenantStats, 0, TopTenants)
+		}
 		if len(top) == TopTenants && !busier(ts, top[len(top)-1]) {
 			return
 		}
