@@ -4,6 +4,7 @@ import (
 	"context"
 	"math"
 	"net/http"
+	"slices"
 	"time"
 )
 
@@ -100,6 +101,10 @@ type budget struct {
 	// the true cost is not refused. Waiting longer costs no throughput
 	// while requests queue: the bucket does not fill meanwhile.
 	margin float64
+	// out is the cost of the attempts granted and not yet answered (see
+	// lane.out): each may have cost more than its estimate, by up to the
+	// margin, and the server's count will say so only when it answers.
+	out float64
 }
 
 // maxCostMargin bounds the learned underestimate: an estimate half the
@@ -172,15 +177,27 @@ func (l *lane) canPay(now time.Duration, ch *charge) bool {
 }
 
 // need is what b must hold to pay a cost c: c, and the learned margin for
-// underestimates, within the bucket's size.
+// underestimates of c and of the costs not yet answered, within the
+// bucket's size.
 func (b *budget) need(c float64) float64 {
-	return min(c*(1+b.margin), b.b.burst)
+	return min(c+b.margin*(c+b.out), b.b.burst)
 }
 
-// pay takes ch's cost from every budget at now. mu must be held.
+// pay takes ch's cost from every budget at now, and counts ch among the
+// charges not yet answered (see reconcile) until answered is called. mu
+// must be held.
 func (l *lane) pay(now time.Duration, ch *charge) {
 	if ch == nil {
 		return
+	}
+	if len(l.out) >= maxOut {
+		// An attempt whose answer was never observed (its send panicked)
+		// must not pin its charge: the oldest goes first.
+		l.answered(l.out[0])
+	}
+	l.out = append(l.out, ch)
+	for i := range l.budgets {
+		l.budgets[i].out += ch.cost[i]
 	}
 	for i := range l.budgets {
 		b := &l.budgets[i]
@@ -192,12 +209,52 @@ func (l *lane) pay(now time.Duration, ch *charge) {
 	}
 }
 
+// maxOut bounds the charges a lane keeps unanswered: more than any
+// in-flight limit a budget's lane runs at.
+const maxOut = 4096
+
+// answered takes ch out of the charges not yet answered: its response was
+// observed, it failed, or it was not sent. mu must be held.
+func (l *lane) answered(ch *charge) {
+	if ch == nil {
+		return
+	}
+	i := slices.Index(l.out, ch)
+	if i < 0 {
+		return
+	}
+	l.out = slices.Delete(l.out, i, i+1)
+	for i := range l.budgets {
+		l.budgets[i].out -= ch.cost[i]
+	}
+	if len(l.out) == 0 {
+		for i := range l.budgets {
+			l.budgets[i].out = 0 // no rounding left behind
+		}
+		if cap(l.out) > 64 {
+			l.out = nil // a burst's backlog is not kept
+		}
+	}
+}
+
+// dropCharge is answered for an attempt whose response says nothing of
+// its budgets, taking the lane's lock; it does nothing for no charge.
+func (l *lane) dropCharge(ch *charge) {
+	if ch == nil {
+		return
+	}
+	l.mu.Lock()
+	l.answered(ch)
+	l.mu.Unlock()
+}
+
 // repay gives ch's cost back to every budget at now: the attempt was not
 // sent. mu must be held.
 func (l *lane) repay(now time.Duration, ch *charge) {
 	if ch == nil {
 		return
 	}
+	l.answered(ch)
 	for i := range l.budgets {
 		if c := ch.cost[i]; c > 0 {
 			b := &l.budgets[i]
@@ -254,14 +311,26 @@ func (l *lane) budgetWait(start time.Duration, p Priority, ch *charge) time.Dura
 }
 
 // reconcile brings budget i to what a response to an attempt granted with
-// ch says remains of it at now, less what the lane sent since that grant,
-// plus what refilled meanwhile (sent is when the attempt was). mu must be
-// held.
+// ch says remains of it at now, less what the lane sent since that grant
+// and what it sent before that is not answered yet, plus what refilled
+// meanwhile (sent is when the attempt was). mu must be held.
+//
+// Attempts reach the server in another order than they were granted: one
+// granted earlier and still unanswered may arrive after this one, so the
+// server's count may not include it yet. Taking it as not included errs
+// on the side of less (by what the next responses correct); taking it as
+// included let every such overtaking send a request the server refused.
 func (l *lane) reconcile(i int, remaining int64, now, sent time.Duration, ch *charge) {
 	b := &l.budgets[i]
 	since := b.sent
 	if ch != nil {
 		since -= ch.mark[i] + ch.cost[i]
+		for _, o := range l.out {
+			if o == ch {
+				break
+			}
+			since += o.cost[i] // granted before ch, not answered yet
+		}
 	}
 	t := float64(remaining) + (now-sent).Seconds()*b.b.rate - since
 	t = min(max(t, -b.b.burst), b.b.burst)

@@ -60,7 +60,8 @@ type lane struct {
 	notBefore  time.Time
 	sharedCool time.Time // the latest cooldown passed to be.Cool
 
-	budgets []budget // see WithBudget; nil if none
+	budgets []budget  // see WithBudget; nil if none
+	out     []*charge // charges of attempts sent and not yet answered; see pay
 
 	levels  [numLevels]levelCounters
 	refused *[numLevels][numReasons]uint64 // early refusals; nil before the first
