@@ -322,22 +322,24 @@ func (l *lane) budgetWait(start time.Duration, p Priority, ch *charge) time.Dura
 // included let every such overtaking send a request the server refused.
 func (l *lane) reconcile(i int, remaining int64, now, sent time.Duration, ch *charge) {
 	b := &l.budgets[i]
-	since := b.sent
+	since, before := b.sent, 0.0
 	if ch != nil {
 		since -= ch.mark[i] + ch.cost[i]
 		for _, o := range l.out {
 			if o == ch {
 				break
 			}
-			since += o.cost[i] // granted before ch, not answered yet
+			before += o.cost[i] // granted before ch, not answered yet
 		}
 	}
-	t := float64(remaining) + (now-sent).Seconds()*b.b.rate - since
+	t := float64(remaining) + (now-sent).Seconds()*b.b.rate - since - before
 	t = min(max(t, -b.b.burst), b.b.burst)
-	if ch != nil && ch.cost[i] > 0 {
+	if ch != nil && ch.cost[i] > 0 && before == 0 {
 		// The lane held more than the server: the attempt cost more than
 		// its estimate by about that much. The margin follows the largest
-		// underestimate, and forgets it over thousands of responses.
+		// underestimate, and forgets it over thousands of responses. With
+		// earlier attempts unanswered, which the server may or may not have
+		// counted, the difference says nothing of this one's cost.
 		under := (b.b.advance(now) - t) / ch.cost[i]
 		b.margin = min(max(b.margin*0.9999, under), maxCostMargin)
 	}
