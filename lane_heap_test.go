@@ -3,12 +3,19 @@ package sluice
 import (
 	"runtime"
 	"testing"
+	"testing/synctest"
 	"time"
 )
 
 // maxLaneHeap is issue 17's bound on what a lane that has served a few
 // requests keeps on the heap, its entry in the Transport's map included.
-const maxLaneHeap = 2048
+// maxWaitedLaneHeap bounds a lane whose requests also waited for their
+// tokens: it holds besides a row of its wait histogram, its tenant lists
+// and its dispatcher's kick (7 KB before the histogram kept rows).
+const (
+	maxLaneHeap       = 2048
+	maxWaitedLaneHeap = 2560
+)
 
 // laneHeap returns the heap, in bytes per lane, that n lanes keep after
 // each has served perLane requests through tr's options on an in-memory
@@ -63,4 +70,17 @@ func TestLaneHeap(t *testing.T) {
 			t.Errorf("%s: %.0f B per lane: the measure missed the lanes", c.name, got)
 		}
 	}
+	// Paced at 100/s with a burst of 1, two of each lane's three requests
+	// wait 10 ms for their token: virtual time.
+	synctest.Test(t, func(t *testing.T) {
+		const n = 2_000
+		got := laneHeap(t, n, 3, WithRate(100, time.Second), WithBurst(1))
+		t.Logf("waited: %.0f B per lane (%d lanes, 3 requests each, 2 of them waited)", got, n)
+		if got > maxWaitedLaneHeap && !raceEnabled {
+			t.Errorf("waited: a lane keeps %.0f B, want at most %d", got, maxWaitedLaneHeap)
+		}
+		if got < 200 {
+			t.Errorf("waited: %.0f B per lane: the measure missed the lanes", got)
+		}
+	})
 }
