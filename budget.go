@@ -238,11 +238,15 @@ func (l *lane) answered(ch *charge) {
 }
 
 // dropCharge is answered for an attempt whose response says nothing of
-// its budgets, taking the lane's lock; it does nothing for no charge.
+// its budgets, taking the lane's lock; it does nothing for no charge, at
+// the cost of a nil check where it is called (it is inlined).
 func (l *lane) dropCharge(ch *charge) {
-	if ch == nil {
-		return
+	if ch != nil {
+		l.dropChargeLocking(ch)
 	}
+}
+
+func (l *lane) dropChargeLocking(ch *charge) {
 	l.mu.Lock()
 	l.answered(ch)
 	l.mu.Unlock()
