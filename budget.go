@@ -339,12 +339,16 @@ func (l *lane) reconcile(i int, remaining int64, now, sent time.Duration, ch *ch
 	t := float64(remaining) + (now-sent).Seconds()*b.b.rate - since - before
 	t = min(max(t, -b.b.burst), b.b.burst)
 	if ch != nil && ch.cost[i] > 0 && before == 0 {
-		// The lane held more than the server: the attempt cost more than
-		// its estimate by about that much. The margin follows the largest
-		// underestimate, and forgets it over thousands of responses. With
-		// earlier attempts unanswered, which the server may or may not have
-		// counted, the difference says nothing of this one's cost.
-		under := (b.b.advance(now) - t) / ch.cost[i]
+		// The lane held more than the server: the attempt, and those
+		// granted after it that the server may have counted already, cost
+		// more than their estimates by about that much, a share of what
+		// they were estimated at (of the attempt's alone, a cheap call
+		// overtaken by a dear one read that one's error as its own). The
+		// margin follows the largest underestimate, and forgets it over
+		// thousands of responses. With earlier attempts unanswered, which
+		// the server may or may not have counted, the difference is not
+		// evidence.
+		under := (b.b.advance(now) - t) / (ch.cost[i] + max(since, 0))
 		b.margin = min(max(b.margin*0.9999, under), maxCostMargin)
 	}
 	b.b.set(now, t)
