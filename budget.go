@@ -24,8 +24,9 @@ const maxBudgets = 8
 // When a response states what remains of a budget of the same name (OpenAI's
 // x-ratelimit-*-tokens is "tokens"; Anthropic's anthropic-ratelimit-*
 // are "tokens", "input-tokens" and "output-tokens"), the lane takes the
-// server's count, less what it sent since. Names must be distinct and
-// non-empty; at most 8 budgets.
+// server's count, less what it sent since and what it sent before that is
+// not answered yet (it may reach the server later). Names must be distinct
+// and non-empty; at most 8 budgets.
 func WithBudget(name string, n int, per time.Duration) Option {
 	return optionFunc(func(c *config) error {
 		switch {

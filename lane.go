@@ -74,7 +74,7 @@ type levelCounters struct {
 	granted   uint64
 	cancelled uint64
 	throttled uint64
-	wait      stats.Histogram // its buckets are allocated at the first wait
+	wait      stats.Histogram // its rows are allocated as waits come
 }
 
 // countRefused counts an early refusal of a request of level p. The
