@@ -4,6 +4,7 @@ import (
 	"context"
 	"math"
 	"net/http"
+	"slices"
 	"time"
 )
 
@@ -23,8 +24,9 @@ const maxBudgets = 8
 // When a response states what remains of a budget of the same name (OpenAI's
 // x-ratelimit-*-tokens is "tokens"; Anthropic's anthropic-ratelimit-*
 // are "tokens", "input-tokens" and "output-tokens"), the lane takes the
-// server's count, less what it sent since. Names must be distinct and
-// non-empty; at most 8 budgets.
+// server's count, less what it sent since and what it sent before that is
+// not answered yet (it may reach the server later). Names must be distinct
+// and non-empty; at most 8 budgets.
 func WithBudget(name string, n int, per time.Duration) Option {
 	return optionFunc(func(c *config) error {
 		switch {
@@ -100,6 +102,10 @@ type budget struct {
 	// the true cost is not refused. Waiting longer costs no throughput
 	// while requests queue: the bucket does not fill meanwhile.
 	margin float64
+	// out is the cost of the attempts granted and not yet answered (see
+	// lane.out): each may have cost more than its estimate, by up to the
+	// margin, and the server's count will say so only when it answers.
+	out float64
 }
 
 // maxCostMargin bounds the learned underestimate: an estimate half the
@@ -172,15 +178,27 @@ func (l *lane) canPay(now time.Duration, ch *charge) bool {
 }
 
 // need is what b must hold to pay a cost c: c, and the learned margin for
-// underestimates, within the bucket's size.
+// underestimates of c and of the costs not yet answered, within the
+// bucket's size.
 func (b *budget) need(c float64) float64 {
-	return min(c*(1+b.margin), b.b.burst)
+	return min(c+b.margin*(c+b.out), b.b.burst)
 }
 
-// pay takes ch's cost from every budget at now. mu must be held.
+// pay takes ch's cost from every budget at now, and counts ch among the
+// charges not yet answered (see reconcile) until answered is called. mu
+// must be held.
 func (l *lane) pay(now time.Duration, ch *charge) {
 	if ch == nil {
 		return
+	}
+	if len(l.out) >= maxOut {
+		// An attempt whose answer was never observed (its send panicked)
+		// must not pin its charge: the oldest goes first.
+		l.answered(l.out[0])
+	}
+	l.out = append(l.out, ch)
+	for i := range l.budgets {
+		l.budgets[i].out += ch.cost[i]
 	}
 	for i := range l.budgets {
 		b := &l.budgets[i]
@@ -192,12 +210,56 @@ func (l *lane) pay(now time.Duration, ch *charge) {
 	}
 }
 
+// maxOut bounds the charges a lane keeps unanswered: more than any
+// in-flight limit a budget's lane runs at.
+const maxOut = 4096
+
+// answered takes ch out of the charges not yet answered: its response was
+// observed, it failed, or it was not sent. mu must be held.
+func (l *lane) answered(ch *charge) {
+	if ch == nil {
+		return
+	}
+	i := slices.Index(l.out, ch)
+	if i < 0 {
+		return
+	}
+	l.out = slices.Delete(l.out, i, i+1)
+	for i := range l.budgets {
+		l.budgets[i].out -= ch.cost[i]
+	}
+	if len(l.out) == 0 {
+		for i := range l.budgets {
+			l.budgets[i].out = 0 // no rounding left behind
+		}
+		if cap(l.out) > 64 {
+			l.out = nil // a burst's backlog is not kept
+		}
+	}
+}
+
+// dropCharge is answered for an attempt whose response says nothing of
+// its budgets, taking the lane's lock; it does nothing for no charge, at
+// the cost of a nil check where it is called (it is inlined).
+func (l *lane) dropCharge(ch *charge) {
+	if ch != nil {
+		l.dropChargeLocking(ch)
+	}
+}
+
+func (l *lane) dropChargeLocking(ch *charge) {
+	l.mu.Lock()
+	l.answered(ch)
+	l.mu.Unlock()
+}
+
 // repay gives ch's cost back to every budget at now: the attempt was not
 // sent. mu must be held.
 func (l *lane) repay(now time.Duration, ch *charge) {
 	if ch == nil {
 		return
 	}
+	l.answered(ch)
 	for i := range l.budgets {
 		if c := ch.cost[i]; c > 0 {
 			b := &l.budgets[i]
@@ -254,22 +316,40 @@ func (l *lane) budgetWait(start time.Duration, p Priority, ch *charge) time.Dura
 }
 
 // reconcile brings budget i to what a response to an attempt granted with
-// ch says remains of it at now, less what the lane sent since that grant,
-// plus what refilled meanwhile (sent is when the attempt was). mu must be
-// held.
+// ch says remains of it at now, less what the lane sent since that grant
+// and what it sent before that is not answered yet, plus what refilled
+// meanwhile (sent is when the attempt was). mu must be held.
+//
+// Attempts reach the server in another order than they were granted: one
+// granted earlier and still unanswered may arrive after this one, so the
+// server's count may not include it yet. Taking it as not included errs
+// on the side of less (by what the next responses correct); taking it as
+// included let every such overtaking send a request the server refused.
 func (l *lane) reconcile(i int, remaining int64, now, sent time.Duration, ch *charge) {
 	b := &l.budgets[i]
-	since := b.sent
+	since, before := b.sent, 0.0
 	if ch != nil {
 		since -= ch.mark[i] + ch.cost[i]
+		for _, o := range l.out {
+			if o == ch {
+				break
+			}
+			before += o.cost[i] // granted before ch, not answered yet
+		}
 	}
-	t := float64(remaining) + (now-sent).Seconds()*b.b.rate - since
+	t := float64(remaining) + (now-sent).Seconds()*b.b.rate - since - before
 	t = min(max(t, -b.b.burst), b.b.burst)
-	if ch != nil && ch.cost[i] > 0 {
-		// The lane held more than the server: the attempt cost more than
-		// its estimate by about that much. The margin follows the largest
-		// underestimate, and forgets it over thousands of responses.
-		under := (b.b.advance(now) - t) / ch.cost[i]
+	if ch != nil && ch.cost[i] > 0 && before == 0 {
+		// The lane held more than the server: the attempt, and those
+		// granted after it that the server may have counted already, cost
+		// more than their estimates by about that much, a share of what
+		// they were estimated at (of the attempt's alone, a cheap call
+		// overtaken by a dear one read that one's error as its own). The
+		// margin follows the largest underestimate, and forgets it over
+		// thousands of responses. With earlier attempts unanswered, which
+		// the server may or may not have counted, the difference is not
+		// evidence.
+		under := (b.b.advance(now) - t) / (ch.cost[i] + max(since, 0))
 		b.margin = min(max(b.margin*0.9999, under), maxCostMargin)
 	}
 	b.b.set(now, t)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"strconv"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -170,4 +171,88 @@ func TestReport(t *testing.T) {
 			t.Errorf("after reporting 1500 of an estimated 4000: %v tokens, want 4500", got)
 		}
 	})
+}
+
+// TestBudgetOvertaken: an attempt granted earlier reaches the server after
+// one granted later (here it is held on its way), so the later one's
+// response states a count that does not include it yet. The lane must
+// keep the earlier attempt's cost taken, not take the server's count as
+// if it were paid: before, it held 9,000 tokens where the server would
+// have 5,000 once the held attempt arrived, and sent what it then refused.
+func TestBudgetOvertaken(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var mu sync.Mutex
+		remaining := 10000
+		hold := make(chan struct{})
+		base := rtFunc(func(req *http.Request) (*http.Response, error) {
+			if req.Header.Get("X-Hold") != "" {
+				<-hold
+			}
+			cost, _ := strconv.Atoi(req.Header.Get("X-Cost"))
+			mu.Lock()
+			remaining -= cost
+			h := http.Header{}
+			h.Set("X-Ratelimit-Limit-Tokens", "10000")
+			h.Set("X-Ratelimit-Remaining-Tokens", strconv.Itoa(remaining))
+			h.Set("X-Ratelimit-Reset-Tokens", "1m0s")
+			mu.Unlock()
+			return &http.Response{StatusCode: 200, Header: h, Body: http.NoBody, Request: req}, nil
+		})
+		tr := mustNew(t, base, WithBudget("tokens", 10000, time.Hour))
+		defer tr.Close()
+		send := func(cost int, held bool) error {
+			req, _ := http.NewRequestWithContext(WithCost(t.Context(), "tokens", cost), "GET", "http://api.test/", nil)
+			req.Header.Set("X-Cost", strconv.Itoa(cost))
+			if held {
+				req.Header.Set("X-Hold", "1")
+			}
+			resp, err := tr.RoundTrip(req)
+			if err == nil {
+				resp.Body.Close()
+			}
+			return err
+		}
+		l := tr.lane("api.test")
+		tokens := func() float64 {
+			l.mu.Lock()
+			defer l.mu.Unlock()
+			return l.budgets[0].b.advance(l.tick())
+		}
+		held := make(chan error)
+		go func() { held <- send(4000, true) }()
+		synctest.Wait() // granted and held on its way to the server
+		if err := send(1000, false); err != nil {
+			t.Fatal(err)
+		}
+		if got := tokens(); got > 5000 {
+			t.Errorf("after a later attempt's response while an earlier one is on its way: %v tokens, want at most the 5,000 the server will hold", got)
+		}
+		close(hold)
+		if err := <-held; err != nil {
+			t.Fatal(err)
+		}
+		if got := tokens(); got > 5000 {
+			t.Errorf("after both responses: %v tokens, want at most the server's 5,000", got)
+		}
+		l.mu.Lock()
+		out, unanswered := l.budgets[0].out, len(l.out)
+		l.mu.Unlock()
+		if out != 0 || unanswered != 0 {
+			t.Errorf("after every response: %v tokens in %d charges still counted unanswered, want none", out, unanswered)
+		}
+	})
+}
+
+// The margin for underestimates covers the cost of a request and that of
+// the attempts still unanswered, each of which may also have cost more
+// than its estimate, within the bucket's size.
+func TestBudgetNeedCoversUnanswered(t *testing.T) {
+	b := budget{b: bucket{burst: 10000}, margin: 0.5, out: 4000}
+	if got := b.need(1000); got != 1000+0.5*(1000+4000) {
+		t.Errorf("need(1000) with margin 0.5 and 4,000 unanswered = %v, want 3500", got)
+	}
+	b.out = 40000
+	if got := b.need(1000); got != 10000 {
+		t.Errorf("need(1000) with 40,000 unanswered = %v, want the bucket's size, 10000", got)
+	}
 }

@@ -419,6 +419,7 @@ func (l *lane) observe(ctx context.Context, resp *http.Response, sent time.Time,
 			l.reconcile(i, budgetQuotas[i].Remaining, now.Sub(l.epoch), sent.Sub(l.epoch), ch)
 		}
 	}
+	l.answered(ch)
 	f := &l.fb
 	if throttled {
 		f.throttled++

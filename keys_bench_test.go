@@ -87,3 +87,23 @@ func BenchmarkManyKeys(b *testing.B) {
 			time.Duration(r.perKey).Round(10*time.Nanosecond), float64(r.heap)/1e6, r.lanes, r.lane)
 	}
 }
+
+// BenchmarkStats100k measures one Stats call over 100,000 lanes that have
+// each served one request.
+func BenchmarkStats100k(b *testing.B) {
+	req, keys := keyedRequests(100_000)
+	tr := mustNew(b, nopBase{}, WithKey(byHost), WithLaneIdle(0))
+	defer tr.Close()
+	for _, k := range keys {
+		req.Host = k
+		if err := send(tr, req); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if s := tr.Stats(); len(s.Lanes) != len(keys) {
+			b.Fatalf("%d lanes, want %d", len(s.Lanes), len(keys))
+		}
+	}
+}

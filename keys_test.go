@@ -4,13 +4,18 @@ import (
 	"context"
 	"errors"
 	"io"
+	"math"
 	"net/http"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/sluice-go/sluice/internal/stats"
 )
 
 // sendKey sends a GET whose lane is key (see byHost) and closes its body.
@@ -227,4 +232,110 @@ func TestIdleLanesReturnHeap(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	runtime.KeepAlive(keys)
+}
+
+// Stats over 100,000 lanes does not stall requests: it holds no lock of
+// the Transport while it copies, only each lane's, briefly. Requests on
+// one lane are sent one after another, first alone, then while another
+// goroutine calls Stats in a loop. Their p99 latency must stay within a
+// generous factor of their latency alone; and their number per second
+// must stay a good part of what it is alone, which a lock held for the
+// copy would bring down to a few requests per Stats call (their p99
+// alone would not show it: only the one request caught by each call
+// waits). Real clock, ratios only; the best of three runs is compared,
+// for a loaded runner (one under the race detector).
+func TestStatsDoesNotStall(t *testing.T) {
+	if testing.Short() {
+		t.Skip("creates 100,000 lanes")
+	}
+	const n = 100_000
+	req, keys := keyedRequests(n)
+	tr := mustNew(t, nopBase{}, WithKey(byHost), WithLaneIdle(0))
+	defer tr.Close()
+	for _, k := range keys {
+		req.Host = k
+		if err := send(tr, req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hot, _ := http.NewRequest("GET", "http://api.test/", nil)
+	hot.Host = "hot"
+	type run struct {
+		p99, worst time.Duration
+		perSec     float64
+	}
+	// measure sends requests on the hot lane for d, or until more is false
+	// if later, and returns their p99 and worst latency and their rate.
+	measure := func(d time.Duration, more func() bool) run {
+		ds := make([]time.Duration, 0, 1<<16)
+		start := time.Now()
+		for time.Since(start) < d || more() {
+			t0 := time.Now()
+			if err := send(tr, hot); err != nil {
+				t.Fatal(err)
+			}
+			ds = append(ds, time.Since(t0))
+		}
+		return run{stats.Quantile(ds, 0.99), slices.Max(ds), float64(len(ds)) / time.Since(start).Seconds()}
+	}
+	never := func() bool { return false }
+	measure(100*time.Millisecond, never) // warm up
+
+	// Under the race detector a Stats call takes seconds: one run, with
+	// one call, is enough to see a stall.
+	runs, minCalls := 3, int64(2)
+	if raceEnabled {
+		runs, minCalls = 1, 1
+	}
+	var statsTook time.Duration
+	best := func(f func() run) run {
+		b := run{p99: math.MaxInt64}
+		for range runs {
+			r := f()
+			b = run{min(b.p99, r.p99), min(b.worst, r.worst), max(b.perSec, r.perSec)}
+			if b.worst == 0 {
+				b.worst = r.worst
+			}
+		}
+		return b
+	}
+	alone := best(func() run { return measure(500*time.Millisecond, never) })
+	with := best(func() run {
+		stop := make(chan struct{})
+		done := make(chan struct{})
+		var calls atomic.Int64
+		var took time.Duration
+		go func() {
+			defer close(done)
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				start := time.Now()
+				if got := len(tr.Stats().Lanes); got != n+1 {
+					t.Errorf("Stats listed %d lanes, want %d", got, n+1)
+				}
+				took = max(took, time.Since(start))
+				calls.Add(1)
+			}
+		}()
+		// At least two Stats calls, so one runs wholly within the timing.
+		r := measure(500*time.Millisecond, func() bool { return calls.Load() < minCalls })
+		close(stop)
+		<-done
+		statsTook = max(statsTook, took)
+		t.Logf("with Stats: %+v; %d Stats calls of up to %v over 100,001 lanes", r, calls.Load(), took.Round(time.Millisecond))
+		return r
+	})
+	t.Logf("requests alone: p99 %v, worst %v, %.0f/s; while Stats runs: p99 %v (%.1fx), worst %v, %.0f/s (%.2f of alone); one Stats call: %v",
+		alone.p99, alone.worst, alone.perSec, with.p99, float64(with.p99)/float64(alone.p99), with.worst,
+		with.perSec, with.perSec/alone.perSec, statsTook.Round(time.Millisecond))
+	if with.p99 > 50*alone.p99 {
+		t.Errorf("request p99 latency %v while Stats runs, %.0fx the %v alone: want at most 50x", with.p99, float64(with.p99)/float64(alone.p99), alone.p99)
+	}
+	if with.perSec < alone.perSec/10 {
+		t.Errorf("%.0f requests a second while Stats runs, against %.0f alone: want at least a tenth", with.perSec, alone.perSec)
+	}
 }

@@ -60,20 +60,31 @@ type lane struct {
 	notBefore  time.Time
 	sharedCool time.Time // the latest cooldown passed to be.Cool
 
-	budgets []budget // see WithBudget; nil if none
+	budgets []budget  // see WithBudget; nil if none
+	out     []*charge // charges of attempts sent and not yet answered; see pay
 
-	levels [numLevels]levelCounters
-	ctl    controller
-	fb     feedback    // what the server said; see feedback.go
-	budget retryBudget // see retry.go
+	levels  [numLevels]levelCounters
+	refused *[numLevels][numReasons]uint64 // early refusals; nil before the first
+	ctl     controller
+	fb      feedback    // what the server said; see feedback.go
+	budget  retryBudget // see retry.go
 }
 
 type levelCounters struct {
 	granted   uint64
 	cancelled uint64
 	throttled uint64
-	refused   [numReasons]uint64
-	wait      stats.Recent // over the last waitPeriod or two; buckets allocated at the first wait
+	wait      stats.Recent // over the last waitPeriod or two; rows allocated as waits come
+}
+
+// countRefused counts an early refusal of a request of level p. The
+// counters are allocated at the lane's first: most lanes refuse nothing.
+// mu must be held.
+func (l *lane) countRefused(p Priority, r Reason) {
+	if l.refused == nil {
+		l.refused = new([numLevels][numReasons]uint64)
+	}
+	l.refused[p][r]++
 }
 
 // waitPeriod is the period of the wait quantiles in Stats: they cover the
@@ -265,7 +276,7 @@ func (l *lane) refuse(ctx context.Context, now time.Time, p Priority, tn *tenant
 	// Trying again after the estimated wait finds, if nothing else arrives,
 	// the queue ahead drained; it is a hint, not a promise.
 	rej.RetryAfter = est
-	l.levels[p].refused[rej.Reason]++
+	l.countRefused(p, rej.Reason)
 	return rej
 }
 
@@ -334,7 +345,7 @@ func (l *lane) acquire(ctx context.Context, p Priority, enq time.Duration) (gran
 	ch, rej := l.chargeOf(ctx, p)
 	if rej != nil {
 		l.mu.Lock()
-		l.levels[p].refused[ReasonCost]++
+		l.countRefused(p, ReasonCost)
 		l.mu.Unlock()
 		return grant{enq: enq}, rej
 	}

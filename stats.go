@@ -86,14 +86,20 @@ type LevelStats struct {
 // not be in it. It allocates only the result: calling it every second is
 // cheap with a few lanes. With very many, Transport.LaneStats reads one.
 func (t *Transport) Stats() Stats {
-	s := Stats{Lanes: make([]LaneStats, 0, max(t.nLanes.Load(), 0))}
+	// The lanes are sorted before they are copied: a LaneStats is hundreds
+	// of bytes, a pointer eight, and a key never changes.
+	ls := make([]*lane, 0, max(t.nLanes.Load(), 0))
 	t.lanes.Range(func(_, v any) bool {
 		if l := v.(*lane); !l.dead.Load() {
-			s.Lanes = append(s.Lanes, l.stats())
+			ls = append(ls, l)
 		}
 		return true
 	})
-	slices.SortFunc(s.Lanes, func(a, b LaneStats) int { return strings.Compare(a.Key, b.Key) })
+	slices.SortFunc(ls, func(a, b *lane) int { return strings.Compare(a.key, b.key) })
+	s := Stats{Lanes: make([]LaneStats, len(ls))}
+	for i, l := range ls {
+		s.Lanes[i] = l.stats()
+	}
 	if ev := t.cfg.events; ev != nil {
 		s.EventsDropped = ev.dropped.Load()
 	}
@@ -134,7 +140,10 @@ func (l *lane) stats() LaneStats {
 		lv := &ls.Levels[p]
 		lv.Queued = l.q.levels[p].n
 		l.q.levels[p].tenantStats(lv)
-		lv.Granted, lv.Cancelled, lv.Refused = c.granted, c.cancelled, c.refused
+		lv.Granted, lv.Cancelled = c.granted, c.cancelled
+		if l.refused != nil {
+			lv.Refused = l.refused[p]
+		}
 		lv.Throttled = c.throttled
 		lv.WaitP50, lv.WaitP99 = c.wait.Quantile(tick, waitPeriod, 0.5), c.wait.Quantile(tick, waitPeriod, 0.99)
 		if enq, ok := l.q.oldest(Priority(p)); ok {

@@ -103,16 +103,23 @@ func (t *tenant) inRing() bool { return t.next != nil && !t.held }
 
 // levelQueue is one level of a waitQueue: its tenants and their rotation.
 type levelQueue struct {
-	anon  tenant             // requests without a tenant
-	named map[string]*tenant // active named tenants; see forget
-	spare []*tenant          // records to reuse; see forget
-	big   bool               // named has held more than bigTenants
-	lists *tenantLists       // nil until the level's first waiter
-	share float64            // the tenant cap's share of the limit; 0: none
-	n     int                // waiters queued at this level
+	anon  tenant        // requests without a tenant
+	named *namedTenants // nil until the level's first named tenant
+	lists *tenantLists  // nil until the level's first waiter
+	share float64       // the tenant cap's share of the limit; 0: none
+	n     int           // waiters queued at this level
 
 	// queuing counts tenants with waiters (in the rotation or at their cap).
 	queuing int
+}
+
+// namedTenants are a level's records of named tenants (see WithTenant). A
+// level allocates them at its first named tenant: a lane whose requests
+// carry none does without.
+type namedTenants struct {
+	m     map[string]*tenant // active named tenants; see forget
+	spare []*tenant          // records to reuse; see forget
+	big   bool               // m has held more than bigTenants
 }
 
 // tenantLists are the sentinels of a level's two lists of tenants with
@@ -133,21 +140,26 @@ func (lv *levelQueue) tenant(id string) *tenant {
 	if id == "" {
 		return &lv.anon
 	}
-	if t, ok := lv.named[id]; ok {
+	nt := lv.named
+	if nt == nil {
+		nt = new(namedTenants)
+		lv.named = nt
+	}
+	if t, ok := nt.m[id]; ok {
 		return t
 	}
-	if lv.named == nil {
-		lv.named = make(map[string]*tenant)
+	if nt.m == nil {
+		nt.m = make(map[string]*tenant)
 	}
 	var t *tenant
-	if n := len(lv.spare); n > 0 {
-		t, lv.spare = lv.spare[n-1], lv.spare[:n-1]
+	if n := len(nt.spare); n > 0 {
+		t, nt.spare = nt.spare[n-1], nt.spare[:n-1]
 		t.id = id
 	} else {
 		t = &tenant{id: id, level: lv.anon.level}
 	}
-	lv.named[id] = t
-	lv.big = lv.big || len(lv.named) > bigTenants
+	nt.m[id] = t
+	nt.big = nt.big || len(nt.m) > bigTenants
 	return t
 }
 
@@ -290,16 +302,17 @@ func (lv *levelQueue) forget(t *tenant) {
 	if t.id == "" || t.inFlight != 0 || len(t.waiters) != 0 {
 		return
 	}
-	delete(lv.named, t.id)
-	if len(lv.spare) < spareTenants {
+	nt := lv.named
+	delete(nt.m, t.id)
+	if len(nt.spare) < spareTenants {
 		t.id = ""
 		if cap(t.waiters) > spareWaiters {
 			t.waiters = nil // a flood's queue is not kept for the next tenant
 		}
-		lv.spare = append(lv.spare, t)
+		nt.spare = append(nt.spare, t)
 	}
-	if len(lv.named) == 0 && lv.big {
-		lv.named, lv.big = nil, false
+	if len(nt.m) == 0 && nt.big {
+		nt.m, nt.big = nil, false
 	}
 }
 
@@ -314,7 +327,10 @@ func (lv *levelQueue) each(f func(*tenant)) {
 	if lv.anon.inFlight > 0 || len(lv.anon.waiters) > 0 {
 		f(&lv.anon)
 	}
-	for _, t := range lv.named {
+	if lv.named == nil {
+		return
+	}
+	for _, t := range lv.named.m {
 		f(t)
 	}
 }
@@ -339,10 +355,13 @@ func (lv *levelQueue) tenantStats(s *LevelStats) {
 		}
 		return a.ID < b.ID
 	}
-	top := make([]TenantStats, 0, TopTenants)
+	var top []TenantStats // allocated at the first tenant with work
 	lv.each(func(t *tenant) {
 		s.Tenants++
 		ts := TenantStats{ID: t.id, InFlight: t.inFlight, Queued: len(t.waiters)}
+		if top == nil {
+			top = make([]TenantStats, 0, TopTenants)
+		}
 		if len(top) == TopTenants && !busier(ts, top[len(top)-1]) {
 			return
 		}

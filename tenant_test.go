@@ -352,7 +352,7 @@ func TestTenantStatsBounded(t *testing.T) {
 		}
 		l := tr.lane("api.test")
 		l.mu.Lock()
-		named, spare := l.q.levels[Normal].named, len(l.q.levels[Normal].spare)
+		named, spare := l.q.levels[Normal].named.m, len(l.q.levels[Normal].named.spare)
 		l.mu.Unlock()
 		if named != nil || spare > spareTenants {
 			t.Errorf("after all went idle: map %v (want none: it held 10,000), %d spare records (want at most %d)", len(named), spare, spareTenants)
@@ -447,10 +447,10 @@ func TestTenantRecordsReused(t *testing.T) {
 		}
 		wg.Wait()
 		l.mu.Lock()
-		if len(lv.spare) != 1 || lv.spare[0].id != "" || lv.spare[0].waiters != nil || lv.named["flood"] != nil {
-			t.Errorf("after the flood: %d spare, %+v", len(lv.spare), lv.spare)
+		if len(lv.named.spare) != 1 || lv.named.spare[0].id != "" || lv.named.spare[0].waiters != nil || lv.named.m["flood"] != nil {
+			t.Errorf("after the flood: %d spare, %+v", len(lv.named.spare), lv.named.spare)
 		}
-		rec := lv.spare[0]
+		rec := lv.named.spare[0]
 		l.mu.Unlock()
 
 		if err := get(WithTenant(t.Context(), "next"), tr, ""); err != nil {
@@ -458,8 +458,8 @@ func TestTenantRecordsReused(t *testing.T) {
 		}
 		l.mu.Lock()
 		defer l.mu.Unlock()
-		if len(lv.spare) != 1 || lv.spare[0] != rec || rec.inFlight != 0 || len(lv.named) != 0 {
-			t.Errorf("the next tenant did not reuse the record cleanly: %d spare, record %+v, %d named", len(lv.spare), rec, len(lv.named))
+		if len(lv.named.spare) != 1 || lv.named.spare[0] != rec || rec.inFlight != 0 || len(lv.named.m) != 0 {
+			t.Errorf("the next tenant did not reuse the record cleanly: %d spare, record %+v, %d named", len(lv.named.spare), rec, len(lv.named.m))
 		}
 	})
 }

@@ -313,6 +313,9 @@ func (t *Transport) attempt(l *lane, req *http.Request, p Priority, enq time.Dur
 		return nil, enq, err
 	}
 	resp, err := t.send(l, req, g)
+	if err != nil || resp == nil {
+		l.dropCharge(g.ch)
+	}
 	if err != nil {
 		l.release(start, g.tn, 0, g.timed)
 		return nil, enq, err
@@ -332,6 +335,8 @@ func (t *Transport) attempt(l *lane, req *http.Request, p Priority, enq time.Dur
 		if l.be != nil {
 			l.shareCooldown()
 		}
+	} else {
+		l.dropCharge(g.ch)
 	}
 	// A protocol switch keeps the connection for as long as it lives; it is
 	// not a request in flight, and its body must stay writable. A stream

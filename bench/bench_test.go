@@ -59,3 +59,42 @@ func TestSelectRuns(t *testing.T) {
 		t.Errorf("selectRuns(all) = %d models, %d clients, %v", len(ms), len(cs), err)
 	}
 }
+
+// TestTokensShort is the token table's smoke test: both scenarios, both
+// clients, 2 s a run over real loopback. It checks the instrument (every
+// run completes with attempts measured, the table is written, the peers
+// by hand serve a sensible share of the token budget), not how well any
+// client paces.
+func TestTokensShort(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real-clock runs")
+	}
+	ss, cs, err := selectTokenRuns("", "")
+	if err != nil || len(ss) != 2 || len(cs) != 2 {
+		t.Fatalf("selectTokenRuns(all) = %d scenarios, %d clients, %v", len(ss), len(cs), err)
+	}
+	cfg := config{d: 2 * time.Second, latency: 20 * time.Millisecond}
+	var out bytes.Buffer
+	if err := benchTokens(t.Context(), &out, io.Discard, cfg, ss, cs); err != nil {
+		t.Fatal(err)
+	}
+	table := out.String()
+	t.Log(table)
+	for _, c := range cs {
+		if !strings.Contains(table, "| "+c.name+" |") {
+			t.Errorf("table has no column %q", c.name)
+		}
+	}
+	if strings.Contains(table, "error:") {
+		t.Errorf("a run failed:\n%s", table)
+	}
+	for _, s := range ss {
+		r := runTokens(t.Context(), cfg, s, cs[1])
+		if r.err != nil || r.attempts == 0 || r.tokenShare < 0.3 || r.tokenShare > 1.5 {
+			t.Errorf("%s, %s: %+v", s.name, cs[1].name, r)
+		}
+	}
+	if _, _, err := selectTokenRuns("^strict GCRA", ""); err == nil {
+		t.Error("a request model selected a token scenario")
+	}
+}

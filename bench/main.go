@@ -20,7 +20,7 @@ func main() {
 		latency  = flag.Duration("latency", 20*time.Millisecond, "service time of an accepted request")
 		modelRE  = flag.String("model", "", "run only the models whose name matches this regexp")
 		clientRE = flag.String("client", "", "run only the clients whose name matches this regexp")
-		short    = flag.Bool("short", false, "smoke run: 2 s, the strict GCRA model only")
+		short    = flag.Bool("short", false, "smoke run: 2 s, the strict GCRA model only (no token scenario)")
 	)
 	flag.Parse()
 	cfg := config{d: *d, workers: *workers, latency: *latency}
@@ -30,17 +30,56 @@ func main() {
 			*modelRE = "^strict GCRA burst 1, same headers"
 		}
 	}
+	// The request matrix, then the token-budget table; the regexps select
+	// in both, and at least one must select something.
 	ms, cs, err := selectRuns(*modelRE, *clientRE)
-	if err != nil {
+	ts, tcs, terr := selectTokenRuns(*modelRE, *clientRE)
+	if err != nil && terr != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	if err := bench(ctx, os.Stdout, os.Stderr, cfg, ms, cs); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
+	if err == nil {
+		if err := bench(ctx, os.Stdout, os.Stderr, cfg, ms, cs); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
 	}
+	if terr == nil {
+		if err := benchTokens(ctx, os.Stdout, os.Stderr, cfg, ts, tcs); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+	}
+}
+
+// selectTokenRuns filters the token scenarios and clients by regexp.
+func selectTokenRuns(modelRE, clientRE string) ([]tokenScenario, []tokenClient, error) {
+	mre, err := regexp.Compile(modelRE)
+	if err != nil {
+		return nil, nil, fmt.Errorf("-model: %w", err)
+	}
+	cre, err := regexp.Compile(clientRE)
+	if err != nil {
+		return nil, nil, fmt.Errorf("-client: %w", err)
+	}
+	var ss []tokenScenario
+	for _, s := range tokenScenarios() {
+		if mre.MatchString(s.name) {
+			ss = append(ss, s)
+		}
+	}
+	var cs []tokenClient
+	for _, c := range tokenClients() {
+		if cre.MatchString(c.name) {
+			cs = append(cs, c)
+		}
+	}
+	if len(ss) == 0 || len(cs) == 0 {
+		return nil, nil, fmt.Errorf("no token scenario or no token client matches")
+	}
+	return ss, cs, nil
 }
 
 // selectRuns filters the models and clients by regexp.

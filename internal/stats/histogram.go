@@ -3,6 +3,7 @@ package stats
 
 import (
 	"math/bits"
+	"slices"
 	"time"
 )
 
@@ -10,9 +11,11 @@ import (
 // subBuckets equal parts, so a reported quantile is within 1/subBuckets (about
 // 6%) of the true value, whatever its magnitude. 40 powers of two reach
 // 2^40 ns, about 18 minutes; longer durations land in the last bucket. The
-// buckets are a fixed array, allocated at the first positive duration
-// recorded (zero and negative ones are only counted): a histogram that has
-// seen none costs a few words, and memory never grows with traffic after.
+// buckets are kept by rows of subBuckets, one row a power of two, and a row
+// is allocated at the first duration recorded in it (zero and negative ones
+// are only counted): the durations a lane sees span a few powers of two,
+// so it holds a few rows, not all of them, and memory never grows with
+// traffic once they are there.
 const (
 	subBits    = 4
 	subBuckets = 1 << subBits
@@ -23,9 +26,16 @@ const (
 // Histogram counts durations. The zero value is empty and ready to use. It is
 // not safe for concurrent use; callers hold their own lock.
 type Histogram struct {
-	counts *[numBuckets]uint64 // nil until a positive duration is recorded
-	zeros  uint64              // durations <= 0: bucket 0, kept apart
-	total  uint64
+	rows  []row  // by increasing index; nil until a positive duration is recorded
+	zeros uint64 // durations <= 0: bucket 0, kept apart
+	total uint64
+}
+
+// A row counts the buckets index*subBuckets through index*subBuckets +
+// subBuckets - 1.
+type row struct {
+	index  int
+	counts [subBuckets]uint64
 }
 
 func index(d time.Duration) int {
@@ -59,17 +69,27 @@ func lower(i int) (time.Duration, time.Duration) {
 	return time.Duration(uint64(1)<<exp + uint64(sub)*width), time.Duration(width)
 }
 
-// Record adds one observation. It allocates once, at the first positive d.
+// Record adds one observation. It allocates at the first d of each power
+// of two.
 func (h *Histogram) Record(d time.Duration) {
 	h.total++
 	if d <= 0 {
 		h.zeros++
 		return
 	}
-	if h.counts == nil {
-		h.counts = new([numBuckets]uint64)
+	i := index(d)
+	r, sub := i/subBuckets, i%subBuckets
+	// Rows are few: a linear search, from the top, where the latest
+	// durations usually are, is as quick as any.
+	j := len(h.rows)
+	for j > 0 && h.rows[j-1].index > r {
+		j--
 	}
-	h.counts[index(d)]++
+	if j == 0 || h.rows[j-1].index != r {
+		h.rows = slices.Insert(h.rows, j, row{index: r})
+		j++
+	}
+	h.rows[j-1].counts[sub]++
 }
 
 // Count reports the number of observations.
@@ -97,11 +117,13 @@ func (h *Histogram) Quantile(q float64) time.Duration {
 		lo, w := lower(0)
 		return lo + w/2
 	}
-	for i, c := range h.counts {
-		seen += c
-		if seen >= rank {
-			lo, w := lower(i)
-			return lo + w/2
+	for _, r := range h.rows {
+		for sub, c := range r.counts {
+			seen += c
+			if seen >= rank {
+				lo, w := lower(r.index*subBuckets + sub)
+				return lo + w/2
+			}
 		}
 	}
 	lo, w := lower(numBuckets - 1)

@@ -52,3 +52,58 @@ func TestHistogramEdges(t *testing.T) {
 		}
 	}
 }
+
+// The rows are kept sparse and in order: whatever the order durations come
+// in, quantiles are those of every bucket counted in one dense array, and
+// a histogram of durations within a few powers of two holds only their rows.
+func TestHistogramRowsMatchDense(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	var h Histogram
+	var dense [numBuckets]uint64
+	var zeros, total uint64
+	for range 50000 {
+		d := time.Duration(r.Int64N(int64(time.Minute))) >> r.IntN(40)
+		if r.IntN(20) == 0 {
+			d = -d
+		}
+		h.Record(d)
+		total++
+		if d <= 0 {
+			zeros++
+		} else {
+			dense[index(d)]++
+		}
+	}
+	for i := 1; i < len(h.rows); i++ {
+		if h.rows[i-1].index >= h.rows[i].index {
+			t.Fatalf("rows out of order: %d then %d", h.rows[i-1].index, h.rows[i].index)
+		}
+	}
+	for _, q := range []float64{0, 0.01, 0.1, 0.5, 0.9, 0.99, 1} {
+		rank := max(uint64(q*float64(total)+0.5), 1)
+		seen, want := zeros, time.Duration(0)
+		if seen >= rank {
+			lo, w := lower(0)
+			want = lo + w/2
+		} else {
+			for i, c := range dense {
+				if seen += c; seen >= rank {
+					lo, w := lower(i)
+					want = lo + w/2
+					break
+				}
+			}
+		}
+		if got := h.Quantile(q); got != want {
+			t.Errorf("q%v: %v, want %v", q, got, want)
+		}
+	}
+
+	var small Histogram
+	for range 1000 {
+		small.Record(time.Millisecond + time.Duration(r.Int64N(int64(3*time.Millisecond))))
+	}
+	if n := len(small.rows); n > 3 {
+		t.Errorf("durations of 1-4 ms hold %d rows, want at most 3", n)
+	}
+}

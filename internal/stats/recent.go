@@ -48,11 +48,9 @@ func (r *Recent) Quantile(now, period time.Duration, q float64) time.Duration {
 	return quantile2(&r.cur, &r.prev, q)
 }
 
-// reset empties h, keeping its buckets.
+// reset empties h, keeping the room its rows had.
 func (h *Histogram) reset() {
-	if h.counts != nil {
-		clear(h.counts[:])
-	}
+	h.rows = h.rows[:0]
 	h.zeros, h.total = 0, 0
 }
 
@@ -72,16 +70,34 @@ func quantile2(a, b *Histogram, q float64) time.Duration {
 		lo, w := lower(0)
 		return lo + w/2
 	}
-	for i := range numBuckets {
-		if a.counts != nil {
-			seen += a.counts[i]
+	// Both hold rows by increasing index: walk them as one.
+	i, j := 0, 0
+	for i < len(a.rows) || j < len(b.rows) {
+		var idx int
+		var ca, cb *[subBuckets]uint64
+		switch {
+		case j == len(b.rows) || i < len(a.rows) && a.rows[i].index < b.rows[j].index:
+			idx, ca = a.rows[i].index, &a.rows[i].counts
+			i++
+		case i == len(a.rows) || b.rows[j].index < a.rows[i].index:
+			idx, cb = b.rows[j].index, &b.rows[j].counts
+			j++
+		default:
+			idx, ca, cb = a.rows[i].index, &a.rows[i].counts, &b.rows[j].counts
+			i++
+			j++
 		}
-		if b.counts != nil {
-			seen += b.counts[i]
-		}
-		if seen >= rank {
-			lo, w := lower(i)
-			return lo + w/2
+		for sub := range subBuckets {
+			if ca != nil {
+				seen += ca[sub]
+			}
+			if cb != nil {
+				seen += cb[sub]
+			}
+			if seen >= rank {
+				lo, w := lower(idx*subBuckets + sub)
+				return lo + w/2
+			}
 		}
 	}
 	lo, w := lower(numBuckets - 1)

@@ -9,14 +9,17 @@ const windowBuckets = 10
 // Window counts events over a sliding window of fixed length, in
 // windowBuckets buckets. It never allocates. The zero value is not usable:
 // create one with NewWindow. It is not safe for concurrent use.
+//
+// The buckets are a ring that holds the bucket numbers top-windowBuckets+1
+// through top, top being the latest bucket counted: moving top forward
+// clears the buckets it passes, and an Add older than the ring is dropped.
+// A lane holds a few of these, so they are kept small.
 type Window struct {
 	width  int64 // bucket width in nanoseconds
+	top    int64 // the latest bucket number counted
+	from   int64 // top*width: most Adds land in top, and skip a division
+	cur    int   // top's slot in counts
 	counts [windowBuckets]uint64
-	epoch  [windowBuckets]int64 // the bucket number each count belongs to
-	// The bucket the last Add went to, and the span of Unix nanoseconds it
-	// covers: most Adds land there, and skip a 64-bit division.
-	cur      int
-	from, to int64
 }
 
 // NewWindow returns a Window of the given length (at least windowBuckets ns).
@@ -31,25 +34,31 @@ func (w *Window) Add(now time.Time, n uint64) {
 
 // AddNano counts n events at ns nanoseconds since the Unix epoch.
 func (w *Window) AddNano(ns int64, n uint64) {
-	if ns >= w.from && ns < w.to {
+	if ns >= w.from && ns-w.from < w.width {
 		w.counts[w.cur] += n
 		return
 	}
-	b := ns / w.width
-	i := int(uint64(b) % windowBuckets)
-	if w.epoch[i] != b {
-		w.epoch[i], w.counts[i] = b, 0
+	b := floorDiv(ns, w.width)
+	switch d := b - w.top; {
+	case d > 0:
+		for i := range min(d, windowBuckets) {
+			w.counts[slot(w.top+1+i)] = 0
+		}
+		w.top, w.from, w.cur = b, b*w.width, slot(b)
+		w.counts[w.cur] += n
+	case d > -windowBuckets:
+		w.counts[slot(b)] += n
 	}
-	w.counts[i] += n
-	w.cur, w.from, w.to = i, b*w.width, (b+1)*w.width
 }
 
 // Sum returns the events counted in the window that ends at now.
 func (w *Window) Sum(now time.Time) uint64 {
-	cur := now.UnixNano() / w.width
+	cur := floorDiv(now.UnixNano(), w.width)
 	var n uint64
 	for i, c := range w.counts {
-		if d := cur - w.epoch[i]; d >= 0 && d < windowBuckets {
+		// The bucket number slot i holds: the one in (top-windowBuckets, top].
+		k := w.top - int64(slot(w.top-int64(i)))
+		if d := cur - k; d >= 0 && d < windowBuckets {
 			n += c
 		}
 	}
@@ -58,3 +67,20 @@ func (w *Window) Sum(now time.Time) uint64 {
 
 // Length returns the window's length.
 func (w *Window) Length() time.Duration { return time.Duration(w.width * windowBuckets) }
+
+// slot returns bucket number b's place in the ring.
+func slot(b int64) int {
+	s := int(b % windowBuckets)
+	if s < 0 {
+		s += windowBuckets
+	}
+	return s
+}
+
+func floorDiv(a, b int64) int64 {
+	q := a / b
+	if a%b != 0 && (a < 0) != (b < 0) {
+		q--
+	}
+	return q
+}
