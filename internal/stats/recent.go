@@ -9,8 +9,9 @@ import "time"
 // it is not safe for concurrent use. Times are on the caller's clock, which
 // must not run backwards.
 type Recent struct {
-	cur, prev Histogram
-	start     time.Duration // when cur's period began
+	cur   Histogram
+	prev  *Histogram    // nil until a period ends with records: most lanes never wait that long
+	start time.Duration // when cur's period began
 }
 
 // Record adds d, observed at now, for periods of length period.
@@ -24,12 +25,19 @@ func (r *Recent) roll(now, period time.Duration) {
 	if now-r.start < period {
 		return
 	}
-	if now-r.start >= 2*period {
-		r.prev.reset()
-	} else {
-		r.prev, r.cur = r.cur, r.prev // reuse prev's buckets
+	switch {
+	case now-r.start >= 2*period || r.cur.total == 0:
+		if r.prev != nil {
+			r.prev.reset()
+		}
+		r.cur.reset()
+	case r.prev == nil:
+		prev := r.cur
+		r.prev, r.cur = &prev, Histogram{}
+	default:
+		*r.prev, r.cur = r.cur, *r.prev // reuse prev's rows
+		r.cur.reset()
 	}
-	r.cur.reset()
 	r.start = now
 }
 
@@ -45,7 +53,10 @@ func (r *Recent) Quantile(now, period time.Duration, q float64) time.Duration {
 		// previous one now, alone.
 		return r.cur.Quantile(q)
 	}
-	return quantile2(&r.cur, &r.prev, q)
+	if r.prev == nil {
+		return r.cur.Quantile(q)
+	}
+	return quantile2(&r.cur, r.prev, q)
 }
 
 // reset empties h, keeping the room its rows had.
