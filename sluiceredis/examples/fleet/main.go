@@ -1,7 +1,7 @@
 // Command fleet shows several processes sharing one API budget through
 // Redis with sluiceredis.
 //
-//	go run ./examples/fleet
+//	cd sluiceredis && go run ./examples/fleet
 //
 // It simulates a fleet in one program: -procs sluice Transports, each with
 // its own Redis client and sluiceredis.Backend as a separate process would
@@ -49,8 +49,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluice-go/sluice"
-	"github.com/sluice-go/sluice/internal/upstream"
 	"github.com/sluice-go/sluice/sluiceredis"
+	"github.com/sluice-go/sluice/sluiceredis/internal/upstream"
 )
 
 type config struct {
