@@ -60,3 +60,49 @@ func WithBackend(b Backend) Option {
 		return nil
 	})
 }
+
+// A Leaser is a Backend that can lease: instead of a call to Take for every
+// attempt, it hands each lane on a key a share of the key's budget (a rate,
+// a burst and a number of attempts in flight), which the lane paces locally,
+// with no call per attempt, until the Leaser hands it another. The Leaser
+// learns what each lane wants by calling its demand function, about once
+// per refresh of its own choosing, and divides the key's budget among the
+// lanes of every process that shares it.
+//
+// A lane whose Backend is a Leaser calls Join at its first request. If Join
+// returns false the lane takes its tokens with Take, as from any Backend;
+// if it returns true the lane never calls Take or Done, and sends nothing
+// until its first grant. Cool is called as for any Backend.
+type Leaser interface {
+	Backend
+
+	// Join adds a lane on key to those the Leaser apportions key's budget
+	// to, and reports whether it will. From then on the Leaser calls demand
+	// to learn what the lane wants and grant to hand it its share, from its
+	// own goroutines, never from within Join, and with none of its own
+	// locks held (both take the lane's lock). Once demand reports false the
+	// lane is gone (its Transport closed, or the lane forgotten as idle):
+	// the Leaser must drop it, and a grant made meanwhile is ignored.
+	Join(key string, demand func() (Demand, bool), grant func(Share)) bool
+}
+
+// A Demand is what a lane wants of a Leaser, per priority level (indexed by
+// Priority): its attempts waiting and in flight now, and its grants so far,
+// from which the Leaser derives its recent rate.
+type Demand struct {
+	Rate     float64 // the key's rate as the lane knows it, tokens a second; 0: not paced
+	Burst    int     // the lane's burst (WithBurst)
+	Waiting  [Batch + 1]int
+	InFlight [Batch + 1]int
+	Granted  [Batch + 1]uint64 // grows by one with each attempt granted
+}
+
+// A Share is the part of a key's budget a Leaser grants one lane until its
+// next grant. The lane sends at most Rate tokens a second, Burst at once,
+// on top of its own pace, and has at most InFlight attempts in flight.
+type Share struct {
+	Rate     float64   // tokens a second, >= 0; +Inf: not paced by the share
+	Burst    int       // at least 1
+	InFlight int       // < 0: no cap from the share
+	Cool     time.Time // a cooldown shared by another process; zero: none
+}

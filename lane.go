@@ -48,15 +48,22 @@ type lane struct {
 	dead        atomic.Bool
 	dispatching bool // a dispatcher goroutine is running
 	stalled     bool // it waits for a kick: no waiter's tenant is under its cap
+	perToken    bool // see be; with the flags above, in their padding (TestLaneHeap)
+	join        bool
 	// kick wakes the dispatcher early; capacity 1. It is made when the
 	// first dispatcher starts, and never changes after: a lane whose
 	// requests never wait does without.
 	kick chan struct{}
 
-	// be, when set, holds the lane's budget (see Backend): tokens come from
-	// it, the local bucket only keeps the lane's rate, and notBefore is when
-	// be said to ask again.
+	// be, when set, holds the lane's budget (see Backend). perToken: tokens
+	// come from be.Take, the local bucket only keeps the lane's rate, and
+	// notBefore is when be said to ask again. Otherwise be is a Leaser
+	// (see Leaser) that the lane joins at its first request (join), and
+	// the lane paces itself locally by both its bucket and share, the
+	// part of the key's rate the Leaser grants it (nothing until the
+	// first grant; nil when the share does not pace).
 	be         Backend
+	share      *bucket
 	notBefore  time.Time
 	sharedCool time.Time // the latest cooldown passed to be.Cool
 
@@ -101,6 +108,11 @@ func newLane(key string, cfg *config) *lane {
 		q:       waitQueue{aging: cfg.aging, lowShare: cfg.lowShare},
 		slot:    slots{limit: cfg.maxConc},
 		be:      cfg.backend,
+	}
+	if _, ok := cfg.backend.(Leaser); ok {
+		l.join = true
+	} else {
+		l.perToken = cfg.backend != nil
 	}
 	if r := cfg.perSecond(); r > 0 {
 		l.lim = newBucket(r, cfg.burst)
@@ -161,6 +173,18 @@ func (l *lane) tryTake(now time.Duration, late bool, ch *charge) bool {
 	if now < l.coolTick || !l.slot.free() || !l.canPay(now, ch) {
 		return false
 	}
+	var share bucket
+	if l.share != nil {
+		// Taken from a copy first: the lane's bucket may still refuse.
+		share = *l.share
+		if late && share.rate > 0 {
+			if !share.takeLate(now, tokenTime(share.rate)) {
+				return false
+			}
+		} else if !share.take(now) {
+			return false
+		}
+	}
 	if l.lim != nil {
 		if late {
 			if !l.lim.takeLate(now, lateLag(l.lim.rate, l.fb.fail)) {
@@ -169,6 +193,9 @@ func (l *lane) tryTake(now time.Duration, late bool, ch *charge) bool {
 		} else if !l.lim.take(now) {
 			return false
 		}
+	}
+	if l.share != nil {
+		*l.share = share
 	}
 	l.slot.take()
 	l.pay(now, ch)
@@ -190,10 +217,30 @@ func lateLag(rate, fail float64) time.Duration {
 
 // tokenDelay returns how long until a token is due. mu must be held.
 func (l *lane) tokenDelay(now time.Duration) time.Duration {
-	if l.lim == nil {
+	var d time.Duration
+	if l.lim != nil {
+		d = tokensDelay(1-l.lim.tokensAt(now), l.lim.rate)
+	}
+	if l.share != nil {
+		d = max(d, tokensDelay(1-l.share.tokensAt(now), l.share.rate))
+	}
+	return d
+}
+
+// paceRate returns the rate that paces the lane's grants: its own, or its
+// share's if lower; 0 if neither paces. mu must be held.
+func (l *lane) paceRate() float64 {
+	r := math.Inf(1)
+	if l.lim != nil {
+		r = l.lim.rate
+	}
+	if l.share != nil {
+		r = min(r, l.share.rate)
+	}
+	if math.IsInf(r, 1) {
 		return 0
 	}
-	return tokensDelay(1-l.lim.tokensAt(now), l.lim.rate)
+	return r
 }
 
 // tokensDelay returns how long a bucket filling at r per second takes to gain
@@ -231,16 +278,25 @@ func (l *lane) estimate(now time.Time, p Priority, tn *tenant, ch *charge) time.
 		d = until.Sub(now)
 		start = until
 	}
-	if l.lim == nil {
+	r := l.paceRate()
+	if r == 0 {
 		return d + l.budgetWait(start.Sub(l.epoch), p, ch)
 	}
 	need := float64(l.q.ahead(p, tn) + 1)
-	if l.be == nil {
-		// With a Backend the local bucket is not drawn from: what it holds
-		// says nothing of the shared budget, which is taken as empty.
-		need -= l.lim.tokensAt(start.Sub(l.epoch))
+	if !l.perToken {
+		// Taking tokens from a Backend the local bucket is not drawn from:
+		// what it holds says nothing of the shared budget, which is taken
+		// as empty.
+		held := math.Inf(1)
+		if l.lim != nil {
+			held = l.lim.tokensAt(start.Sub(l.epoch))
+		}
+		if l.share != nil {
+			held = min(held, l.share.tokensAt(start.Sub(l.epoch)))
+		}
+		need -= held
 	}
-	w := max(tokensDelay(need, l.lim.rate), l.budgetWait(start.Sub(l.epoch), p, ch))
+	w := max(tokensDelay(need, r), l.budgetWait(start.Sub(l.epoch), p, ch))
 	if w > math.MaxInt64-d {
 		return math.MaxInt64
 	}
@@ -367,12 +423,16 @@ func (l *lane) acquire(ctx context.Context, p Priority, enq time.Duration) (gran
 	if first {
 		enq = now
 	}
+	if l.join {
+		l.joinLocked()
+	}
 	lv := &l.q.levels[p]
 	tn := lv.tenant(id)
 	// Fast path: nobody waiting, token and slot free, tenant under its
-	// cap. No goroutine hand-off. With a Backend every token is a call to
-	// it, which must not be made under mu: the dispatcher makes it.
-	if l.be == nil && l.q.len() == 0 && tn.inFlight < lv.capOf(l.slot.limit) && l.tryTake(now, false, ch) {
+	// cap. No goroutine hand-off. Taking tokens from a Backend, every token
+	// is a call to it, which must not be made under mu: the dispatcher
+	// makes it.
+	if !l.perToken && l.q.len() == 0 && tn.inFlight < lv.capOf(l.slot.limit) && l.tryTake(now, false, ch) {
 		lv.started(tn, l.slot.limit)
 		l.grantedLocked(now, p, first)
 		if testHookGrant != nil {
@@ -515,7 +575,10 @@ func (l *lane) refundLocked(tn *tenant, ch *charge, at time.Duration) {
 		testHookRefund(l, at)
 	}
 	now := l.tick()
-	if l.lim != nil && l.be == nil {
+	if l.share != nil {
+		l.share.refund(now)
+	}
+	if l.lim != nil && !l.perToken {
 		// The bucket caps its tokens at burst on its next read, so a
 		// refund can never raise it above a full one: the state is as if
 		// the grant had not been made.
@@ -559,7 +622,7 @@ func (l *lane) release(start time.Duration, tn *tenant, status int, timed bool) 
 // backendDone tells the Backend, if any, that an attempt it granted is done.
 // mu must not be held: the Backend may talk to its store.
 func (l *lane) backendDone() {
-	if l.be != nil {
+	if l.perToken {
 		l.be.Done(l.key)
 	}
 }
@@ -648,11 +711,11 @@ func (l *lane) dispatch() {
 		// cap): only a release can change that.
 		next := l.q.next(l.slot.limit)
 		servable := next != nil
-		if servable && l.be != nil && l.slot.free() && !now.Before(l.cooldown) && !now.Before(l.notBefore) {
+		if servable && l.perToken && l.slot.free() && !now.Before(l.cooldown) && !now.Before(l.notBefore) {
 			l.takeShared() // unlocks mu
 			continue
 		}
-		if servable && l.be == nil && l.tryTake(tick, late, next.charge) {
+		if servable && !l.perToken && l.tryTake(tick, late, next.charge) {
 			l.grantLocked(now, l.q.pop(l.slot.limit), nil)
 			l.mu.Unlock()
 			continue
@@ -667,13 +730,13 @@ func (l *lane) dispatch() {
 		case !servable:
 		case now.Before(l.cooldown):
 			d = l.cooldown.Sub(now)
-		case l.be != nil && now.Before(l.notBefore) && l.slot.free():
+		case l.perToken && now.Before(l.notBefore) && l.slot.free():
 			d = l.notBefore.Sub(now)
-		case l.be == nil && l.slot.free():
+		case !l.perToken && l.slot.free():
 			d = max(l.tokenDelay(tick), l.payDelay(tick, next.charge))
-			late = l.lim != nil
+			late = l.paceRate() > 0
 		}
-		precise := late && d < timerGrain && tokenTime(l.lim.rate) < preciseLag
+		precise := late && d < timerGrain && tokenTime(l.paceRate()) < preciseLag
 		l.mu.Unlock()
 
 		switch {
@@ -781,4 +844,64 @@ func (l *lane) takeShared() {
 		return
 	}
 	l.mu.Unlock()
+}
+
+// joinLocked joins the lane's Leaser at its first request (see Leaser),
+// when the lane is surely the one in its Transport's map. If the Leaser
+// declines, the lane takes its tokens with Take. mu must be held: the
+// Leaser calls neither function from within Join.
+func (l *lane) joinLocked() {
+	l.join = false
+	if !l.be.(Leaser).Join(l.key, l.demand, l.grant) {
+		l.perToken = true
+		return
+	}
+	// Nothing is sent before the first grant (see grant).
+	l.share = &bucket{}
+}
+
+// demand is what the lane wants of its Leaser; false once the lane is gone.
+func (l *lane) demand() (Demand, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed || l.dead.Load() {
+		return Demand{}, false
+	}
+	d := Demand{Rate: l.currentRate(), Burst: l.cfg.burst}
+	for p := range l.q.levels {
+		lv := &l.q.levels[p]
+		d.Waiting[p] = lv.n
+		lv.each(func(t *tenant) { d.InFlight[p] += t.inFlight })
+		d.Granted[p] = l.levels[p].granted
+	}
+	return d, true
+}
+
+// grant sets the lane's share from its Leaser, and wakes its dispatcher.
+func (l *lane) grant(s Share) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed || l.dead.Load() || l.share == nil {
+		return
+	}
+	now := l.tick()
+	burst := float64(max(s.Burst, 1))
+	if l.share.burst == 0 {
+		// The first grant: the share starts full, as a lane's bucket does.
+		*l.share = bucket{rate: max(s.Rate, 0), burst: burst, tokens: burst, last: now}
+	} else {
+		l.share.setRate(now, max(s.Rate, 0))
+	}
+	// A lower burst caps what is held now: tokens of a larger share are not
+	// spent on top of the smaller one.
+	l.share.burst = burst
+	l.share.set(now, min(l.share.tokensAt(now), burst))
+	l.slot.leased = 0
+	if s.InFlight >= 0 {
+		l.slot.leased = s.InFlight + 1
+	}
+	if !s.Cool.IsZero() {
+		l.coolLocked(s.Cool, "a cooldown shared by another process")
+	}
+	l.wake()
 }

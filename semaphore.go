@@ -19,10 +19,16 @@ package sluice
 type slots struct {
 	limit int
 	inUse int
+	// leased, when positive, is one more than the in-flight cap of the
+	// lane's share from a Leaser (so that the zero value is no cap, and 1
+	// a share of none).
+	leased int
 }
 
 // free reports whether an attempt may take a slot now.
-func (s *slots) free() bool { return s.inUse < s.limit }
+func (s *slots) free() bool {
+	return s.inUse < s.limit && (s.leased == 0 || s.inUse < s.leased-1)
+}
 
 func (s *slots) take() { s.inUse++ }
 
@@ -30,7 +36,7 @@ func (s *slots) take() { s.inUse++ }
 // caller knows to wake the dispatcher.
 func (s *slots) put() bool {
 	s.inUse--
-	return s.inUse < s.limit
+	return s.free()
 }
 
 // resize sets the limit and reports whether it grew (waiters may be served).

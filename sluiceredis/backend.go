@@ -54,6 +54,8 @@ type Backend struct {
 	releasing bool          // a goroutine gives back orphans; see keepReleasing
 	idle      chan struct{} // capacity 1: Done gave back a budget's last lease
 	back      chan struct{} // capacity 1: Redis answers again, for the releaser
+
+	shares shares // see WithShares
 }
 
 // budget is this process's side of one key's budget. Its fields are guarded

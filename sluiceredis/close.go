@@ -7,6 +7,8 @@ import (
 	"maps"
 	"slices"
 	"time"
+
+	"github.com/sluice-go/sluice"
 )
 
 // ErrClosed is wrapped by the errors Take and Cool return after Close.
@@ -201,6 +203,7 @@ func (b *Backend) close() error {
 	b.mu.Lock()
 	b.renewing, b.releasing = false, false
 	b.mu.Unlock()
+	b.closeShares()
 
 	if b.cfg.leases == 0 {
 		return nil
@@ -232,4 +235,24 @@ func (b *Backend) close() error {
 			left, b.cfg.leaseTTL, first)
 	}
 	return nil
+}
+
+// closeShares gives back this process's shares (see WithShares), so that
+// the fleet has them at its next refreshes rather than at the end of the
+// leases, and leaves the lanes a share of nothing: a Transport still in use
+// sends nothing more through a closed Backend. The refresher has stopped.
+func (b *Backend) closeShares() {
+	s := &b.shares
+	s.mu.Lock()
+	keys := slices.Collect(maps.Values(s.keys))
+	s.keys, s.running = nil, false
+	s.mu.Unlock()
+	for _, sk := range keys {
+		for _, m := range sk.lanes {
+			m.grant(sluice.Share{Burst: 1, InFlight: 0})
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), b.cfg.timeout)
+		b.client.HDel(ctx, sk.redis[0], b.self)
+		cancel()
+	}
 }

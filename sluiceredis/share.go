@@ -1,0 +1,420 @@
+package sluiceredis
+
+import (
+	"context"
+	_ "embed"
+	"fmt"
+	"math"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluice-go/sluice"
+)
+
+var _ sluice.Leaser = (*Backend)(nil)
+
+var (
+	//go:embed share.lua
+	shareSrc    string
+	shareScript = redis.NewScript(shareSrc)
+)
+
+// shareLeases is how many refresh intervals a share is leased for: a
+// process that misses two refreshes in a row (Redis slow or away) still
+// holds its share, and one that died loses it within three.
+const shareLeases = 3
+
+const (
+	// estGain is the weight of the latest refresh in a lane's estimated
+	// arrival rate: a quarter averages over about four refreshes.
+	estGain = 0.25
+	// backlogRefreshes: a lane asks for its queue to be served within this
+	// many refreshes, on top of its arrival rate.
+	backlogRefreshes = 2
+	// backlogGrowth is what a level with waiters asks for at least, as a
+	// multiple of its arrival rate: a closed loop of workers arrives at the
+	// rate it is let send, and its queue alone would ask for too little
+	// to ever move to its fair part.
+	backlogGrowth = 1.25
+)
+
+// shares is a Backend's state in share mode (WithShares): the keys its
+// lanes joined, each refreshed by one goroutine, which runs while any key
+// has lanes and exits at Close.
+type shares struct {
+	mu      sync.Mutex
+	keys    map[string]*shareKey
+	running bool
+	kick    chan struct{} // capacity 1: a key was added
+}
+
+// A shareKey is this process's share of one key's budget and the lanes it
+// is divided among. Its fields other than lanes are used by the refresher
+// goroutine only.
+type shareKey struct {
+	key   string
+	redis [2]string // the entries and the cooldown (see share.lua)
+	lanes []*member // guarded by shares.mu
+	next  time.Time // when to refresh next
+
+	leased   bool      // a share was ever granted by Redis
+	until    time.Time // when the last one ends, on this process's clock
+	rate     float64   // the last share's rate, and its places (-1: none)
+	places   int
+	procs    int // live processes at the last refresh
+	keyRate  float64
+	keyBurst int
+	keyCap   int
+	fallen   bool // the share is the local fallback (see fallbackShare)
+	// fellTo is the fallback's rate while fallen, 0 otherwise: the first
+	// share after an outage takes no more. A Redis that comes back has
+	// lost the entries of the outage (they expired on its clock, or it
+	// restarted empty), so it would give the first process to ask the
+	// whole rate while the others still send at their fallback rates.
+	fellTo float64
+	frac   float64 // the fallback's fraction of the rate, for this outage
+}
+
+// A member is one lane on a key.
+type member struct {
+	demand func() (sluice.Demand, bool)
+	grant  func(sluice.Share)
+
+	prev, now sluice.Demand // at the last refresh, and at this one
+	at        time.Time     // of the last refresh; zero before the first
+	est       [levels]float64
+}
+
+// Join adds a lane on key to those this Backend divides the key's share
+// among, when WithShares is set (see sluice.Leaser); it returns false
+// otherwise, and after Close. The first lane on a key makes the key's
+// first refresh happen at once; until it answers the lane sends nothing.
+func (b *Backend) Join(key string, demand func() (sluice.Demand, bool), grant func(sluice.Share)) bool {
+	if b.cfg.refresh == 0 || !b.enter() {
+		return false
+	}
+	defer b.leave()
+	s := &b.shares
+	s.mu.Lock()
+	sk := s.keys[key]
+	if sk == nil {
+		if s.keys == nil {
+			s.keys = make(map[string]*shareKey)
+			s.kick = make(chan struct{}, 1)
+		}
+		k := newKeys(b.cfg.prefix, key)
+		sk = &shareKey{key: key, redis: [2]string{k.shares(), k[1]}, places: -1}
+		s.keys[key] = sk
+	}
+	sk.lanes = append(sk.lanes, &member{demand: demand, grant: grant})
+	if !s.running {
+		s.running = true
+		b.wg.Add(1)
+		go b.refreshLoop()
+	}
+	s.mu.Unlock()
+	select {
+	case s.kick <- struct{}{}:
+	default:
+	}
+	return true
+}
+
+// refreshLoop refreshes each key's share when it is due, and exits when no
+// key has lanes left, or at Close.
+func (b *Backend) refreshLoop() {
+	defer b.wg.Done()
+	t := time.NewTimer(time.Hour)
+	defer t.Stop()
+	for {
+		next, ok := b.refreshDue(time.Now())
+		if !ok {
+			return
+		}
+		t.Reset(time.Until(next))
+		select {
+		case <-b.done:
+			return
+		case <-b.shares.kick:
+		case <-t.C:
+		}
+	}
+}
+
+// refreshDue refreshes the keys due at now, and returns when the next is
+// due; false when no key is left, having marked the loop stopped.
+func (b *Backend) refreshDue(now time.Time) (time.Time, bool) {
+	s := &b.shares
+	s.mu.Lock()
+	var due []*shareKey
+	for _, sk := range s.keys {
+		if sk.next.IsZero() || !now.Before(sk.next) {
+			due = append(due, sk)
+		}
+	}
+	s.mu.Unlock()
+	for _, sk := range due {
+		b.refresh(sk)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var next time.Time
+	for key, sk := range s.keys {
+		if len(sk.lanes) == 0 {
+			delete(s.keys, key)
+			continue
+		}
+		if next.IsZero() || sk.next.Before(next) {
+			next = sk.next
+		}
+	}
+	if len(s.keys) == 0 {
+		s.running = false
+		return time.Time{}, false
+	}
+	return next, true
+}
+
+// refresh asks Redis for this process's share of sk's budget, by what its
+// lanes want, and hands the lanes their parts. Without an answer it keeps
+// the last share until its lease ends, and then falls back (see fallbackShare).
+func (b *Backend) refresh(sk *shareKey) {
+	lanes := b.live(sk)
+	if len(lanes) == 0 {
+		// The key's last lane is gone: its share goes back to the fleet now
+		// rather than at the end of the lease.
+		ctx, cancel := context.WithTimeout(context.Background(), b.cfg.timeout)
+		b.client.HDel(ctx, sk.redis[0], b.self)
+		cancel()
+		return
+	}
+	sent := time.Now()
+	wants := make([][levels]float64, len(lanes))
+	places := make([][levels]int, len(lanes))
+	var (
+		total, ptotal [levels]float64
+		inFlight      int
+		rate          float64
+		burst         int
+	)
+	for i, m := range lanes {
+		d, cur := m.prev, m.now
+		elapsed := b.cfg.refresh
+		if !m.at.IsZero() {
+			elapsed = max(sent.Sub(m.at), time.Millisecond)
+		}
+		for l := range levels {
+			// Arrivals since the last refresh: grants, and the growth of
+			// the queue. The rate is smoothed (an even mix with the last
+			// estimate); the queue is asked for in full within a refresh.
+			arrived := float64(cur.Granted[l]-d.Granted[l]) + float64(cur.Waiting[l]-d.Waiting[l])
+			m.est[l] += estGain * (max(arrived, 0)/elapsed.Seconds() - m.est[l])
+			wants[i][l] = m.est[l] + float64(cur.Waiting[l])/(backlogRefreshes*b.cfg.refresh.Seconds())
+			if cur.Waiting[l] > 0 {
+				// A level with a queue may want more than it has been let
+				// send: asking for a quarter more finds out.
+				wants[i][l] = max(wants[i][l], backlogGrowth*m.est[l])
+			}
+			places[i][l] = cur.Waiting[l] + cur.InFlight[l]
+			total[l] += wants[i][l]
+			ptotal[l] += float64(places[i][l])
+			inFlight += cur.InFlight[l]
+		}
+		if r := cur.Rate; r > 0 && (rate == 0 || r < rate) {
+			rate = r
+		}
+		burst = max(burst, cur.Burst)
+		m.prev, m.at = cur, sent
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), b.cfg.timeout)
+	r, err := runShare(ctx, b.client, sk.redis, shareArgs{
+		self: b.self, lease: shareLeases * b.cfg.refresh,
+		rate: rate, burst: burst, cap: b.cfg.leases, inFlight: inFlight,
+		wants: total, places: ptotal, most: sk.fellTo,
+	})
+	cancel()
+	now := time.Now()
+	next := b.cfg.refresh
+	if err == nil {
+		if sk.fallen {
+			b.cfg.logger.Info("sluiceredis: redis answers again; using the leased share", "key", sk.key)
+		}
+		sk.leased, sk.fallen, sk.fellTo = true, false, 0
+		sk.until = sent.Add(shareLeases * b.cfg.refresh)
+		sk.rate, sk.places, sk.procs = r.rate, r.places, r.procs
+		sk.keyRate, sk.keyBurst, sk.keyCap = r.keyRate, r.keyBurst, r.keyCap
+		var cool time.Time
+		if r.cool > 0 {
+			cool = now.Add(r.cool)
+		}
+		b.hand(lanes, wants, places, sk.rate, sk.places, sk.keyRate, sk.keyBurst, cool)
+		if r.short {
+			// Others hold what this process is due: they give it back at
+			// their next refreshes, and this one asks again after them.
+			next = b.cfg.refresh / 2
+		}
+	} else if now.After(sk.until) || !sk.leased {
+		b.fallbackShare(sk, lanes, wants, places, rate, burst, err)
+	}
+	// Each process refreshes at its own phase, a little off the interval,
+	// so that a fleet that starts together does not refresh together.
+	jitter := 0.9 + 0.2*b.rand()
+	sk.next = now.Add(time.Duration(float64(next) * jitter))
+}
+
+// live reads the demand of sk's lanes and drops those that are gone.
+func (b *Backend) live(sk *shareKey) []*member {
+	b.shares.mu.Lock()
+	lanes := append([]*member(nil), sk.lanes...)
+	b.shares.mu.Unlock()
+	var out []*member
+	gone := map[*member]bool{}
+	for _, m := range lanes {
+		d, ok := m.demand()
+		if !ok {
+			gone[m] = true
+			continue
+		}
+		m.now = d
+		out = append(out, m)
+	}
+	if len(gone) > 0 {
+		b.shares.mu.Lock()
+		kept := sk.lanes[:0]
+		for _, m := range sk.lanes {
+			if !gone[m] {
+				kept = append(kept, m)
+			}
+		}
+		clear(sk.lanes[len(kept):])
+		sk.lanes = kept
+		b.shares.mu.Unlock()
+	}
+	return out
+}
+
+// fallbackShare hands sk's lanes a local share once the last leased one has
+// ended and Redis does not answer: the rate divided by the processes that
+// shared it at the last refresh (WithFallbackShare of it if this process
+// never had a share), a little slower by a factor drawn at random per
+// outage, so that processes that lose Redis together do not send in step.
+func (b *Backend) fallbackShare(sk *shareKey, lanes []*member, wants [][levels]float64, places [][levels]int, rate float64, burst int, err error) {
+	if !sk.fallen {
+		sk.fallen = true
+		frac := b.cfg.share
+		if sk.leased {
+			frac = 1 / float64(max(sk.procs, 1))
+		}
+		sk.frac = frac * (1 - fallbackJitter*b.rand())
+		sk.places = -1
+		if b.cfg.leases > 0 {
+			sk.places = max(1, int(math.Floor(float64(b.cfg.leases)*frac)))
+		}
+		b.cfg.logger.Warn("sluiceredis: redis unreachable and the leased share ended; using a local share until it answers",
+			"key", sk.key, "err", err, "share", frac)
+	}
+	keyRate := rate
+	if sk.keyRate > 0 {
+		keyRate = min(keyRate, sk.keyRate)
+	}
+	if keyRate == 0 {
+		keyRate = sk.keyRate
+	}
+	sk.fellTo = sk.frac * keyRate
+	b.hand(lanes, wants, places, sk.fellTo, sk.places, keyRate, max(burst, 1), time.Time{})
+}
+
+// hand divides a share of rate and places among lanes by their wants, and
+// grants each its part.
+func (b *Backend) hand(lanes []*member, wants [][levels]float64, places [][levels]int, rate float64, nplaces int, keyRate float64, keyBurst int, cool time.Time) {
+	var rates []float64
+	if keyRate > 0 {
+		rates = apportion(rate, wants)
+	}
+	var ps []int
+	if nplaces >= 0 {
+		ps = apportionWhole(nplaces, places)
+	}
+	for i, m := range lanes {
+		s := sluice.Share{Rate: math.Inf(1), InFlight: -1, Cool: cool}
+		if rates != nil {
+			s.Rate = rates[i]
+		}
+		s.Burst = burstOf(s.Rate, keyRate, keyBurst)
+		if ps != nil {
+			s.InFlight = ps[i]
+		}
+		m.grant(s)
+	}
+}
+
+// shareArgs are share.lua's arguments.
+type shareArgs struct {
+	self     string
+	lease    time.Duration
+	rate     float64
+	burst    int
+	cap      int
+	inFlight int
+	wants    [levels]float64
+	places   [levels]float64
+	most     float64 // the most rate to take; 0: no bound
+}
+
+// shareReply is what share.lua answered.
+type shareReply struct {
+	rate     float64
+	places   int // -1: no cap
+	procs    int
+	cool     time.Duration
+	keyRate  float64
+	keyBurst int
+	keyCap   int
+	short    bool
+}
+
+// runShare runs share.lua: one round trip.
+func runShare(ctx context.Context, c redis.Scripter, k [2]string, a shareArgs) (shareReply, error) {
+	f := func(x float64) string { return strconv.FormatFloat(x, 'g', -1, 64) }
+	args := []any{a.self, a.lease.Microseconds(), f(a.rate), a.burst, a.cap, a.inFlight,
+		f(a.wants[0]), f(a.wants[1]), f(a.wants[2]),
+		f(a.places[0]), f(a.places[1]), f(a.places[2]), f(a.most)}
+	v, err := shareScript.Run(ctx, c, k[:], args...).Slice()
+	if err != nil {
+		return shareReply{}, err
+	}
+	bad := func() (shareReply, error) { return shareReply{}, fmt.Errorf("sluiceredis: share.lua returned %v", v) }
+	if len(v) != 8 {
+		return bad()
+	}
+	var r shareReply
+	num := func(x any) (float64, bool) {
+		switch x := x.(type) {
+		case string:
+			f, err := strconv.ParseFloat(x, 64)
+			return f, err == nil
+		case int64:
+			return float64(x), true
+		}
+		return 0, false
+	}
+	var vals [8]float64
+	for i, x := range v {
+		f, ok := num(x)
+		if !ok || math.IsNaN(f) {
+			return bad()
+		}
+		vals[i] = f
+	}
+	r.rate, r.places, r.procs = vals[0], int(vals[1]), int(vals[2])
+	r.cool = micros(int64(vals[3]))
+	r.keyRate, r.keyBurst, r.keyCap, r.short = vals[4], int(vals[5]), int(vals[6]), vals[7] != 0
+	if r.rate < 0 || r.procs < 1 {
+		return bad()
+	}
+	return r, nil
+}

@@ -1,0 +1,151 @@
+-- One refresh of one process's share of one budget (see WithShares), in one
+-- round trip. Each process's entry in a hash says what it wants, per
+-- priority level, and what it holds; the budget is apportioned among the
+-- live entries by priority first (a level's wants are met, fleet-wide,
+-- before any lower level's) and max-min fairly within a level, and what
+-- nobody wants is spread evenly. The caller is granted its part, but never
+-- more than the others' grants leave: a share that moves from one process
+-- to another is taken from the first at its refresh and given to the
+-- second at its next one, so the grants held never add up to more than the
+-- budget. Times are microseconds of the Redis server's clock.
+--
+-- KEYS[1] the entries (hash: process id -> entry)   KEYS[2] cooldown end
+-- ARGV[1] process id   ARGV[2] lease (how long the entry lives)
+-- ARGV[3] rate (tokens a second; 0: not paced)   ARGV[4] burst
+-- ARGV[5] in-flight cap (0: none)   ARGV[6] attempts in flight now
+-- ARGV[7..9] rate wanted per level   ARGV[10..12] places wanted per level
+-- ARGV[13] the most rate the caller takes (0: no such bound)
+--
+-- An entry is "expiry rate burst cap granted-rate granted-places w1 w2 w3
+-- p1 p2 p3". Returns {granted rate, granted places (-1: no cap), live
+-- processes, cooldown left, the budget's rate, its burst, its cap, 1 if
+-- the caller got less than its part (it may refresh sooner)}; rates as
+-- strings, to keep their fractions.
+
+if redis.replicate_commands then redis.replicate_commands() end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+
+local me = ARGV[1]
+local self = {
+  exp = now + tonumber(ARGV[2]),
+  rate = tonumber(ARGV[3]), burst = tonumber(ARGV[4]), cap = tonumber(ARGV[5]),
+  gr = 0, gp = 0,
+  w = {tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])},
+  p = {tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12])},
+}
+local inflight = tonumber(ARGV[6])
+
+local procs, dead = {}, {}
+local all = redis.call('HGETALL', KEYS[1])
+for i = 1, #all, 2 do
+  if all[i] ~= me then
+    local f = {}
+    for x in string.gmatch(all[i + 1], '%S+') do f[#f + 1] = tonumber(x) end
+    if #f ~= 12 or f[1] <= now then
+      dead[#dead + 1] = all[i]
+    else
+      procs[#procs + 1] = {
+        exp = f[1], rate = f[2], burst = f[3], cap = f[4], gr = f[5], gp = f[6],
+        w = {f[7], f[8], f[9]}, p = {f[10], f[11], f[12]},
+      }
+    end
+  end
+end
+if #dead > 0 then redis.call('HDEL', KEYS[1], unpack(dead)) end
+procs[#procs + 1] = self
+local n = #procs
+
+-- The budget is the lowest any live process passes: one that learned a
+-- lower rate from the server holds the fleet to it.
+local rate, burst, cap = 0, 0, 0
+for _, e in ipairs(procs) do
+  if e.rate > 0 and (rate == 0 or e.rate < rate) then rate = e.rate end
+  if e.burst > 0 and (burst == 0 or e.burst < burst) then burst = e.burst end
+  if e.cap > 0 and (cap == 0 or e.cap < cap) then cap = e.cap end
+end
+
+-- The caller's part of capacity c by the wants in field f: levels in
+-- order, max-min fair within one (water-filling: the smallest wants are
+-- met in full, the rest share equally what is left), then what is left
+-- evenly. whole: in whole units (places), handed out one at a time to the
+-- process given least at the level (the caller last among equals).
+local function part(c, f, whole)
+  local give = {}
+  for i = 1, n do give[i] = 0 end
+  local left = c
+  for l = 1, 3 do
+    if left <= 0 then break end
+    if whole then
+      local at = {}
+      for i = 1, n do at[i] = 0 end
+      while left >= 1 do
+        local best
+        for i = 1, n do
+          if procs[i][f][l] - at[i] >= 1 and (best == nil or at[i] < at[best]) then best = i end
+        end
+        if best == nil then break end
+        at[best] = at[best] + 1
+        give[best] = give[best] + 1
+        left = left - 1
+      end
+    else
+      local idx = {}
+      for i = 1, n do if procs[i][f][l] > 0 then idx[#idx + 1] = i end end
+      table.sort(idx, function(a, b) return procs[a][f][l] < procs[b][f][l] end)
+      for k = 1, #idx do
+        local i = idx[k]
+        local g = math.min(procs[i][f][l], left / (#idx - k + 1))
+        give[i] = give[i] + g
+        left = left - g
+      end
+    end
+  end
+  if whole then
+    while left >= 1 do
+      local best = 1
+      for i = 2, n do if give[i] < give[best] then best = i end end
+      give[best] = give[best] + 1
+      left = left - 1
+    end
+  elseif left > 0 then
+    for i = 1, n do give[i] = give[i] + left / n end
+  end
+  return give[n]
+end
+
+local short = 0
+local gr = 0
+if rate > 0 then
+  local want = part(rate, 'w', false)
+  local held = 0
+  for i = 1, n - 1 do held = held + procs[i].gr end
+  gr = math.max(0, math.min(want, rate - held))
+  if gr < want - 1e-9 then short = 1 end
+  local most = tonumber(ARGV[13])
+  if most > 0 then gr = math.min(gr, most) end
+end
+local gp = -1
+if cap > 0 then
+  local want = part(cap, 'p', true)
+  local held = 0
+  for i = 1, n - 1 do held = held + procs[i].gp end
+  gp = math.max(0, math.min(want, cap - held))
+  if gp < want then short = 1 end
+end
+
+-- What the caller holds counts its attempts in flight, which outlive a
+-- smaller grant.
+self.gr, self.gp = gr, math.max(gp, inflight)
+redis.call('HSET', KEYS[1], me, string.format('%.0f %.17g %d %d %.17g %d %.17g %.17g %.17g %d %d %d',
+  self.exp, self.rate, self.burst, self.cap, self.gr, self.gp,
+  self.w[1], self.w[2], self.w[3], self.p[1], self.p[2], self.p[3]))
+local last = 0
+for _, e in ipairs(procs) do last = math.max(last, e.exp) end
+redis.call('PEXPIRE', KEYS[1], math.max(1, math.ceil((last - now) / 1000)))
+
+local cool = tonumber(redis.call('GET', KEYS[2]))
+local coolLeft = 0
+if cool and cool > now then coolLeft = math.ceil(cool - now) end
+
+return {string.format('%.17g', gr), gp, n, coolLeft, string.format('%.17g', rate), burst, cap, short}

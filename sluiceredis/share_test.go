@@ -1,0 +1,261 @@
+package sluiceredis
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sluice-go/sluice"
+)
+
+func TestWithSharesValidated(t *testing.T) {
+	c := newClient(t, "127.0.0.1:1")
+	for _, d := range []time.Duration{0, -time.Second, 9 * time.Millisecond, time.Minute + 1} {
+		_, err := New(c, WithShares(d))
+		if !errors.Is(err, ErrInvalidOption) || !strings.Contains(err.Error(), "WithShares("+d.String()+")") ||
+			!strings.HasPrefix(err.Error(), "sluiceredis: ") {
+			t.Errorf("WithShares(%v): %v", d, err)
+		}
+	}
+	for _, d := range []time.Duration{10 * time.Millisecond, DefaultRefresh, time.Minute} {
+		if _, err := New(c, WithShares(d)); err != nil {
+			t.Errorf("WithShares(%v): %v", d, err)
+		}
+	}
+	b, _ := New(c)
+	if b.Join("k", nil, nil) {
+		t.Error("Join without WithShares: want false, so that lanes take tokens")
+	}
+}
+
+func TestApportion(t *testing.T) {
+	for _, tc := range []struct {
+		c     float64
+		wants [][levels]float64
+		want  []float64
+	}{
+		// The higher level first, whatever the lower one wants.
+		{100, [][levels]float64{{40, 0, 0}, {0, 0, 500}, {0, 0, 500}, {0, 0, 500}}, []float64{40, 20, 20, 20}},
+		// Max-min within a level: the small want is met, the others split.
+		{100, [][levels]float64{{0, 0, 10}, {0, 0, 500}, {0, 0, 500}}, []float64{10, 45, 45}},
+		// A level that wants more than everything takes everything.
+		{100, [][levels]float64{{150, 0, 0}, {0, 0, 500}}, []float64{100, 0}},
+		// What nobody wants is spread evenly.
+		{100, [][levels]float64{{10, 0, 0}, {0, 20, 0}, {0, 0, 0}}, []float64{10 + 70.0/3, 20 + 70.0/3, 70.0 / 3}},
+		{100, nil, []float64{}},
+	} {
+		got := apportion(tc.c, tc.wants)
+		for i := range tc.want {
+			if math.Abs(got[i]-tc.want[i]) > 1e-9 {
+				t.Errorf("apportion(%v, %v) = %v, want %v", tc.c, tc.wants, got, tc.want)
+				break
+			}
+		}
+	}
+	if got := apportionWhole(2, [][levels]int{{0, 0, 1}, {0, 0, 1}, {1, 0, 0}, {0, 0, 1}}); fmt.Sprint(got) != "[1 0 1 0]" {
+		t.Errorf("apportionWhole(2, ...) = %v, want [1 0 1 0]: the Interactive place first", got)
+	}
+	if got := apportionWhole(5, [][levels]int{{0, 0, 9}, {0, 0, 1}}); fmt.Sprint(got) != "[4 1]" {
+		t.Errorf("apportionWhole(5, ...) = %v, want [4 1]", got)
+	}
+}
+
+// FuzzApportion checks apportion's contract: the parts add up to the
+// capacity, none is negative, and no part at a level is given while a
+// higher level's want somewhere is unmet.
+func FuzzApportion(f *testing.F) {
+	f.Add(100.0, 40.0, 500.0, 30.0, 0.0, 30.0)
+	f.Fuzz(func(t *testing.T, c, a0, a2, b0, b1, b2 float64) {
+		for _, x := range []float64{c, a0, a2, b0, b1, b2} {
+			if !(x >= 0 && x < 1e9) {
+				return
+			}
+		}
+		wants := [][levels]float64{{a0, 0, a2}, {b0, b1, b2}}
+		got := apportion(c, wants)
+		sum := 0.0
+		for _, g := range got {
+			if g < 0 {
+				t.Fatalf("negative part: %v", got)
+			}
+			sum += g
+		}
+		if c > 0 && math.Abs(sum-c) > 1e-6*max(c, 1) {
+			t.Fatalf("apportion(%v, %v) = %v: adds up to %v", c, wants, got, sum)
+		}
+		// Level 0's wants are met in full, or take everything.
+		if a0+b0 <= c {
+			if got[0] < a0-1e-6*max(c, 1) || got[1] < b0-1e-6*max(c, 1) {
+				t.Fatalf("apportion(%v, %v) = %v: an Interactive want unmet", c, wants, got)
+			}
+		} else if got[0] > max(a0, c/2)+1e-6*max(c, 1) && got[1] > max(b0, c/2)+1e-6*max(c, 1) {
+			t.Fatalf("apportion(%v, %v) = %v: more than level 0 wants while it is short", c, wants, got)
+		}
+	})
+}
+
+// shareLane stands for a lane: a fixed demand, and every share granted.
+type shareLane struct {
+	mu     sync.Mutex
+	d      sluice.Demand
+	gone   bool
+	grants []grantAt
+}
+
+type grantAt struct {
+	at time.Time
+	s  sluice.Share
+}
+
+func (l *shareLane) demand() (sluice.Demand, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.d, !l.gone
+}
+
+func (l *shareLane) grant(s sluice.Share) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.grants = append(l.grants, grantAt{time.Now(), s})
+}
+
+// last returns the latest grant, and its time.
+func (l *shareLane) last() grantAt {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.grants) == 0 {
+		return grantAt{}
+	}
+	return l.grants[len(l.grants)-1]
+}
+
+func (l *shareLane) since(t time.Time) []grantAt {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []grantAt
+	for _, g := range l.grants {
+		if g.at.After(t) {
+			out = append(out, g)
+		}
+	}
+	return out
+}
+
+func joinLane(t *testing.T, b *Backend, key string, d sluice.Demand) *shareLane {
+	t.Helper()
+	l := &shareLane{d: d}
+	if !b.Join(key, l.demand, l.grant) {
+		t.Fatal("Join declined")
+	}
+	return l
+}
+
+// waitShare waits up to 3s for l's latest share to be within 1% of want.
+func waitShare(t *testing.T, l *shareLane, want float64, what string) {
+	t.Helper()
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		g := l.last()
+		if len(l.since(time.Time{})) > 0 && math.Abs(g.s.Rate-want) <= 0.01*want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: share %v, want %v", what, g.s.Rate, want)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+var (
+	interactive8 = sluice.Demand{Rate: 100, Burst: 4, Waiting: [3]int{8, 0, 0}}
+	batch100     = sluice.Demand{Rate: 100, Burst: 4, Waiting: [3]int{0, 0, 100}}
+)
+
+// TestSharesOutage: Redis goes away. Each process keeps its last share
+// until its lease ends, then falls back to the rate over the processes it
+// last knew of; once Redis is back it has a leased share again within a
+// refresh, and the shares by priority within a few.
+func TestSharesOutage(t *testing.T) {
+	const refresh = 100 * time.Millisecond
+	srv := startRedis(t)
+	var lg logs
+	opts := []Option{WithShares(refresh), WithTimeout(DefaultTimeout), WithLogger(slog.New(&lg))}
+	a := newBackend(t, newClient(t, srv.Addr()), opts...)
+	b := newBackend(t, newClient(t, srv.Addr()), WithShares(refresh), WithTimeout(DefaultTimeout))
+	defer a.Close()
+	defer b.Close()
+	// Interactive: 8 waiting, to be served within two refreshes, is 40/s.
+	la := joinLane(t, a, "api", interactive8)
+	lb := joinLane(t, b, "api", batch100)
+	waitShare(t, la, 40, "interactive")
+	waitShare(t, lb, 60, "batch")
+
+	down := time.Now()
+	srv.Stop()
+	time.Sleep(time.Second)
+	for _, l := range []*shareLane{la, lb} {
+		gs := l.since(down)
+		if len(gs) == 0 {
+			t.Fatal("no fallback share within a second of the outage")
+		}
+		// The lease (3 refreshes from the last refresh sent, at most a
+		// refresh and a tenth before the outage) is kept.
+		if d := gs[0].at.Sub(down); d < shareLeases*refresh-refresh*11/10-10*time.Millisecond {
+			t.Errorf("the leased share was replaced %v after Redis went away, before its lease ended", d)
+		}
+		for _, g := range gs {
+			if g.s.Rate < 0.95*50-1e-9 || g.s.Rate > 50 {
+				t.Errorf("fallback share %v, want 95-100%% of 100/s over 2 processes", g.s.Rate)
+			}
+		}
+	}
+	if n := lg.count(slog.LevelWarn); n != 1 {
+		t.Errorf("%d warnings logged for one outage of one key", n)
+	}
+
+	if err := srv.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	back := time.Now()
+	for lg.count(slog.LevelInfo) == 0 {
+		if time.Since(back) > refresh*11/10+DefaultTimeout+100*time.Millisecond {
+			t.Fatalf("no leased share %v after Redis came back (refresh %v)", time.Since(back), refresh)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Logf("leased again %v after Redis came back", time.Since(back))
+	waitShare(t, la, 40, "interactive after the outage")
+	waitShare(t, lb, 60, "batch after the outage")
+}
+
+// TestSharesDeadProcess: a process that dies holds its share until its
+// lease ends, and not after.
+func TestSharesDeadProcess(t *testing.T) {
+	const refresh = 100 * time.Millisecond
+	srv := startRedis(t)
+	c := newClient(t, srv.Addr())
+	ctx := context.Background()
+	tm, err := c.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A dead process's entry: it held 70/s, and its lease ends in 1s.
+	key := newKeys(DefaultPrefix, "api").shares()
+	exp := tm.Add(time.Second).UnixMicro()
+	c.HSet(ctx, key, "dead", fmt.Sprintf("%d 100 4 0 70 -1 0 0 500 0 0 0", exp))
+	a := newBackend(t, c, WithShares(refresh))
+	defer a.Close()
+	l := joinLane(t, a, "api", batch100)
+	start := time.Now()
+	waitShare(t, l, 30, "beside a dead process's lease")
+	waitShare(t, l, 100, "after the dead process's lease ended")
+	if d := time.Since(start); d < 900*time.Millisecond {
+		t.Errorf("the dead process's share was taken %v after, before its lease ended (1s)", d)
+	}
+}
