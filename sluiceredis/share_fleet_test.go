@@ -33,11 +33,14 @@ type shareFleet struct {
 	workers     int           // Batch workers per process
 	redisAddr   string        // "": a redis-server of the test's own
 	bopts       []Option
+	perToken    bool // a token per request (no WithShares), to compare
+	transports  int  // Transports per process (sharing its Backend); 0: 1
 }
 
 type shareResult struct {
 	arrivals []time.Time     // in the measured window, every process
 	perProc  []int           // arrivals in the measured window
+	perTr    map[int]int     // process 0's arrivals in the window, by Transport
 	waits    []time.Duration // process 0's Interactive round trips, in the window
 	calls    int64           // Redis round trips made by the Backends
 	sent     int             // requests answered, in the whole run
@@ -51,43 +54,56 @@ func (f shareFleet) start(t *testing.T) shareResult {
 		addr = startRedis(t).Addr()
 	}
 	var (
-		mu  sync.Mutex
-		res = shareResult{perProc: make([]int, f.procs)}
-		all []time.Time
-		who []int
+		mu   sync.Mutex
+		res  = shareResult{perProc: make([]int, f.procs)}
+		all  []time.Time
+		who  []int
+		trOf []int
 	)
+	res.perTr = map[int]int{}
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		now := time.Now()
 		p, _ := strconv.Atoi(r.Header.Get("X-Proc"))
+		j, _ := strconv.Atoi(r.Header.Get("X-Transport"))
 		mu.Lock()
 		all = append(all, now)
 		who = append(who, p)
+		trOf = append(trOf, j)
 		mu.Unlock()
 		io.WriteString(w, "ok\n")
 	}))
 	defer up.Close()
 
 	type proc struct {
-		tr *sluice.Transport
-		b  *Backend
-		n  *counter
+		trs []*sluice.Transport
+		b   *Backend
+		n   *counter
 	}
 	ps := make([]proc, f.procs)
 	for i := range ps {
 		c := newClient(t, addr)
 		n := countCalls(c)
-		b := newBackend(t, c, append([]Option{WithShares(f.refresh)}, f.bopts...)...)
-		tr, err := sluice.New(nil, sluice.WithRate(int(f.rate), time.Second), sluice.WithBurst(f.burst),
-			sluice.WithBackend(b), sluice.WithRetry(0))
-		if err != nil {
-			t.Fatal(err)
+		opts := f.bopts
+		if !f.perToken {
+			opts = append([]Option{WithShares(f.refresh)}, opts...)
 		}
-		ps[i] = proc{tr, b, n}
+		b := newBackend(t, c, opts...)
+		ps[i] = proc{b: b, n: n}
+		for range max(f.transports, 1) {
+			tr, err := sluice.New(nil, sluice.WithRate(int(f.rate), time.Second), sluice.WithBurst(f.burst),
+				sluice.WithBackend(b), sluice.WithRetry(0))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ps[i].trs = append(ps[i].trs, tr)
+		}
 	}
 	defer func() {
 		for _, p := range ps {
-			p.tr.Close()
-			p.tr.CloseIdleConnections()
+			for _, tr := range p.trs {
+				tr.Close()
+				tr.CloseIdleConnections()
+			}
 			if err := p.b.Close(); err != nil {
 				t.Error(err)
 			}
@@ -105,11 +121,12 @@ func (f shareFleet) start(t *testing.T) shareResult {
 		wg   sync.WaitGroup
 		sent sync.Mutex
 	)
-	send := func(i int, p sluice.Priority) (time.Duration, bool) {
+	send := func(i, j int, p sluice.Priority) (time.Duration, bool) {
 		req, _ := http.NewRequestWithContext(sluice.WithPriority(ctx, p), "GET", up.URL, nil)
 		req.Header.Set("X-Proc", strconv.Itoa(i))
+		req.Header.Set("X-Transport", strconv.Itoa(j))
 		start := time.Now()
-		resp, err := ps[i].tr.RoundTrip(req)
+		resp, err := ps[i].trs[j].RoundTrip(req)
 		if err != nil {
 			return 0, false
 		}
@@ -135,7 +152,7 @@ func (f shareFleet) start(t *testing.T) shareResult {
 					time.Sleep(time.Until(next))
 					iw.Go(func() {
 						at := time.Now()
-						if d, ok := send(0, sluice.Interactive); ok && at.After(res.from) {
+						if d, ok := send(0, 0, sluice.Interactive); ok && at.After(res.from) {
 							mu.Lock()
 							res.waits = append(res.waits, d)
 							mu.Unlock()
@@ -145,10 +162,10 @@ func (f shareFleet) start(t *testing.T) shareResult {
 			})
 			continue
 		}
-		for range f.workers {
+		for w := range f.workers {
 			wg.Go(func() {
 				for ctx.Err() == nil {
-					send(i, sluice.Batch)
+					send(i, w%len(ps[i].trs), sluice.Batch)
 				}
 			})
 		}
@@ -165,6 +182,9 @@ func (f shareFleet) start(t *testing.T) shareResult {
 		}
 		res.arrivals = append(res.arrivals, a)
 		res.perProc[who[k]]++
+		if who[k] == 0 {
+			res.perTr[trOf[k]]++
+		}
 	}
 	slices.SortFunc(res.arrivals, func(a, b time.Time) int { return a.Compare(b) })
 	return res
@@ -271,6 +291,40 @@ func TestSharesCalls(t *testing.T) {
 		// 100/s.
 		if got := float64(len(r.arrivals)) / secs / rate; rate == 100 && got < 0.97 {
 			t.Errorf("4 processes with more demand than %v/s sent %.3f of it", rate, got)
+		}
+	}
+}
+
+// TestSharesTransports: two Transports of one process share its Backend
+// and each gets half of its share; neither takes the other's.
+func TestSharesTransports(t *testing.T) {
+	r := shareFleet{procs: 2, rate: 100, burst: 4, refresh: 250 * time.Millisecond, run: 5 * time.Second, warm: 2 * time.Second,
+		workers: 8, transports: 2}.start(t)
+	secs := r.seconds()
+	t.Logf("2 processes, 2 Transports each on one Backend, 100/s: process 0's Transports %.1f/s and %.1f/s, process 1 %.1f/s",
+		float64(r.perTr[0])/secs, float64(r.perTr[1])/secs, float64(r.perProc[1])/secs)
+	for j := range 2 {
+		if got := float64(r.perTr[j]) / secs; got < 0.8*25 || got > 1.2*25 {
+			t.Errorf("Transport %d of process 0 sent %.1f/s; want about 25/s (a quarter of the rate)", j, got)
+		}
+	}
+	checkBound(t, r.arrivals, 100, 4, 2, 250*time.Millisecond, time.Second)
+}
+
+// TestSharesProxy: Redis 5ms away each way (a proxy here) costs a share
+// nothing: one process reaches 97% of 200/s. The per-token mode is run
+// beside it for the figure.
+func TestSharesProxy(t *testing.T) {
+	srv := startRedis(t)
+	p := startDelayProxy(t, srv.Addr(), 5*time.Millisecond)
+	for _, perToken := range []bool{false, true} {
+		r := shareFleet{procs: 1, rate: 200, burst: 4, refresh: time.Second, run: 5 * time.Second, warm: time.Second,
+			workers: 16, redisAddr: p.addr(), perToken: perToken}.start(t)
+		got := float64(len(r.arrivals)) / r.seconds() / 200
+		mode := map[bool]string{false: "shares", true: "a token per request"}[perToken]
+		t.Logf("Redis 5ms away each way, one process at 200/s, %s: %.3f of the rate, %.3f Redis calls a request", mode, got, float64(r.calls)/float64(r.sent))
+		if !perToken && got < 0.97 {
+			t.Errorf("shares with Redis 5ms away: %.3f of the rate, want >= 0.97", got)
 		}
 	}
 }
