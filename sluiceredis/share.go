@@ -34,10 +34,8 @@ const (
 	// backlogRefreshes: a lane asks for its queue to be served within this
 	// many refreshes, on top of its arrival rate.
 	backlogRefreshes = 2
-	// backlogGrowth is what a level with waiters asks for at least, as a
-	// multiple of its arrival rate: a closed loop of workers arrives at the
-	// rate it is let send, and its queue alone would ask for too little
-	// to ever move to its fair part.
+	// backlogGrowth is what an Interactive level with waiters asks for at
+	// least, as a multiple of its arrival rate.
 	backlogGrowth = 1.25
 )
 
@@ -213,9 +211,20 @@ func (b *Backend) refresh(sk *shareKey) {
 			arrived := float64(cur.Granted[l]-d.Granted[l]) + float64(cur.Waiting[l]-d.Waiting[l])
 			m.est[l] += estGain * (max(arrived, 0)/elapsed.Seconds() - m.est[l])
 			wants[i][l] = m.est[l] + float64(cur.Waiting[l])/(backlogRefreshes*b.cfg.refresh.Seconds())
-			if cur.Waiting[l] > 0 {
-				// A level with a queue may want more than it has been let
-				// send: asking for a quarter more finds out.
+			switch {
+			case cur.Waiting[l] == 0:
+			case l > int(sluice.Interactive) && cur.Rate > 0:
+				// A Normal or Batch queue uses whatever it is given (a
+				// closed loop of workers arrives at the rate it is let
+				// send, so its rate says nothing of its need): it asks
+				// for the whole rate, and processes with queues at one
+				// level split what is left equally at once.
+				wants[i][l] = max(wants[i][l], cur.Rate)
+			default:
+				// An Interactive queue asks for a quarter more than it
+				// has been let send, to find out what it needs: what it
+				// is granted and does not use is lost to the fleet until
+				// its next refresh.
 				wants[i][l] = max(wants[i][l], backlogGrowth*m.est[l])
 			}
 			places[i][l] = cur.Waiting[l] + cur.InFlight[l]
