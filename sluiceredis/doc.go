@@ -14,9 +14,73 @@
 // still learns the rate from the server; a cooldown one process learns from
 // a Retry-After reaches the others through Redis.
 //
+// # Shares or tokens
+//
+// A Backend works in one of two modes. By default it takes a token from
+// Redis for every request (below, "How"): the bound is exact (rate x T +
+// burst in any window T), but every request pays a Redis round trip, one
+// request per round trip at most per key and process (a Redis 5ms away
+// each way caps a process at about 90/s), priority is decided inside each
+// process only, and WithInFlight adds a call per request in Done.
+//
+// With WithShares(refresh) it leases shares instead. Every refresh
+// (DefaultRefresh, 1s, is a good start), each process tells Redis what its
+// lanes on a key want at each priority level (a smoothed rate of arrivals
+// plus its queue; a Normal or Batch queue asks for the whole rate, as a
+// closed loop of workers uses whatever it gets), and one script call
+// (share.lua, on that key's hash slot) grants it a share of the key's rate,
+// and with WithInFlight of its places in flight, for three refreshes. The
+// budget is apportioned by priority first (a level's wants across the
+// fleet are met before any lower level's), max-min fairly within a level,
+// and what nobody wants is spread evenly. A process is never granted more
+// than the other processes' grants leave: a share that moves is taken from
+// one process at its refresh and given to another at its next, so moving
+// it takes one to two refreshes, and a share granted and not used is idle
+// until its holder's next refresh. Between refreshes the lanes pace
+// themselves locally inside their shares (a lane's share is its part of
+// its process's, by the same rule), with no Redis call per request, in
+// Done or anywhere on a request's path; a key's first request waits for
+// its first refresh. Several Transports may share one Backend: each of
+// their lanes gets its own part.
+//
+// The bound with shares: the fleet sends at most rate x T + burst + 2N in
+// any window T, for N processes. Each process's share has a burst of its
+// fraction of the burst rounded down, at least one token (at most one
+// token more than its fraction, per process); and each lane charges a
+// late wake-up's token up to one token's time early (one more). On top of
+// that, a share that moves is cut in the old holder when its reply arrives
+// and granted to the new one only at its own later refresh, so the
+// overlap is at most a round trip of the old holder's share. A refresh
+// whose reply is lost (a Redis stall longer than WithTimeout) may leave its
+// process sending at its previous share, for at most the rest of its
+// lease, while Redis has recorded a smaller one. A Redis that loses its
+// data (restarted empty) forgets the shares held: see "When Redis is
+// down".
+//
+// Costs: one script call per key per process per refresh (about 1.7 a
+// second a process with the jitter and the early refreshes of a process
+// that is owed a share), whatever the request rate; Redis time for each
+// call grows with the number of live processes on the key (the script
+// reads every entry). A distant Redis costs nothing in throughput.
+//
+// Pick tokens for a small fleet against a strict server, where the exact
+// bound matters more than the round trip; pick shares for a large fleet, a
+// high rate, a distant Redis, or fleet-wide priority.
+//
+// Shares when Redis is down: a process keeps its last share until its
+// lease (three refreshes) ends, trying Redis once a refresh; then it
+// falls back to a local share of the rate divided by the number of
+// processes at its last refresh (WithFallbackShare of it if it never had
+// one), 95-100% of it at random per outage so that processes do not send
+// in step. The first refresh that Redis answers ends the fallback, and
+// takes no more than the fallback's rate: Redis has forgotten the
+// entries meanwhile (they expired on its clock, or it restarted empty).
+// Health is per key, so on a Redis Cluster a dead master sends only its
+// own keys to the fallback.
+//
 // # How
 //
-// One Lua script decides an admission in one round trip, on the Redis
+// In token mode, one Lua script decides an admission in one round trip, on the Redis
 // server's clock (so process clocks do not matter): it checks the key's
 // shared cooldown, then its in-flight leases (WithInFlight), then runs GCRA.
 // A token not yet due is reserved for the asking process, which sends when

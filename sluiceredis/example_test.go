@@ -1,6 +1,7 @@
 package sluiceredis_test
 
 import (
+	"context"
 	"log"
 	"log/slog"
 	"net/http"
@@ -40,4 +41,30 @@ func Example() {
 	}
 	client := &http.Client{Transport: tr}
 	_ = client // use it as any http.Client
+}
+
+// A large fleet, or one whose Redis is in another zone, leases shares
+// instead: each process asks Redis once a second for its share of each
+// key's rate, by what its lanes want at each priority level, and paces its
+// requests inside it with no Redis call per request. A process whose
+// requests are Interactive is served before any process's Batch ones.
+func ExampleWithShares() {
+	rdb := redis.NewClient(&redis.Options{Addr: "redis.other-zone:6379", ContextTimeoutEnabled: true})
+	defer rdb.Close()
+
+	b, err := sluiceredis.New(rdb, sluiceredis.WithShares(sluiceredis.DefaultRefresh))
+	if err != nil {
+		log.Fatal(err)
+	}
+	// Close gives this process's shares back to the fleet at once, rather
+	// than when their leases end; close it after the Transports.
+	defer b.Close()
+	tr, err := sluice.New(nil, sluice.WithRate(500, time.Second), sluice.WithBackend(b))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer tr.Close()
+	req, _ := http.NewRequestWithContext(sluice.WithPriority(context.Background(), sluice.Interactive),
+		"GET", "https://api.example.com/v1/things", nil)
+	_ = req // send it with &http.Client{Transport: tr}
 }

@@ -259,3 +259,98 @@ func TestSharesDeadProcess(t *testing.T) {
 		t.Errorf("the dead process's share was taken %v after, before its lease ended (1s)", d)
 	}
 }
+
+// TestSharesInFlight: with WithInFlight, places in flight are shared too,
+// Interactive first, and the places granted never add up to more than the
+// cap.
+func TestSharesInFlight(t *testing.T) {
+	const refresh = 50 * time.Millisecond
+	srv := startRedis(t)
+	opts := []Option{WithShares(refresh), WithInFlight(4, 30*time.Second)}
+	a := newBackend(t, newClient(t, srv.Addr()), opts...)
+	b := newBackend(t, newClient(t, srv.Addr()), opts...)
+	defer a.Close()
+	defer b.Close()
+	la := joinLane(t, a, "api", sluice.Demand{Rate: 100, Burst: 4, Waiting: [3]int{3, 0, 0}})
+	lb := joinLane(t, b, "api", batch100)
+	deadline := time.Now().Add(3 * time.Second)
+	for la.last().s.InFlight != 3 || lb.last().s.InFlight != 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("places: interactive %d, batch %d; want 3 and 1", la.last().s.InFlight, lb.last().s.InFlight)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	// The Interactive queue drains: its places go to the Batch process.
+	la.mu.Lock()
+	la.d.Waiting = [3]int{}
+	la.mu.Unlock()
+	for la.last().s.InFlight != 0 || lb.last().s.InFlight != 4 {
+		if time.Now().After(deadline.Add(2 * time.Second)) {
+			t.Fatalf("places after: interactive %d, batch %d; want 0 and 4", la.last().s.InFlight, lb.last().s.InFlight)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	// At no instant did the places granted add up to more than 4.
+	ga, gb := la.since(time.Time{}), lb.since(time.Time{})
+	for _, g := range append(ga, gb...) {
+		held := 0
+		for _, gs := range [][]grantAt{ga, gb} {
+			last := -1
+			for k, h := range gs {
+				if !h.at.After(g.at) {
+					last = k
+				}
+			}
+			if last >= 0 {
+				held += gs[last].s.InFlight
+			}
+		}
+		if held > 4 {
+			t.Fatalf("%d places granted at %v, over the cap of 4", held, g.at)
+		}
+	}
+}
+
+// TestSharesFreeze: a Redis frozen for longer than a lease (SIGSTOP) sends
+// the processes to their fallback shares after their leases, and back to
+// leased shares, by priority, after it resumes.
+func TestSharesFreeze(t *testing.T) {
+	const refresh = 100 * time.Millisecond
+	srv := startRedis(t)
+	opts := []Option{WithShares(refresh), WithTimeout(DefaultTimeout)}
+	a := newBackend(t, newClient(t, srv.Addr()), opts...)
+	b := newBackend(t, newClient(t, srv.Addr()), opts...)
+	defer a.Close()
+	defer b.Close()
+	la := joinLane(t, a, "api", interactive8)
+	lb := joinLane(t, b, "api", batch100)
+	waitShare(t, la, 40, "interactive")
+	waitShare(t, lb, 60, "batch")
+	frozen := time.Now()
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * time.Second)
+	if err := srv.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	resumed := time.Now()
+	for _, l := range []*shareLane{la, lb} {
+		var fell bool
+		for _, g := range l.since(frozen) {
+			if g.at.After(resumed) {
+				break
+			}
+			fell = true
+			if g.s.Rate < 0.95*50-1e-9 || g.s.Rate > 50 {
+				t.Errorf("share %v while Redis was frozen, want the fallback's 47.5-50", g.s.Rate)
+			}
+		}
+		if !fell {
+			t.Error("no fallback share in 2s of a frozen Redis (lease 300ms)")
+		}
+	}
+	waitShare(t, la, 40, "interactive after the freeze")
+	waitShare(t, lb, 60, "batch after the freeze")
+	t.Logf("shares by priority again %v after Redis resumed", time.Since(resumed).Round(time.Millisecond))
+}
