@@ -52,6 +52,8 @@ func Require(t testing.TB) {
 type Server struct {
 	port int
 
+	args []string // more arguments for redis-server (see StartServerArgs)
+
 	mu     sync.Mutex
 	cmd    *exec.Cmd     // nil while stopped
 	exited chan struct{} // closed when cmd has been reaped
@@ -73,6 +75,12 @@ func Start(t testing.TB) *Server {
 // StartServer starts a redis-server on a free loopback port, with no
 // persistence, and waits until it answers PING. The caller must Stop it.
 func StartServer() (*Server, error) {
+	return StartServerArgs()
+}
+
+// StartServerArgs is StartServer with more arguments for redis-server
+// (such as "--cluster-enabled", "yes").
+func StartServerArgs(args ...string) (*Server, error) {
 	if err := Missing(); err != nil {
 		return nil, err
 	}
@@ -84,7 +92,7 @@ func StartServer() (*Server, error) {
 		if err != nil {
 			return nil, err
 		}
-		s := &Server{port: port}
+		s := &Server{port: port, args: args}
 		if last = s.Restart(); last == nil {
 			return s, nil
 		}
@@ -119,6 +127,7 @@ func (s *Server) Restart() error {
 		"--save", "",
 		"--appendonly", "no",
 		"--logfile", "")
+	cmd.Args = append(cmd.Args, s.args...)
 	cmd.Stdout, cmd.Stderr = nil, nil
 	// On Linux, the kernel kills the server when the test binary dies, even
 	// by SIGKILL (a go test -timeout, a CI job cancelled), where no Cleanup
