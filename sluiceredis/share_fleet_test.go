@@ -268,6 +268,14 @@ func TestSharesPriority(t *testing.T) {
 		t.Errorf("Interactive p99 %v in the fleet, more than a refresh (%v) over %v alone", p99(fleet.waits), refresh, p99(alone.waits))
 	}
 	checkBound(t, fleet.arrivals, rate, burst, 4, 250*time.Millisecond, time.Second, 3*time.Second)
+
+	// The same fleet taking a token per request, for the figure: priority
+	// is decided inside each process only.
+	tok := shareFleet{procs: 4, rate: rate, burst: burst, run: 8 * time.Second, warm: 2 * time.Second,
+		interactive: demand, workers: 8, redisAddr: addr, perToken: true}.start(t)
+	t.Logf("  a token per request instead: Interactive %.1f/s, Batch %.1f, %.1f, %.1f/s; Interactive p99 %v",
+		float64(tok.perProc[0])/tok.seconds(), float64(tok.perProc[1])/tok.seconds(), float64(tok.perProc[2])/tok.seconds(),
+		float64(tok.perProc[3])/tok.seconds(), p99(tok.waits))
 }
 
 // TestSharesCalls measures Redis round trips per request at two rates: a
