@@ -57,11 +57,22 @@
 // data (restarted empty) forgets the shares held: see "When Redis is
 // down".
 //
+// A key is refreshed for as long as a lane on it lives: an idle lane until
+// its Transport forgets it (sluice.WithLaneIdle, 5 minutes by default).
+//
 // Costs: one script call per key per process per refresh (about 1.7 a
 // second a process with the jitter and the early refreshes of a process
 // that is owed a share), whatever the request rate; Redis time for each
 // call grows with the number of live processes on the key (the script
 // reads every entry). A distant Redis costs nothing in throughput.
+//
+// Token mode has limits that shares do not: with WithInFlight, Done
+// releases its lease with a Redis call inside the response body's Close,
+// and a lane that finds every place taken asks again every 20ms; and
+// Transports that share one Backend in token mode draw on the same
+// reserved tokens (a token one reserved may be sent by the other), which
+// keeps the fleet's bound but splits unevenly between them: give each
+// Transport its own Backend, or use shares, where each lane has its part.
 //
 // Pick tokens for a small fleet against a strict server, where the exact
 // bound matters more than the round trip; pick shares for a large fleet, a

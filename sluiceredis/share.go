@@ -56,6 +56,7 @@ type shareKey struct {
 	key   string
 	redis [2]string // the entries and the cooldown (see share.lua)
 	lanes []*member // guarded by shares.mu
+	fresh bool      // a lane joined since the last refresh; guarded by shares.mu
 	next  time.Time // when to refresh next
 
 	leased   bool      // a share was ever granted by Redis
@@ -108,6 +109,9 @@ func (b *Backend) Join(key string, demand func() (sluice.Demand, bool), grant fu
 		s.keys[key] = sk
 	}
 	sk.lanes = append(sk.lanes, &member{demand: demand, grant: grant})
+	// The new lane sends nothing until it has a part: the key is refreshed
+	// at once, not at its turn.
+	sk.fresh = true
 	if !s.running {
 		s.running = true
 		b.wg.Add(1)
@@ -149,7 +153,8 @@ func (b *Backend) refreshDue(now time.Time) (time.Time, bool) {
 	s.mu.Lock()
 	var due []*shareKey
 	for _, sk := range s.keys {
-		if sk.next.IsZero() || !now.Before(sk.next) {
+		if sk.fresh || !now.Before(sk.next) {
+			sk.fresh = false
 			due = append(due, sk)
 		}
 	}
