@@ -37,6 +37,9 @@ const (
 	// backlogGrowth is what an Interactive level with waiters asks for at
 	// least, as a multiple of its arrival rate.
 	backlogGrowth = 1.25
+
+	// refreshParallel is how many keys' refreshes run at once.
+	refreshParallel = 16
 )
 
 // shares is a Backend's state in share mode (WithShares): the keys its
@@ -159,9 +162,19 @@ func (b *Backend) refreshDue(now time.Time) (time.Time, bool) {
 		}
 	}
 	s.mu.Unlock()
+	// Keys are refreshed side by side, a few at a time: one after another,
+	// a process with many keys and a Redis a few milliseconds away would
+	// take longer than a refresh to go round them.
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, refreshParallel)
 	for _, sk := range due {
-		b.refresh(sk)
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			b.refresh(sk)
+		})
 	}
+	wg.Wait()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var next time.Time

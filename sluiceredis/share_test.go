@@ -354,3 +354,35 @@ func TestSharesFreeze(t *testing.T) {
 	waitShare(t, lb, 60, "batch after the freeze")
 	t.Logf("shares by priority again %v after Redis resumed", time.Since(resumed).Round(time.Millisecond))
 }
+
+// TestSharesManyKeys: 200 keys behind a Redis 5ms away each way all get
+// their first share within a refresh, and keep being refreshed on time.
+func TestSharesManyKeys(t *testing.T) {
+	const (
+		refresh = 500 * time.Millisecond
+		n       = 200
+	)
+	srv := startRedis(t)
+	p := startDelayProxy(t, srv.Addr(), 5*time.Millisecond)
+	b := newBackend(t, newClient(t, p.addr()), WithShares(refresh), WithTimeout(time.Second))
+	defer b.Close()
+	start := time.Now()
+	lanes := make([]*shareLane, n)
+	for i := range lanes {
+		lanes[i] = joinLane(t, b, fmt.Sprintf("api-%d", i), batch100)
+	}
+	time.Sleep(3 * refresh)
+	for i, l := range lanes {
+		gs := l.since(start)
+		if len(gs) == 0 {
+			t.Fatalf("key %d: no share in %v", i, 3*refresh)
+		}
+		if d := gs[0].at.Sub(start); d > refresh {
+			t.Errorf("key %d: first share %v after joining, more than a refresh (%v)", i, d, refresh)
+		}
+		// Refreshes every 0.9-1.1 refresh: at least 2 in 3 refreshes.
+		if len(gs) < 3 {
+			t.Errorf("key %d: %d shares in %v with a refresh of %v", i, len(gs), 3*refresh, refresh)
+		}
+	}
+}
