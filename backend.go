@@ -38,8 +38,9 @@ type Backend interface {
 	// Done reports that an attempt granted by Take for key has finished (its
 	// response body was closed, or it was never sent). A Backend with an
 	// in-flight cap releases one of this process's leases on key; others
-	// may do nothing. Done is called on the caller's path (from
-	// Response.Body.Close): it must not block for long.
+	// may do nothing. Done is called from a goroutine of its own once the
+	// attempt is done (its body closed), so that no request waits on the
+	// store inside Body.Close; it should still end within a bounded time.
 	Done(key string)
 
 	// Cool records that nothing may be sent under key before until, for

@@ -132,6 +132,7 @@ func TestBackendSharesRate(t *testing.T) {
 		if achieved < 0.95*R {
 			t.Errorf("together %.2f/s, want at least %.2f", achieved, 0.95*R)
 		}
+		synctest.Wait() // Done runs on a goroutine of its own
 		takes, granted, dones, _ := be.counts()
 		if granted != pods*perPod || dones != granted {
 			t.Errorf("backend granted %d and saw %d done (after %d takes), want %d each", granted, dones, takes, pods*perPod)

@@ -619,11 +619,13 @@ func (l *lane) release(start time.Duration, tn *tenant, status int, timed bool) 
 	l.backendDone()
 }
 
-// backendDone tells the Backend, if any, that an attempt it granted is done.
-// mu must not be held: the Backend may talk to its store.
+// backendDone tells the Backend, if any, that an attempt it granted is done,
+// from a goroutine: it is called from Response.Body.Close and on a
+// cancelled request's way out, and a Backend may talk to its store (see
+// Backend.Done).
 func (l *lane) backendDone() {
 	if l.perToken {
-		l.be.Done(l.key)
+		go l.be.Done(l.key)
 	}
 }
 

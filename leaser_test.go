@@ -206,6 +206,7 @@ func TestLeasedLaneInFlightAndDecline(t *testing.T) {
 			t.Fatal(err)
 		}
 		resp.Body.Close()
+		synctest.Wait() // Done runs on a goroutine of its own
 		d.mu.Lock()
 		defer d.mu.Unlock()
 		if d.joined != 1 || d.takes == 0 || d.dones != 1 {

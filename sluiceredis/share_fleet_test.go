@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -334,5 +335,46 @@ func TestSharesProxy(t *testing.T) {
 		if !perToken && got < 0.97 {
 			t.Errorf("shares with Redis 5ms away: %.3f of the rate, want >= 0.97", got)
 		}
+	}
+}
+
+// TestBodyCloseDoesNotWaitOnRedis: in token mode with WithInFlight, reading
+// a response body to its end and closing it gives the lease back without
+// waiting for Redis (5ms away each way here): the release runs on a
+// goroutine of its own.
+func TestBodyCloseDoesNotWaitOnRedis(t *testing.T) {
+	srv := startRedis(t)
+	p := startDelayProxy(t, srv.Addr(), 5*time.Millisecond)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok\n") }))
+	defer up.Close()
+	tr, b := transport(t, p.addr(), nil, []Option{WithInFlight(4, 30*time.Second)}, sluice.WithRate(1000, time.Second))
+	defer b.Close()
+	defer tr.Close()
+	defer tr.CloseIdleConnections()
+	var closes []time.Duration
+	for range 20 {
+		req, _ := http.NewRequest("GET", up.URL, nil)
+		resp, err := tr.RoundTrip(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The attempt is done at EOF (or Close, whichever comes first).
+		start := time.Now()
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		closes = append(closes, time.Since(start))
+	}
+	slices.Sort(closes)
+	t.Logf("reading the body to EOF and Close, Redis 5ms away: p50 %v, max %v", closes[len(closes)/2], closes[len(closes)-1])
+	if closes[len(closes)/2] >= 5*time.Millisecond {
+		t.Errorf("reading the body and Close took %v (p50): they wait for Redis", closes[len(closes)/2])
+	}
+	// Every lease is given back, soon after.
+	deadline := time.Now().Add(time.Second)
+	for newClient(t, srv.Addr()).ZCard(context.Background(), "sluice:{"+strings.TrimPrefix(up.URL, "http://")+"}:lease").Val() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("leases still held a second after every body was closed")
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
