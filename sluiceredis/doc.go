@@ -66,9 +66,10 @@
 // call grows with the number of live processes on the key (the script
 // reads every entry). A distant Redis costs nothing in throughput.
 //
-// Token mode has limits that shares do not: with WithInFlight, Done
-// releases its lease with a Redis call inside the response body's Close,
-// and a lane that finds every place taken asks again every 20ms; and
+// Token mode has limits that shares do not: with WithInFlight, each
+// request costs a second call, to release its lease (sluice makes it from a
+// goroutine of its own, not inside the response body's Close), and a lane
+// that finds every place taken asks again every 20ms; and
 // Transports that share one Backend in token mode draw on the same
 // reserved tokens (a token one reserved may be sent by the other), which
 // keeps the fleet's bound but splits unevenly between them: give each
