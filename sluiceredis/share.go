@@ -69,7 +69,6 @@ type shareKey struct {
 	procs    int // live processes at the last refresh
 	keyRate  float64
 	keyBurst int
-	keyCap   int
 	fallen   bool // the share is the local fallback (see fallbackShare)
 	// fellTo is the fallback's rate while fallen, 0 otherwise: the first
 	// share after an outage takes no more. A Redis that comes back has
@@ -224,8 +223,8 @@ func (b *Backend) refresh(sk *shareKey) {
 		}
 		for l := range levels {
 			// Arrivals since the last refresh: grants, and the growth of
-			// the queue. The rate is smoothed (an even mix with the last
-			// estimate); the queue is asked for in full within a refresh.
+			// the queue. The rate is smoothed (see estGain); the queue is
+			// asked for on top, to be served within backlogRefreshes.
 			arrived := float64(cur.Granted[l]-d.Granted[l]) + float64(cur.Waiting[l]-d.Waiting[l])
 			m.est[l] += estGain * (max(arrived, 0)/elapsed.Seconds() - m.est[l])
 			wants[i][l] = m.est[l] + float64(cur.Waiting[l])/(backlogRefreshes*b.cfg.refresh.Seconds())
@@ -273,7 +272,7 @@ func (b *Backend) refresh(sk *shareKey) {
 		sk.leased, sk.fallen, sk.fellTo = true, false, 0
 		sk.until = sent.Add(shareLeases * b.cfg.refresh)
 		sk.rate, sk.places, sk.procs = r.rate, r.places, r.procs
-		sk.keyRate, sk.keyBurst, sk.keyCap = r.keyRate, r.keyBurst, r.keyCap
+		sk.keyRate, sk.keyBurst = r.keyRate, r.keyBurst
 		var cool time.Time
 		if r.cool > 0 {
 			cool = now.Add(r.cool)
