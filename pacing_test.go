@@ -228,7 +228,7 @@ func worstWindow(at []time.Time, r float64, burst int) (got, bound int) {
 // exactly; this checks that late timers and scheduler delays do not cost
 // the lane its rate. A loaded runner can steal a run's CPU for longer than
 // one token's time, which the lane then loses (see bucket.takeLate): the best of
-// three runs is compared, where a lane that loses its lateness (0.4-0.9 of
+// five runs is compared, where a lane that loses its lateness (0.4-0.9 of
 // the rate before issue 12) fails every one.
 func TestPacingRealClock(t *testing.T) {
 	if testing.Short() {
@@ -246,7 +246,10 @@ func TestPacingRealClock(t *testing.T) {
 		t.Run(fmt.Sprintf("R=%v/burst=%d/callers=%d", c.r, c.burst, c.callers), func(t *testing.T) {
 			const d = 2 * time.Second
 			var s, x float64
-			for try := range 3 {
+			// A loaded runner (other packages' tests run beside this one)
+			// can steal a whole run's CPU: up to five runs, the first at
+			// the mark ends it.
+			for try := range 5 {
 				var at []time.Time
 				s, at, _ = paceRun(sluicePacer(c.r, c.burst), c.callers, d)
 				x, _, _ = paceRun(ratePacer(c.r, c.burst), c.callers, d)
@@ -260,7 +263,7 @@ func TestPacingRealClock(t *testing.T) {
 					return
 				}
 			}
-			t.Errorf("sluice achieved %.1f/s, below 0.95 of x/time/rate's %.1f/s (R %v), three runs in a row", s, x, c.r)
+			t.Errorf("sluice achieved %.1f/s, below 0.95 of x/time/rate's %.1f/s (R %v), five runs in a row", s, x, c.r)
 		})
 	}
 }

@@ -65,7 +65,9 @@ type config struct {
 }
 
 func main() {
-	cfg := config{Duration: 10 * time.Second, Out: "priority-waits.png"}
+	// The chart goes to the temporary directory unless -out says where:
+	// an example writes nothing into the checkout it runs from.
+	cfg := config{Duration: 10 * time.Second, Out: filepath.Join(os.TempDir(), "sluice-priority-waits.png")}
 	flag.DurationVar(&cfg.Duration, "duration", cfg.Duration, "how long interactive calls arrive (published: 10s); counts and backlogs scale with it")
 	flag.StringVar(&cfg.Out, "out", cfg.Out, "chart of interactive wait over time (.png or .svg; empty for none)")
 	flag.Parse()
