@@ -56,25 +56,13 @@ func main() {
 
 // selectTokenRuns filters the token scenarios and clients by regexp.
 func selectTokenRuns(modelRE, clientRE string) ([]tokenScenario, []tokenClient, error) {
-	mre, err := regexp.Compile(modelRE)
+	ss, err := matching(tokenScenarios(), func(s tokenScenario) string { return s.name }, "-model", modelRE)
 	if err != nil {
-		return nil, nil, fmt.Errorf("-model: %w", err)
+		return nil, nil, err
 	}
-	cre, err := regexp.Compile(clientRE)
+	cs, err := matching(tokenClients(), func(c tokenClient) string { return c.name }, "-client", clientRE)
 	if err != nil {
-		return nil, nil, fmt.Errorf("-client: %w", err)
-	}
-	var ss []tokenScenario
-	for _, s := range tokenScenarios() {
-		if mre.MatchString(s.name) {
-			ss = append(ss, s)
-		}
-	}
-	var cs []tokenClient
-	for _, c := range tokenClients() {
-		if cre.MatchString(c.name) {
-			cs = append(cs, c)
-		}
+		return nil, nil, err
 	}
 	if len(ss) == 0 || len(cs) == 0 {
 		return nil, nil, fmt.Errorf("no token scenario or no token client matches")
@@ -84,30 +72,34 @@ func selectTokenRuns(modelRE, clientRE string) ([]tokenScenario, []tokenClient, 
 
 // selectRuns filters the models and clients by regexp.
 func selectRuns(modelRE, clientRE string) ([]model, []client, error) {
-	mre, err := regexp.Compile(modelRE)
+	ms, err := matching(models(), func(m model) string { return m.name }, "-model", modelRE)
 	if err != nil {
-		return nil, nil, fmt.Errorf("-model: %w", err)
+		return nil, nil, err
 	}
-	cre, err := regexp.Compile(clientRE)
+	cs, err := matching(clients(), func(c client) string { return c.name }, "-client", clientRE)
 	if err != nil {
-		return nil, nil, fmt.Errorf("-client: %w", err)
-	}
-	var ms []model
-	for _, m := range models() {
-		if mre.MatchString(m.name) {
-			ms = append(ms, m)
-		}
-	}
-	var cs []client
-	for _, c := range clients() {
-		if cre.MatchString(c.name) {
-			cs = append(cs, c)
-		}
+		return nil, nil, err
 	}
 	if len(ms) == 0 || len(cs) == 0 {
 		return nil, nil, fmt.Errorf("no model or no client matches")
 	}
 	return ms, cs, nil
+}
+
+// matching returns the items whose name matches the regexp expr, given
+// by the flag opt.
+func matching[T any](items []T, name func(T) string, opt, expr string) ([]T, error) {
+	re, err := regexp.Compile(expr)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", opt, err)
+	}
+	var out []T
+	for _, it := range items {
+		if re.MatchString(name(it)) {
+			out = append(out, it)
+		}
+	}
+	return out, nil
 }
 
 // bench runs every client against every model, one run at a time,

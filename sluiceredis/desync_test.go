@@ -8,7 +8,7 @@ import (
 	"testing/synctest"
 	"time"
 
-	"github.com/sluice-go/sluice/sluiceredis/internal/upstream"
+	"github.com/sluice-go/sluice/internal/upstream"
 )
 
 // onFallback returns a Backend that serves every Take from its local

@@ -17,7 +17,7 @@ import (
 	"time"
 
 	"github.com/sluice-go/sluice"
-	"github.com/sluice-go/sluice/sluiceredis/internal/upstream"
+	"github.com/sluice-go/sluice/internal/upstream"
 )
 
 // The fleet test's numbers. Demand (fleetWorkers per process) exceeds the

@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/sluice-go/sluice"
-	"github.com/sluice-go/sluice/sluiceredis/internal/upstream"
+	"github.com/sluice-go/sluice/internal/upstream"
 )
 
 // The freeze test's numbers. The in-flight cap is what the rate

@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/sluice-go/sluice"
-	"github.com/sluice-go/sluice/sluiceredis/internal/upstream"
+	"github.com/sluice-go/sluice/internal/upstream"
 )
 
 // A shareFleet is a fleet run in share mode: procs processes (each its own

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/sluice-go/sluice"
-	"github.com/sluice-go/sluice/sluiceredis/internal/upstream"
+	"github.com/sluice-go/sluice/internal/upstream"
 )
 
 // transport returns a sluice Transport on base drawing on a Backend of its

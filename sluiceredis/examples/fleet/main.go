@@ -50,7 +50,7 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/sluiceredis"
-	"github.com/sluice-go/sluice/sluiceredis/internal/upstream"
+	"github.com/sluice-go/sluice/internal/upstream"
 )
 
 type config struct {
