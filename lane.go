@@ -462,18 +462,25 @@ func (l *lane) acquire(ctx context.Context, p Priority, enq time.Duration) (gran
 	if ev := l.cfg.events; ev != nil {
 		ev.push(ctx, Event{Kind: EventQueued, Lane: l.key, Priority: p, Tenant: id, Queued: l.q.len()})
 	}
-	if !l.dispatching {
+	inline := !l.dispatching
+	if inline {
 		l.dispatching = true
 		if l.kick == nil {
 			l.kick = make(chan struct{}, 1)
 		}
-		go l.dispatch()
 	} else if l.stalled {
 		// The dispatcher waits for a release because every tenant with
 		// waiters is at its cap; this waiter's tenant may not be.
 		l.wake()
 	}
 	l.mu.Unlock()
+	if inline {
+		// No dispatcher runs: this goroutine is it until its own waiter
+		// is served, and hands the loop on if others still wait. A caller
+		// alone in the queue, the common case, then waits for its token
+		// on its own timer, with no goroutine to start and wake.
+		l.run(ctx, w)
+	}
 
 	select {
 	case <-w.ready:
@@ -696,7 +703,13 @@ func (l *lane) wake() {
 // millisecond; where a token's time is shorter than that, the dispatcher
 // sleeps precisely until the token is due instead of arming a timer (see
 // timerGrain).
-func (l *lane) dispatch() {
+func (l *lane) dispatch() { l.run(context.Background(), nil) }
+
+// run is the dispatcher's loop (see dispatch). own, if not nil, is the
+// waiter of the goroutine running it, whose context is ctx: run returns
+// once own is served or failed, or ctx ends, and starts a dispatcher
+// goroutine for the waiters left.
+func (l *lane) run(ctx context.Context, own *waiter) {
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	late := false // the last sleep was for a token, and nothing else bound
@@ -704,6 +717,11 @@ func (l *lane) dispatch() {
 		l.mu.Lock()
 		if l.q.len() == 0 {
 			l.dispatching = false
+			l.mu.Unlock()
+			return
+		}
+		if own != nil && (own.granted || own.err != nil || ctx.Err() != nil) {
+			go l.dispatch() // still dispatching: the loop changes goroutine
 			l.mu.Unlock()
 			return
 		}
@@ -743,13 +761,17 @@ func (l *lane) dispatch() {
 
 		switch {
 		case d < 0:
-			<-l.kick
+			select {
+			case <-l.kick:
+			case <-ctx.Done():
+			}
 		case precise && l.sleepUntil(tick+d):
 		default:
 			timer.Reset(d)
 			select {
 			case <-timer.C:
 			case <-l.kick:
+			case <-ctx.Done():
 			}
 		}
 	}

@@ -3,6 +3,7 @@ package sluice
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -202,4 +203,27 @@ func TestDefaultsDoNotStarve(t *testing.T) {
 			})
 		})
 	}
+}
+
+// TestLoneWaiterDispatchesItself: a caller alone in the queue waits for its
+// token on its own goroutine, with no dispatcher goroutine started and
+// woken for it (two scheduler hand-offs a request on a busy machine).
+func TestLoneWaiterDispatchesItself(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr := mustNew(t, nopBase{}, WithRate(10, time.Second))
+		defer tr.Close()
+		if err := get(t.Context(), tr, ""); err != nil { // takes the token
+			t.Fatal(err)
+		}
+		before := runtime.NumGoroutine()
+		done := make(chan error, 1)
+		go func() { done <- get(t.Context(), tr, "") }()
+		synctest.Wait() // the caller waits for the next token, 100 ms away
+		if n := runtime.NumGoroutine() - before; n != 1 {
+			t.Errorf("%d goroutines while one caller waits, want 1: the caller alone", n)
+		}
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	})
 }
