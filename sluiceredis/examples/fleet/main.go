@@ -49,8 +49,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluice-go/sluice"
-	"github.com/sluice-go/sluice/sluiceredis"
 	"github.com/sluice-go/sluice/internal/upstream"
+	"github.com/sluice-go/sluice/sluiceredis"
 )
 
 type config struct {
