@@ -6,6 +6,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
+	"math"
 	"slices"
 	"strconv"
 	"sync"
@@ -56,6 +58,7 @@ type Backend struct {
 	back      chan struct{} // capacity 1: Redis answers again, for the releaser
 
 	shares shares // see WithShares
+	wakers wakers // see waitFreed
 }
 
 // budget is this process's side of one key's budget. Its fields are guarded
@@ -66,6 +69,8 @@ type budget struct {
 	mu      sync.Mutex
 	cool    time.Time     // the latest cooldown end this process knows of
 	pending []reservation // tokens reserved in Redis and not yet due, by due time
+	paces   map[any]*pace // by taker (see sluice.TakerOf), for how many tokens a call takes
+	rtt     time.Duration // a smoothed round trip of take.lua; 0 before the first
 	held    []string      // leases of attempts granted and not yet Done; "" for a fallback grant
 	local   int           // fallback grants in held
 	release []string      // leases to remove with the next call to Redis for the key
@@ -87,6 +92,46 @@ type reservation struct {
 	due   time.Time
 	stale time.Time // after this it is dropped: due + staleAfter(rate)
 	lease string    // "" without an in-flight cap
+	by    any       // the taker it was reserved for (see sluice.TakerOf)
+}
+
+// A pace is how fast one taker of a budget has been granted tokens lately:
+// a smoothed gap between grants.
+type pace struct {
+	last time.Time
+	gap  time.Duration // 0 before the second grant
+}
+
+// grant records a token granted at now.
+func (p *pace) grant(now time.Time) {
+	if !p.last.IsZero() {
+		d := min(now.Sub(p.last), time.Second)
+		if p.gap == 0 {
+			p.gap = d
+		} else {
+			p.gap += (d - p.gap) / 5
+		}
+	}
+	p.last = now
+}
+
+// want returns how many tokens one call to Redis should take for a taker
+// granted at p, with replies a round trip rtt away: what it has used in
+// about one and a half horizons, where the horizon is two round trips, and
+// at least one. So a lane that sends one token per round trip asks for
+// more, and reaches the rate within a few calls however far Redis is,
+// while a lane that sends less often than that takes one at a time (a
+// token taken ahead and not used is lost to the fleet).
+func (p *pace) want(horizon time.Duration) int {
+	if p == nil || p.gap <= 0 {
+		return 1
+	}
+	return min(max(1, int(math.Ceil(1.5*float64(horizon)/float64(p.gap)))), maxWant)
+}
+
+// horizon is how far ahead one call to Redis takes tokens, after the first.
+func (bg *budget) horizon() time.Duration {
+	return 2*bg.rtt + time.Millisecond
 }
 
 // staleAfter is how long after its due time a reservation nobody came for
@@ -202,15 +247,23 @@ func (b *Backend) Take(ctx context.Context, key string, rate float64, burst int)
 	}
 	defer b.leave()
 	bg := b.budget(key)
+	by := sluice.TakerOf(ctx)
 	now := time.Now()
 	bg.mu.Lock()
-	w, ok := bg.takeLocal(now)
+	w, ok := bg.takeLocal(now, by)
 	b.maybeIdle(bg) // stale reservations may have taken the last leases
 	if ok {
 		bg.mu.Unlock()
 		return w, nil
 	}
 	release := bg.takeRelease()
+	horizon := bg.horizon()
+	want := 1
+	if rate > 0 {
+		// Unpaced, a token is only a place in flight (WithInFlight):
+		// one taken ahead would hold a place nobody uses.
+		want = bg.paces[by].want(horizon)
+	}
 	bg.mu.Unlock()
 
 	if !b.health.use(now) {
@@ -222,14 +275,18 @@ func (b *Backend) Take(ctx context.Context, key string, rate float64, burst int)
 		lease = b.self + ":" + strconv.FormatUint(b.seq.Add(1), 36)
 	}
 	cctx, cancel := context.WithTimeout(ctx, b.cfg.timeout)
-	st, wait, err := runTake(cctx, b.client, bg.keys, takeArgs{
+	st, waits, err := runTake(cctx, b.client, bg.keys, takeArgs{
 		rate:     rate,
 		burst:    burst,
 		leases:   b.cfg.leases,
 		leaseTTL: b.cfg.leaseTTL,
 		member:   lease,
+		want:     want,
+		horizon:  horizon,
+		self:     b.self,
 	}, release)
 	cancel()
+	sent := now
 	now = time.Now()
 	if err != nil {
 		// A call that failed may still have run, or run later: its token
@@ -245,7 +302,9 @@ func (b *Backend) Take(ctx context.Context, key string, rate float64, burst int)
 			b.failed(now, err)
 		}
 		if lease != "" {
-			b.orphan(bg, lease)
+			for i := range want {
+				b.orphan(bg, memberN(lease, i))
+			}
 		}
 		switch {
 		case gaveUp:
@@ -256,11 +315,16 @@ func (b *Backend) Take(ctx context.Context, key string, rate float64, burst int)
 		return b.fallback(bg, now, rate, burst)
 	}
 	b.recovered(now)
-	w = bg.apply(now, st, wait, lease, rate)
-	if st == cancelled {
+	w = bg.apply(now, now.Sub(sent), st, waits, lease, rate, by)
+	switch {
+	case st == cancelled:
 		return 0, fmt.Errorf("sluiceredis: take from %q: take.lua cancelled a call in flight", key)
-	}
-	if lease != "" && (st == taken || st == reserved) {
+	case st == full:
+		// Rather than ask again after a fixed wait, wait to be told that
+		// a lease was given back (see wakers); then at once.
+		b.waitFreed(bg, w)
+		return time.Microsecond, nil
+	case lease != "" && (st == taken || st == reserved):
 		b.keepRenewing()
 	}
 	return w, nil
@@ -285,25 +349,76 @@ func (b *Backend) keepRenewing() {
 
 // renew renews this process's leases every third of the ttl, and returns
 // once it holds none: at the latest on the tick after the last Done, and at
-// once when that Done gave back the last lease of its budget.
+// once when that Done gave back the last lease of its budget. It also
+// gives back the leases of reservations nobody came for once they go stale,
+// so that they do not hold places in flight until the key's next call.
 func (b *Backend) renew() {
 	defer b.wg.Done()
 	t := time.NewTicker(max(b.cfg.leaseTTL/3, time.Millisecond))
 	defer t.Stop()
+	stale := time.NewTimer(time.Hour)
+	defer stale.Stop()
 	for {
 		select {
 		case <-b.done:
 			return
 		case <-t.C:
-			work := b.leasedBudgets()
+			work, next := b.leasedBudgets()
 			if work == nil {
+				b.releaseStale()
 				return
 			}
 			b.renewAll(work)
-		case <-b.idle:
-			if b.leasedBudgets() == nil {
+			resetTimer(stale, next)
+		case <-stale.C:
+			work, next := b.leasedBudgets()
+			b.releaseStale()
+			if work == nil {
 				return
 			}
+			resetTimer(stale, next)
+		case <-b.idle:
+			work, next := b.leasedBudgets()
+			if work == nil {
+				return
+			}
+			resetTimer(stale, next)
+		}
+	}
+}
+
+// resetTimer arms t for at (an hour away if at is zero).
+func resetTimer(t *time.Timer, at time.Time) {
+	d := time.Hour
+	if !at.IsZero() {
+		d = max(time.Until(at), time.Millisecond)
+	}
+	t.Reset(d)
+}
+
+// releaseStale gives back the leases queued for release (those of stale
+// reservations) on every budget, one call per budget, if Redis is up.
+func (b *Backend) releaseStale() {
+	if !b.health.up() {
+		return
+	}
+	b.mu.Lock()
+	budgets := slices.Collect(maps.Values(b.budgets))
+	b.mu.Unlock()
+	for _, bg := range budgets {
+		bg.mu.Lock()
+		ids := bg.takeRelease()
+		bg.mu.Unlock()
+		if len(ids) == 0 {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), b.cfg.timeout)
+		err := runDone(ctx, b.client, bg.keys, ids)
+		cancel()
+		if err != nil && unreachable(err) {
+			bg.requeue(ids)
+			b.failed(time.Now(), err)
+			return
 		}
 	}
 }
@@ -321,28 +436,38 @@ func (b *Backend) maybeIdle(bg *budget) {
 	}
 }
 
-// leasedBudgets returns the budgets on which this process holds leases.
+// leasedBudgets returns the budgets on which this process holds leases,
+// and when the first of their reservations goes stale (zero: none).
 // When there are none it marks the renewer stopped, under mu: a lease taken
 // after that finds it stopped and starts another (see keepRenewing).
-func (b *Backend) leasedBudgets() []*budget {
+func (b *Backend) leasedBudgets() ([]*budget, time.Time) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	var work []*budget
+	var (
+		work []*budget
+		next time.Time
+	)
 	now := time.Now()
 	for _, bg := range b.budgets {
 		bg.mu.Lock()
 		// A reservation nobody came for is not renewed: its lease is
-		// given back with the key's next call, or expires.
+		// given back by releaseStale, with the key's next call, or
+		// expires.
 		bg.prune(now)
 		if bg.leased() {
 			work = append(work, bg)
+		}
+		for _, r := range bg.pending {
+			if r.lease != "" && (next.IsZero() || r.stale.Before(next)) {
+				next = r.stale.Add(time.Millisecond)
+			}
 		}
 		bg.mu.Unlock()
 	}
 	if len(work) == 0 {
 		b.renewing = false
 	}
-	return work
+	return work, next
 }
 
 // renewAll renews this process's leases on the budgets in work, one Redis
@@ -422,7 +547,7 @@ func (b *Backend) Done(key string) {
 	bg.mu.Unlock()
 
 	ctx, cancel := context.WithTimeout(context.Background(), b.cfg.timeout)
-	err := b.client.ZRem(ctx, bg.keys.lease(), toAny(ids)...).Err()
+	err := runDone(ctx, b.client, bg.keys, ids)
 	cancel()
 	if err != nil && unreachable(err) {
 		bg.requeue(ids)
@@ -561,25 +686,41 @@ func (b *Backend) recovered(now time.Time) {
 	}
 }
 
-// takeLocal answers a Take without Redis when it can: during a cooldown it
-// knows of, or from a reservation. bg.mu must be held.
-func (bg *budget) takeLocal(now time.Time) (time.Duration, bool) {
+// takeLocal answers a Take for taker by without Redis when it can: during
+// a cooldown it knows of, or from a reservation of by's. bg.mu must be
+// held.
+func (bg *budget) takeLocal(now time.Time, by any) (time.Duration, bool) {
 	if d := bg.cool.Sub(now); d > 0 {
 		return d, true
 	}
 	bg.prune(now)
-	if len(bg.pending) == 0 {
+	i := slices.IndexFunc(bg.pending, func(r reservation) bool { return r.by == by })
+	if i < 0 {
 		return 0, false
 	}
-	r := bg.pending[0]
+	r := bg.pending[i]
 	if d := r.due.Sub(now); d > 0 {
 		return d, true
 	}
-	bg.pending = bg.pending[1:]
+	bg.pending = slices.Delete(bg.pending, i, i+1)
 	if r.lease != "" {
 		bg.held = append(bg.held, r.lease)
 	}
+	bg.pace(by).grant(now)
 	return 0, true
+}
+
+// pace returns by's pace, making it. bg.mu must be held.
+func (bg *budget) pace(by any) *pace {
+	p := bg.paces[by]
+	if p == nil {
+		if bg.paces == nil {
+			bg.paces = make(map[any]*pace)
+		}
+		p = &pace{}
+		bg.paces[by] = p
+	}
+	return p
 }
 
 // prune drops the reservations nobody came for in time, and queues their
@@ -633,30 +774,48 @@ func (bg *budget) takeRelease() []string {
 	return ids
 }
 
-// apply records what take.lua decided and returns Take's wait.
-func (bg *budget) apply(now time.Time, st status, wait time.Duration, lease string, rate float64) time.Duration {
+// apply records what take.lua decided, after a round trip of rtt, and
+// returns Take's wait. A token due now is the caller's; the others taken
+// are reserved for its taker, by.
+func (bg *budget) apply(now time.Time, rtt time.Duration, st status, waits []time.Duration, lease string, rate float64, by any) time.Duration {
 	bg.mu.Lock()
 	defer bg.mu.Unlock()
 	bg.fallen = false // Redis answers for this budget: a later outage is a new one
-	switch st {
-	case taken:
-		if lease != "" {
-			bg.held = append(bg.held, lease)
-		}
-		return 0
-	case reserved:
-		// Counted from after the reply: the token is due no earlier.
-		due := now.Add(wait)
-		r := reservation{due: due, stale: due.Add(staleAfter(rate)), lease: lease}
-		i := len(bg.pending)
-		for i > 0 && bg.pending[i-1].due.After(r.due) {
-			i--
-		}
-		bg.pending = append(bg.pending[:i], append([]reservation{r}, bg.pending[i:]...)...)
-	case cooling:
-		bg.coolUntil(now.Add(wait))
+	if bg.rtt == 0 {
+		bg.rtt = rtt
+	} else {
+		bg.rtt += (rtt - bg.rtt) / 8
 	}
-	return max(wait, time.Microsecond)
+	switch st {
+	case taken, reserved:
+		for i, wait := range waits {
+			id := ""
+			if lease != "" {
+				id = memberN(lease, i)
+			}
+			if i == 0 && st == taken {
+				if id != "" {
+					bg.held = append(bg.held, id)
+				}
+				bg.pace(by).grant(now)
+				continue
+			}
+			// Counted from after the reply: the token is due no earlier.
+			due := now.Add(wait)
+			r := reservation{due: due, stale: due.Add(staleAfter(rate)), lease: id, by: by}
+			j := len(bg.pending)
+			for j > 0 && bg.pending[j-1].due.After(r.due) {
+				j--
+			}
+			bg.pending = slices.Insert(bg.pending, j, r)
+		}
+		if st == taken {
+			return 0
+		}
+	case cooling:
+		bg.coolUntil(now.Add(waits[0]))
+	}
+	return max(waits[0], time.Microsecond)
 }
 
 // coolUntil extends the cooldown this process knows of. Reserved tokens due
