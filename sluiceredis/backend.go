@@ -201,8 +201,11 @@ func contextTimeouts(c redis.UniversalClient) bool {
 //
 // A token that is not due yet is reserved in Redis for this process, and
 // the wait returned is until it is due; asking again then takes it without
-// a Redis call. So each token granted costs one Redis call, however many
-// processes contend. A reservation is dropped (its token wasted) when
+// a Redis call. So each token granted costs at most one Redis call, however
+// many processes contend. A caller (sluice.TakerOf: a Transport's lane)
+// that has lately been granted more than one token per round trip to Redis
+// takes several with one call, reserved for it alone (see the package
+// doc). A reservation is dropped (its token wasted) when
 // nobody asks for it within max(1/rate, 10ms) of its due time, because a
 // token used late would add to a window the rest of the fleet has already
 // filled, and when this process learns of a cooldown that ends after its
@@ -237,6 +240,11 @@ func contextTimeouts(c redis.UniversalClient) bool {
 // nothing; so a fault costs at most the places in flight during it, not
 // the lease ttl.
 //
+// With WithInFlight, a Take that finds every lease held waits, up to
+// 250ms, until a lease is given back somewhere in the fleet and this
+// process's turn comes (see the package doc), and then returns a wait of a
+// microsecond: the caller asks again at once.
+//
 // After Close, Take returns an error wrapping ErrClosed.
 func (b *Backend) Take(ctx context.Context, key string, rate float64, burst int) (time.Duration, error) {
 	if err := ctx.Err(); err != nil {
@@ -259,9 +267,10 @@ func (b *Backend) Take(ctx context.Context, key string, rate float64, burst int)
 	release := bg.takeRelease()
 	horizon := bg.horizon()
 	want := 1
-	if rate > 0 {
+	if rate > 0 && by != nil {
 		// Unpaced, a token is only a place in flight (WithInFlight):
-		// one taken ahead would hold a place nobody uses.
+		// one taken ahead would hold a place nobody uses. And a caller
+		// that is not a lane (by is nil) may make any use of its tokens.
 		want = bg.paces[by].want(horizon)
 	}
 	bg.mu.Unlock()
@@ -510,7 +519,8 @@ func (b *Backend) renewAll(work []*budget) {
 // Done releases one of this process's leases on key, when WithInFlight is
 // set; otherwise it does nothing. The release is one Redis call bounded by
 // the timeout, which also gives back the leases of this process's stale
-// reservations on key and those whose release did not reach Redis earlier.
+// reservations on key and those whose release did not reach Redis earlier,
+// and wakes the process that has waited longest for a lease on key.
 // While Redis is unreachable it is not tried, and the lease goes with the
 // next call for key (Take, Done or Cool). A lease whose key sees no further
 // call is held until its ttl (WithInFlight) runs out.
