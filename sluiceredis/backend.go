@@ -734,7 +734,8 @@ func (bg *budget) pace(by any) *pace {
 }
 
 // prune drops the reservations nobody came for in time, and queues their
-// leases for release. bg.mu must be held.
+// leases for release; and forgets the pace of a taker granted nothing for
+// paceIdle (a Transport closed, or an idle lane). bg.mu must be held.
 func (bg *budget) prune(now time.Time) {
 	bg.pending = slices.DeleteFunc(bg.pending, func(r reservation) bool {
 		if !now.After(r.stale) {
@@ -745,7 +746,16 @@ func (bg *budget) prune(now time.Time) {
 		}
 		return true
 	})
+	for by, p := range bg.paces {
+		if now.Sub(p.last) > paceIdle {
+			delete(bg.paces, by)
+		}
+	}
 }
+
+// paceIdle is how long a taker's pace is kept without a grant: longer
+// than any gap it smooths (a second at most).
+const paceIdle = time.Minute
 
 // leased reports whether this process holds leases on the budget in Redis:
 // for attempts granted and not yet done, or with reserved tokens. bg.mu

@@ -74,6 +74,14 @@ func TestTakersKeepTheirTokens(t *testing.T) {
 	if _, ok := bg.takeLocal(now, o); ok {
 		t.Fatal("another taker was answered from a's reservation")
 	}
+	// A taker that is gone (its Transport closed) is forgotten.
+	if bg.paces[a] == nil {
+		t.Fatal("a's pace not kept")
+	}
+	bg.prune(now.Add(paceIdle + time.Second))
+	if len(bg.paces) != 0 || len(bg.pending) != 0 {
+		t.Errorf("%d paces and %d reservations left after paceIdle", len(bg.paces), len(bg.pending))
+	}
 }
 
 // TestPaceWant: a taker granted about one token per round trip asks for
