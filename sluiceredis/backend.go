@@ -90,6 +90,7 @@ type budget struct {
 // key answer without a round trip.
 type reservation struct {
 	due   time.Time
+	late  time.Time // its theoretical arrival time, at the latest; zero: not paced
 	stale time.Time // after this it is dropped: due + staleAfter(rate)
 	lease string    // "" without an in-flight cap
 	by    any       // the taker it was reserved for (see sluice.TakerOf)
@@ -284,7 +285,7 @@ func (b *Backend) Take(ctx context.Context, key string, rate float64, burst int)
 		lease = b.self + ":" + strconv.FormatUint(b.seq.Add(1), 36)
 	}
 	cctx, cancel := context.WithTimeout(ctx, b.cfg.timeout)
-	st, waits, err := runTake(cctx, b.client, bg.keys, takeArgs{
+	st, waits, lates, err := runTakeLate(cctx, b.client, bg.keys, takeArgs{
 		rate:     rate,
 		burst:    burst,
 		leases:   b.cfg.leases,
@@ -324,7 +325,7 @@ func (b *Backend) Take(ctx context.Context, key string, rate float64, burst int)
 		return b.fallback(bg, now, rate, burst)
 	}
 	b.recovered(now)
-	w = bg.apply(now, now.Sub(sent), st, waits, lease, rate, by)
+	w = bg.apply(now, sent, st, waits, lates, lease, rate, by)
 	switch {
 	case st == cancelled:
 		return 0, fmt.Errorf("sluiceredis: take from %q: take.lua cancelled a call in flight", key)
@@ -716,6 +717,22 @@ func (bg *budget) takeLocal(now time.Time, by any) (time.Duration, bool) {
 	if r.lease != "" {
 		bg.held = append(bg.held, r.lease)
 	}
+	if !r.late.IsZero() && now.After(r.late) {
+		// Sent after its theoretical arrival time, a token adds to a
+		// window the rest of the fleet may have filled: one such token
+		// per taker is the slack the bound allows (as when a call took
+		// one token), so the taker's other tokens that are late too are
+		// dropped.
+		bg.pending = slices.DeleteFunc(bg.pending, func(o reservation) bool {
+			if o.by != by || o.late.IsZero() || !now.After(o.late) {
+				return false
+			}
+			if o.lease != "" {
+				bg.release = append(bg.release, o.lease)
+			}
+			return true
+		})
+	}
 	bg.pace(by).grant(now)
 	return 0, true
 }
@@ -794,14 +811,14 @@ func (bg *budget) takeRelease() []string {
 	return ids
 }
 
-// apply records what take.lua decided, after a round trip of rtt, and
-// returns Take's wait. A token due now is the caller's; the others taken
-// are reserved for its taker, by.
-func (bg *budget) apply(now time.Time, rtt time.Duration, st status, waits []time.Duration, lease string, rate float64, by any) time.Duration {
+// apply records what take.lua, called at sent, decided, and returns Take's
+// wait. The tokens taken are reserved for the caller's taker, by, and the
+// first due is the caller's (0) if due now.
+func (bg *budget) apply(now, sent time.Time, st status, waits, lates []time.Duration, lease string, rate float64, by any) time.Duration {
 	bg.mu.Lock()
 	defer bg.mu.Unlock()
 	bg.fallen = false // Redis answers for this budget: a later outage is a new one
-	if bg.rtt == 0 {
+	if rtt := now.Sub(sent); bg.rtt == 0 {
 		bg.rtt = rtt
 	} else {
 		bg.rtt += (rtt - bg.rtt) / 8
@@ -813,25 +830,24 @@ func (bg *budget) apply(now time.Time, rtt time.Duration, st status, waits []tim
 			if lease != "" {
 				id = memberN(lease, i)
 			}
-			if i == 0 && st == taken {
-				if id != "" {
-					bg.held = append(bg.held, id)
-				}
-				bg.pace(by).grant(now)
-				continue
-			}
-			// Counted from after the reply: the token is due no earlier.
+			// Due counted from after the reply, and late from before the
+			// call: the token is due no earlier, and its theoretical
+			// arrival time is no later.
 			due := now.Add(wait)
 			r := reservation{due: due, stale: due.Add(staleAfter(rate)), lease: id, by: by}
+			if lates != nil {
+				r.late = sent.Add(lates[i])
+			}
 			j := len(bg.pending)
 			for j > 0 && bg.pending[j-1].due.After(r.due) {
 				j--
 			}
 			bg.pending = slices.Insert(bg.pending, j, r)
 		}
-		if st == taken {
-			return 0
+		if w, ok := bg.takeLocal(now, by); ok {
+			return w
 		}
+		return time.Microsecond // dropped at once (a cooldown): ask again
 	case cooling:
 		bg.coolUntil(now.Add(waits[0]))
 	}

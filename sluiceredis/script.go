@@ -151,8 +151,16 @@ const maxRelease = 256
 // runTake runs take.lua: one round trip (two the first time a server sees
 // the script: EVALSHA, then EVAL, which caches it). It returns the wait of
 // each token taken (taken, reserved: the first says which), or the one
-// wait of cooling and full.
+// wait of cooling and full; and for each token taken, how long after the
+// call ran its theoretical arrival time is (see take.lua; nil if not
+// paced).
 func runTake(ctx context.Context, c redis.Scripter, k keys, a takeArgs, release []string) (status, []time.Duration, error) {
+	st, waits, _, err := runTakeLate(ctx, c, k, a, release)
+	return st, waits, err
+}
+
+// runTakeLate is runTake that also returns the theoretical arrival times.
+func runTakeLate(ctx context.Context, c redis.Scripter, k keys, a takeArgs, release []string) (status, []time.Duration, []time.Duration, error) {
 	interval, tolerance := gcra(a.rate, a.burst)
 	args := make([]any, 0, 9+len(release))
 	args = append(args,
@@ -170,16 +178,31 @@ func runTake(ctx context.Context, c redis.Scripter, k keys, a takeArgs, release 
 	}
 	v, err := takeScript.Run(ctx, c, k[:], args...).Int64Slice()
 	if err != nil {
-		return 0, nil, err
+		return 0, nil, nil, err
 	}
-	if len(v) < 2 || len(v) > 1+maxWant || v[0] < int64(taken) || v[0] > int64(cancelled) || slices.ContainsFunc(v[1:], func(w int64) bool { return w < 0 }) {
-		return 0, nil, fmt.Errorf("sluiceredis: take.lua returned %v", v)
+	bad := len(v) < 2 || v[0] < int64(taken) || v[0] > int64(cancelled) || slices.ContainsFunc(v[1:], func(w int64) bool { return w < 0 })
+	n := 1
+	if !bad && (status(v[0]) == taken || status(v[0]) == reserved) {
+		n = (len(v) - 1) / 2
+		bad = len(v) != 1+2*n || n < 1 || n > maxWant
+	} else if len(v) != 2 {
+		bad = true
 	}
-	waits := make([]time.Duration, len(v)-1)
-	for i, w := range v[1:] {
+	if bad {
+		return 0, nil, nil, fmt.Errorf("sluiceredis: take.lua returned %v", v)
+	}
+	waits := make([]time.Duration, n)
+	for i, w := range v[1 : 1+n] {
 		waits[i] = micros(w)
 	}
-	return status(v[0]), waits, nil
+	var lates []time.Duration
+	if interval, _ := gcra(a.rate, a.burst); interval > 0 && len(v) == 1+2*n {
+		lates = make([]time.Duration, n)
+		for i, t := range v[1+n:] {
+			lates[i] = micros(t)
+		}
+	}
+	return status(v[0]), waits, lates, nil
 }
 
 // runDone runs done.lua: the leases ids are given back, and as many

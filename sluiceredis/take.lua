@@ -22,8 +22,10 @@
 -- Returns {status, wait, ...}, waits in whole microseconds rounded up: 0
 -- taken now; 1 reserved, due in wait (the token is the caller's, it must
 -- not send before then); 2 cooling down for wait; 3 every lease held, ask
--- again in wait. With statuses 0 and 1, the waits after the first are
--- those of the further tokens taken, in order. With a lease cap, each
+-- again in wait. With statuses 0 and 1, the reply is {status, w1, ..., wn,
+-- t1, ..., tn} for the n tokens taken, in order: wi is when token i is due,
+-- and ti (rounded down) its theoretical arrival time, after which sending
+-- it is late (see Backend.Take); all ti are 0 when not paced. With a lease cap, each
 -- token takes a lease: ARGV[5] for the first, ARGV[5] .. '.' .. i for the
 -- i-th after it. 4: ARGV[5] was cancelled (see release.lua): its caller
 -- gave up on this call before it ran, so it takes nothing.
@@ -82,7 +84,7 @@ if cap > 0 then
   want = math.min(want, free)
 end
 
-local waits = {}
+local waits, tats = {}, {}
 local interval = tonumber(ARGV[1])
 if interval > 0 then
   -- GCRA: a token is due at tat - tolerance. It is taken (or reserved, when
@@ -96,6 +98,7 @@ if interval > 0 then
       break
     end
     waits[i] = wait
+    tats[i] = tat - now
     local nt = tat + interval
     -- tat + interval is rounded to the nearest double; never down, which
     -- would hand out a fraction of a token too many every time.
@@ -110,7 +113,7 @@ if interval > 0 then
   redis.call('SET', KEYS[1], string.format('%.17g', tat), 'PX', math.max(1, math.ceil((tat - now) / 1000)))
 else
   for i = 1, want do
-    waits[i] = 0
+    waits[i], tats[i] = 0, 0
   end
 end
 
@@ -134,5 +137,6 @@ if waits[1] == 0 then
 end
 for i, wait in ipairs(waits) do
   out[i + 1] = math.ceil(wait)
+  out[#waits + i + 1] = math.floor(tats[i])
 end
 return out

@@ -2,6 +2,7 @@ package sluiceredis
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"time"
 )
@@ -59,7 +60,9 @@ func TestTakersKeepTheirTokens(t *testing.T) {
 	now := time.Now()
 	type taker struct{ string }
 	a, o := &taker{"a"}, &taker{"o"}
-	bg.apply(now, time.Millisecond, taken, []time.Duration{0, 0, 10 * time.Millisecond}, "", 100, a)
+	if w := bg.apply(now, now.Add(-time.Millisecond), taken, []time.Duration{0, 0, 10 * time.Millisecond}, nil, "", 100, a); w != 0 {
+		t.Fatalf("apply of three tokens, the first due now = %v; want it", w)
+	}
 	bg.mu.Lock()
 	defer bg.mu.Unlock()
 	if _, ok := bg.takeLocal(now, o); ok {
@@ -81,6 +84,37 @@ func TestTakersKeepTheirTokens(t *testing.T) {
 	bg.prune(now.Add(paceIdle + time.Second))
 	if len(bg.paces) != 0 || len(bg.pending) != 0 {
 		t.Errorf("%d paces and %d reservations left after paceIdle", len(bg.paces), len(bg.pending))
+	}
+}
+
+// TestOneLateTokenPerTaker: a taker may send one token after its
+// theoretical arrival time (a late wake-up), as when a call took one
+// token, but not several: its other late tokens are dropped, and their
+// leases queued for release. Tokens not late are kept.
+func TestOneLateTokenPerTaker(t *testing.T) {
+	srv := startRedis(t)
+	b := newBackend(t, newClient(t, srv.Addr()))
+	bg := b.budget("api")
+	sent := time.Now()
+	now := sent.Add(time.Millisecond)
+	a := new(int)
+	// Four tokens due now, whose theoretical times are 0, 1, 2 and 20ms
+	// after the call; the fifth due in 10ms.
+	waits := []time.Duration{0, 0, 0, 0, 10 * time.Millisecond}
+	lates := []time.Duration{0, time.Millisecond, 2 * time.Millisecond, 20 * time.Millisecond, 30 * time.Millisecond}
+	bg.apply(now, sent, reserved, waits, lates, "m", 100, a) // the first is handed out, late by 1ms: alone
+	bg.mu.Lock()
+	defer bg.mu.Unlock()
+	later := sent.Add(5 * time.Millisecond) // tokens 1 and 2 are late now
+	if w, ok := bg.takeLocal(later, a); !ok || w != 0 {
+		t.Fatalf("a late token = %v, %v; want it (one late token is allowed)", w, ok)
+	}
+	// Token 2 was late too: dropped. Token 3 is not late: kept, then 4.
+	if len(bg.pending) != 2 || bg.pending[0].lease != "m.3" || bg.pending[1].lease != "m.4" {
+		t.Fatalf("reservations left %+v; want m.3 and m.4", bg.pending)
+	}
+	if !slices.Equal(bg.release, []string{"m.2"}) {
+		t.Errorf("leases to release %v; want m.2", bg.release)
 	}
 }
 
@@ -122,4 +156,28 @@ func TestTokensTransports(t *testing.T) {
 		t.Errorf("process 0's Transports sent %.1f/s and %.1f/s: uneven", a/secs, b/secs)
 	}
 	checkBound(t, r.arrivals, 100, 4, 2, 250*time.Millisecond, time.Second)
+}
+
+// TestTokensCalls: in token mode a request costs about one Redis call
+// (a little more: a reservation dropped costs its call), fewer where a
+// lane takes ahead (a high rate), and the fleet keeps its bound (taking
+// ahead broke it at 5,000/s, 575 in 100ms, before a taker could send only
+// one late token).
+func TestTokensCalls(t *testing.T) {
+	addr := startRedis(t).Addr()
+	for _, rate := range []float64{100, 5000} {
+		burst := max(4, int(rate/100))
+		r := shareFleet{procs: 4, rate: rate, burst: burst, run: 5 * time.Second, warm: 2 * time.Second,
+			workers: 16, redisAddr: addr, perToken: true}.start(t)
+		secs := r.seconds()
+		perReq := float64(r.calls) / float64(r.sent)
+		t.Logf("token mode, %v/s shared by 4: %.3f of the rate, %.3f Redis calls a request", rate, float64(len(r.arrivals))/secs/rate, perReq)
+		if perReq > 1.1 {
+			t.Errorf("%.3f Redis calls a request at %v/s; want about one at most", perReq, rate)
+		}
+		if rate == 5000 && perReq > 0.8 {
+			t.Errorf("%.3f Redis calls a request at %v/s: lanes do not take ahead", perReq, rate)
+		}
+		checkBound(t, r.arrivals, rate, burst, 4, 100*time.Millisecond, time.Second)
+	}
 }
