@@ -103,10 +103,13 @@
 // lane (of that Transport), and its next Takes are answered without Redis
 // until they run out. So a distant Redis costs a lane no throughput (one
 // process at 200/s with Redis 5ms away each way: 0.45 of the rate when a
-// call took one token, 1.000 now, at 0.13 calls a request). A token taken
-// ahead and not used in time (the lane's demand stopped) is dropped, lost
-// to the fleet but never sent late: the bound stays exact, and what a lane
-// loses so is at most what it used in about three round trips.
+// call took one token, 1.000 now, at 0.13 calls a request). Each token
+// may be sent until its theoretical arrival time (its due time plus the
+// burst's tolerance), which keeps the bound; a lane that wakes up later
+// than that sends one such late token, as when a call took one token, and
+// drops its other late ones. A token taken ahead and not used in time
+// (the lane's demand stopped) is dropped too: lost to the fleet, at most
+// what the lane used in about three round trips.
 //
 // With WithInFlight, a Take that finds every place taken lines its process
 // up in Redis, and waits for a release on a channel it subscribes to (one
