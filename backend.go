@@ -49,6 +49,25 @@ type Backend interface {
 	Cool(ctx context.Context, key string, until time.Time) error
 }
 
+// TakerOf returns who a call of Backend.Take is made for, from its
+// context: a comparable value, the same for every call a lane makes and
+// different between the Transports of a process (nil for a context a lane
+// did not pass). Lanes of several Transports on one key share a Backend's
+// budget for the key; a Backend that holds tokens for a later Take (one
+// reserved ahead, in its store) keeps them for their taker, so that one
+// Transport's lane does not take another's.
+func TakerOf(ctx context.Context) any {
+	return ctx.Value(takerKey{})
+}
+
+type takerKey struct{}
+
+// withTaker returns the context a lane passes to Take: its Transport's
+// config, unique to it, names the taker.
+func withTaker(cfg *config) context.Context {
+	return context.WithValue(context.Background(), takerKey{}, cfg)
+}
+
 // WithBackend makes every lane draw its tokens from b instead of a budget of
 // its own (see Backend). The lane's key names the budget in b, so processes
 // that share a key share its budget.

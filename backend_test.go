@@ -314,3 +314,62 @@ func TestBackendKeepsPriorityOrder(t *testing.T) {
 		}
 	})
 }
+
+// takerBackend grants every Take and records the taker of each, by key.
+type takerBackend struct {
+	mu     sync.Mutex
+	takers map[string][]any
+}
+
+func (b *takerBackend) Take(ctx context.Context, key string, _ float64, _ int) (time.Duration, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.takers[key] = append(b.takers[key], TakerOf(ctx))
+	return 0, nil
+}
+func (b *takerBackend) Done(string)                                   {}
+func (b *takerBackend) Cool(context.Context, string, time.Time) error { return nil }
+
+// TestTakerOf: every Take a Transport's lane makes names one taker, and
+// another Transport on the same Backend and key names another, so that a
+// Backend can keep each one's reserved tokens apart.
+func TestTakerOf(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := &takerBackend{takers: map[string][]any{}}
+		up := upstream.New(upstream.Config{})
+		defer up.Close()
+		var trs [2]*Transport
+		for i := range trs {
+			tr, err := New(up.Transport(), WithBackend(b), WithRate(100, time.Second))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tr.Close()
+			trs[i] = tr
+		}
+		for range 3 {
+			for _, tr := range trs {
+				req, _ := http.NewRequest("GET", up.URL(), nil)
+				resp, err := tr.RoundTrip(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				resp.Body.Close()
+			}
+		}
+		if TakerOf(context.Background()) != nil {
+			t.Error("TakerOf of a context no lane passed is not nil")
+		}
+		for key, ts := range b.takers {
+			if len(ts) != 6 {
+				t.Fatalf("%d Takes on %q, want 6", len(ts), key)
+			}
+			if ts[0] == nil || ts[0] != ts[2] || ts[0] != ts[4] || ts[1] != ts[3] || ts[1] != ts[5] {
+				t.Errorf("one Transport's Takes name different takers, or none: %v", ts)
+			}
+			if ts[0] == ts[1] {
+				t.Error("two Transports' Takes name the same taker")
+			}
+		}
+	})
+}

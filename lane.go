@@ -838,7 +838,7 @@ func (l *lane) takeShared() {
 	l.slot.take()
 	r, burst := l.currentRate(), l.cfg.burst
 	l.mu.Unlock()
-	wait, err := l.be.Take(context.Background(), l.key, r, burst)
+	wait, err := l.be.Take(withTaker(l.cfg), l.key, r, burst)
 	l.mu.Lock()
 	now := l.now()
 	switch {

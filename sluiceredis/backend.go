@@ -6,6 +6,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
+	"math"
 	"slices"
 	"strconv"
 	"sync"
@@ -56,6 +58,7 @@ type Backend struct {
 	back      chan struct{} // capacity 1: Redis answers again, for the releaser
 
 	shares shares // see WithShares
+	wakers wakers // see waitFreed
 }
 
 // budget is this process's side of one key's budget. Its fields are guarded
@@ -66,6 +69,8 @@ type budget struct {
 	mu      sync.Mutex
 	cool    time.Time     // the latest cooldown end this process knows of
 	pending []reservation // tokens reserved in Redis and not yet due, by due time
+	paces   map[any]*pace // by taker (see sluice.TakerOf), for how many tokens a call takes
+	rtt     time.Duration // a smoothed round trip of take.lua; 0 before the first
 	held    []string      // leases of attempts granted and not yet Done; "" for a fallback grant
 	local   int           // fallback grants in held
 	release []string      // leases to remove with the next call to Redis for the key
@@ -85,8 +90,49 @@ type budget struct {
 // key answer without a round trip.
 type reservation struct {
 	due   time.Time
+	late  time.Time // its theoretical arrival time, at the latest; zero: not paced
 	stale time.Time // after this it is dropped: due + staleAfter(rate)
 	lease string    // "" without an in-flight cap
+	by    any       // the taker it was reserved for (see sluice.TakerOf)
+}
+
+// A pace is how fast one taker of a budget has been granted tokens lately:
+// a smoothed gap between grants.
+type pace struct {
+	last time.Time
+	gap  time.Duration // 0 before the second grant
+}
+
+// grant records a token granted at now.
+func (p *pace) grant(now time.Time) {
+	if !p.last.IsZero() {
+		d := min(now.Sub(p.last), time.Second)
+		if p.gap == 0 {
+			p.gap = d
+		} else {
+			p.gap += (d - p.gap) / 5
+		}
+	}
+	p.last = now
+}
+
+// want returns how many tokens one call to Redis should take for a taker
+// granted at p, with replies a round trip rtt away: what it has used in
+// about one and a half horizons, where the horizon is two round trips, and
+// at least one. So a lane that sends one token per round trip asks for
+// more, and reaches the rate within a few calls however far Redis is,
+// while a lane that sends less often than that takes one at a time (a
+// token taken ahead and not used is lost to the fleet).
+func (p *pace) want(horizon time.Duration) int {
+	if p == nil || p.gap <= 0 {
+		return 1
+	}
+	return min(max(1, int(math.Ceil(1.5*float64(horizon)/float64(p.gap)))), maxWant)
+}
+
+// horizon is how far ahead one call to Redis takes tokens, after the first.
+func (bg *budget) horizon() time.Duration {
+	return 2*bg.rtt + time.Millisecond
 }
 
 // staleAfter is how long after its due time a reservation nobody came for
@@ -156,8 +202,11 @@ func contextTimeouts(c redis.UniversalClient) bool {
 //
 // A token that is not due yet is reserved in Redis for this process, and
 // the wait returned is until it is due; asking again then takes it without
-// a Redis call. So each token granted costs one Redis call, however many
-// processes contend. A reservation is dropped (its token wasted) when
+// a Redis call. So each token granted costs at most one Redis call, however
+// many processes contend. A caller (sluice.TakerOf: a Transport's lane)
+// that has lately been granted more than one token per round trip to Redis
+// takes several with one call, reserved for it alone (see the package
+// doc). A reservation is dropped (its token wasted) when
 // nobody asks for it within max(1/rate, 10ms) of its due time, because a
 // token used late would add to a window the rest of the fleet has already
 // filled, and when this process learns of a cooldown that ends after its
@@ -192,6 +241,11 @@ func contextTimeouts(c redis.UniversalClient) bool {
 // nothing; so a fault costs at most the places in flight during it, not
 // the lease ttl.
 //
+// With WithInFlight, a Take that finds every lease held waits, up to
+// 250ms, until a lease is given back somewhere in the fleet and this
+// process's turn comes (see the package doc), and then returns a wait of a
+// microsecond: the caller asks again at once.
+//
 // After Close, Take returns an error wrapping ErrClosed.
 func (b *Backend) Take(ctx context.Context, key string, rate float64, burst int) (time.Duration, error) {
 	if err := ctx.Err(); err != nil {
@@ -202,15 +256,24 @@ func (b *Backend) Take(ctx context.Context, key string, rate float64, burst int)
 	}
 	defer b.leave()
 	bg := b.budget(key)
+	by := sluice.TakerOf(ctx)
 	now := time.Now()
 	bg.mu.Lock()
-	w, ok := bg.takeLocal(now)
+	w, ok := bg.takeLocal(now, by)
 	b.maybeIdle(bg) // stale reservations may have taken the last leases
 	if ok {
 		bg.mu.Unlock()
 		return w, nil
 	}
 	release := bg.takeRelease()
+	horizon := bg.horizon()
+	want := 1
+	if rate > 0 && by != nil {
+		// Unpaced, a token is only a place in flight (WithInFlight):
+		// one taken ahead would hold a place nobody uses. And a caller
+		// that is not a lane (by is nil) may make any use of its tokens.
+		want = bg.paces[by].want(horizon)
+	}
 	bg.mu.Unlock()
 
 	if !b.health.use(now) {
@@ -222,14 +285,18 @@ func (b *Backend) Take(ctx context.Context, key string, rate float64, burst int)
 		lease = b.self + ":" + strconv.FormatUint(b.seq.Add(1), 36)
 	}
 	cctx, cancel := context.WithTimeout(ctx, b.cfg.timeout)
-	st, wait, err := runTake(cctx, b.client, bg.keys, takeArgs{
+	st, waits, lates, err := runTakeLate(cctx, b.client, bg.keys, takeArgs{
 		rate:     rate,
 		burst:    burst,
 		leases:   b.cfg.leases,
 		leaseTTL: b.cfg.leaseTTL,
 		member:   lease,
+		want:     want,
+		horizon:  horizon,
+		self:     b.self,
 	}, release)
 	cancel()
+	sent := now
 	now = time.Now()
 	if err != nil {
 		// A call that failed may still have run, or run later: its token
@@ -245,7 +312,9 @@ func (b *Backend) Take(ctx context.Context, key string, rate float64, burst int)
 			b.failed(now, err)
 		}
 		if lease != "" {
-			b.orphan(bg, lease)
+			for i := range want {
+				b.orphan(bg, memberN(lease, i))
+			}
 		}
 		switch {
 		case gaveUp:
@@ -256,11 +325,16 @@ func (b *Backend) Take(ctx context.Context, key string, rate float64, burst int)
 		return b.fallback(bg, now, rate, burst)
 	}
 	b.recovered(now)
-	w = bg.apply(now, st, wait, lease, rate)
-	if st == cancelled {
+	w = bg.apply(now, sent, st, waits, lates, lease, rate, by)
+	switch {
+	case st == cancelled:
 		return 0, fmt.Errorf("sluiceredis: take from %q: take.lua cancelled a call in flight", key)
-	}
-	if lease != "" && (st == taken || st == reserved) {
+	case st == full:
+		// Rather than ask again after a fixed wait, wait to be told that
+		// a lease was given back (see wakers); then at once.
+		b.waitFreed(bg, w)
+		return time.Microsecond, nil
+	case lease != "" && (st == taken || st == reserved):
 		b.keepRenewing()
 	}
 	return w, nil
@@ -285,25 +359,76 @@ func (b *Backend) keepRenewing() {
 
 // renew renews this process's leases every third of the ttl, and returns
 // once it holds none: at the latest on the tick after the last Done, and at
-// once when that Done gave back the last lease of its budget.
+// once when that Done gave back the last lease of its budget. It also
+// gives back the leases of reservations nobody came for once they go stale,
+// so that they do not hold places in flight until the key's next call.
 func (b *Backend) renew() {
 	defer b.wg.Done()
 	t := time.NewTicker(max(b.cfg.leaseTTL/3, time.Millisecond))
 	defer t.Stop()
+	stale := time.NewTimer(time.Hour)
+	defer stale.Stop()
 	for {
 		select {
 		case <-b.done:
 			return
 		case <-t.C:
-			work := b.leasedBudgets()
+			work, next := b.leasedBudgets()
 			if work == nil {
+				b.releaseStale()
 				return
 			}
 			b.renewAll(work)
-		case <-b.idle:
-			if b.leasedBudgets() == nil {
+			resetTimer(stale, next)
+		case <-stale.C:
+			work, next := b.leasedBudgets()
+			b.releaseStale()
+			if work == nil {
 				return
 			}
+			resetTimer(stale, next)
+		case <-b.idle:
+			work, next := b.leasedBudgets()
+			if work == nil {
+				return
+			}
+			resetTimer(stale, next)
+		}
+	}
+}
+
+// resetTimer arms t for at (an hour away if at is zero).
+func resetTimer(t *time.Timer, at time.Time) {
+	d := time.Hour
+	if !at.IsZero() {
+		d = max(time.Until(at), time.Millisecond)
+	}
+	t.Reset(d)
+}
+
+// releaseStale gives back the leases queued for release (those of stale
+// reservations) on every budget, one call per budget, if Redis is up.
+func (b *Backend) releaseStale() {
+	if !b.health.up() {
+		return
+	}
+	b.mu.Lock()
+	budgets := slices.Collect(maps.Values(b.budgets))
+	b.mu.Unlock()
+	for _, bg := range budgets {
+		bg.mu.Lock()
+		ids := bg.takeRelease()
+		bg.mu.Unlock()
+		if len(ids) == 0 {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), b.cfg.timeout)
+		err := runDone(ctx, b.client, bg.keys, ids)
+		cancel()
+		if err != nil && unreachable(err) {
+			bg.requeue(ids)
+			b.failed(time.Now(), err)
+			return
 		}
 	}
 }
@@ -321,28 +446,38 @@ func (b *Backend) maybeIdle(bg *budget) {
 	}
 }
 
-// leasedBudgets returns the budgets on which this process holds leases.
+// leasedBudgets returns the budgets on which this process holds leases,
+// and when the first of their reservations goes stale (zero: none).
 // When there are none it marks the renewer stopped, under mu: a lease taken
 // after that finds it stopped and starts another (see keepRenewing).
-func (b *Backend) leasedBudgets() []*budget {
+func (b *Backend) leasedBudgets() ([]*budget, time.Time) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	var work []*budget
+	var (
+		work []*budget
+		next time.Time
+	)
 	now := time.Now()
 	for _, bg := range b.budgets {
 		bg.mu.Lock()
 		// A reservation nobody came for is not renewed: its lease is
-		// given back with the key's next call, or expires.
+		// given back by releaseStale, with the key's next call, or
+		// expires.
 		bg.prune(now)
 		if bg.leased() {
 			work = append(work, bg)
+		}
+		for _, r := range bg.pending {
+			if r.lease != "" && (next.IsZero() || r.stale.Before(next)) {
+				next = r.stale.Add(time.Millisecond)
+			}
 		}
 		bg.mu.Unlock()
 	}
 	if len(work) == 0 {
 		b.renewing = false
 	}
-	return work
+	return work, next
 }
 
 // renewAll renews this process's leases on the budgets in work, one Redis
@@ -385,7 +520,8 @@ func (b *Backend) renewAll(work []*budget) {
 // Done releases one of this process's leases on key, when WithInFlight is
 // set; otherwise it does nothing. The release is one Redis call bounded by
 // the timeout, which also gives back the leases of this process's stale
-// reservations on key and those whose release did not reach Redis earlier.
+// reservations on key and those whose release did not reach Redis earlier,
+// and wakes the process that has waited longest for a lease on key.
 // While Redis is unreachable it is not tried, and the lease goes with the
 // next call for key (Take, Done or Cool). A lease whose key sees no further
 // call is held until its ttl (WithInFlight) runs out.
@@ -422,7 +558,7 @@ func (b *Backend) Done(key string) {
 	bg.mu.Unlock()
 
 	ctx, cancel := context.WithTimeout(context.Background(), b.cfg.timeout)
-	err := b.client.ZRem(ctx, bg.keys.lease(), toAny(ids)...).Err()
+	err := runDone(ctx, b.client, bg.keys, ids)
 	cancel()
 	if err != nil && unreachable(err) {
 		bg.requeue(ids)
@@ -561,29 +697,62 @@ func (b *Backend) recovered(now time.Time) {
 	}
 }
 
-// takeLocal answers a Take without Redis when it can: during a cooldown it
-// knows of, or from a reservation. bg.mu must be held.
-func (bg *budget) takeLocal(now time.Time) (time.Duration, bool) {
+// takeLocal answers a Take for taker by without Redis when it can: during
+// a cooldown it knows of, or from a reservation of by's. bg.mu must be
+// held.
+func (bg *budget) takeLocal(now time.Time, by any) (time.Duration, bool) {
 	if d := bg.cool.Sub(now); d > 0 {
 		return d, true
 	}
 	bg.prune(now)
-	if len(bg.pending) == 0 {
+	i := slices.IndexFunc(bg.pending, func(r reservation) bool { return r.by == by })
+	if i < 0 {
 		return 0, false
 	}
-	r := bg.pending[0]
+	r := bg.pending[i]
 	if d := r.due.Sub(now); d > 0 {
 		return d, true
 	}
-	bg.pending = bg.pending[1:]
+	bg.pending = slices.Delete(bg.pending, i, i+1)
 	if r.lease != "" {
 		bg.held = append(bg.held, r.lease)
 	}
+	if !r.late.IsZero() && now.After(r.late) {
+		// Sent after its theoretical arrival time, a token adds to a
+		// window the rest of the fleet may have filled: one such token
+		// per taker is the slack the bound allows (as when a call took
+		// one token), so the taker's other tokens that are late too are
+		// dropped.
+		bg.pending = slices.DeleteFunc(bg.pending, func(o reservation) bool {
+			if o.by != by || o.late.IsZero() || !now.After(o.late) {
+				return false
+			}
+			if o.lease != "" {
+				bg.release = append(bg.release, o.lease)
+			}
+			return true
+		})
+	}
+	bg.pace(by).grant(now)
 	return 0, true
 }
 
+// pace returns by's pace, making it. bg.mu must be held.
+func (bg *budget) pace(by any) *pace {
+	p := bg.paces[by]
+	if p == nil {
+		if bg.paces == nil {
+			bg.paces = make(map[any]*pace)
+		}
+		p = &pace{}
+		bg.paces[by] = p
+	}
+	return p
+}
+
 // prune drops the reservations nobody came for in time, and queues their
-// leases for release. bg.mu must be held.
+// leases for release; and forgets the pace of a taker granted nothing for
+// paceIdle (a Transport closed, or an idle lane). bg.mu must be held.
 func (bg *budget) prune(now time.Time) {
 	bg.pending = slices.DeleteFunc(bg.pending, func(r reservation) bool {
 		if !now.After(r.stale) {
@@ -594,7 +763,16 @@ func (bg *budget) prune(now time.Time) {
 		}
 		return true
 	})
+	for by, p := range bg.paces {
+		if now.Sub(p.last) > paceIdle {
+			delete(bg.paces, by)
+		}
+	}
 }
+
+// paceIdle is how long a taker's pace is kept without a grant: longer
+// than any gap it smooths (a second at most).
+const paceIdle = time.Minute
 
 // leased reports whether this process holds leases on the budget in Redis:
 // for attempts granted and not yet done, or with reserved tokens. bg.mu
@@ -633,30 +811,47 @@ func (bg *budget) takeRelease() []string {
 	return ids
 }
 
-// apply records what take.lua decided and returns Take's wait.
-func (bg *budget) apply(now time.Time, st status, wait time.Duration, lease string, rate float64) time.Duration {
+// apply records what take.lua, called at sent, decided, and returns Take's
+// wait. The tokens taken are reserved for the caller's taker, by, and the
+// first due is the caller's (0) if due now.
+func (bg *budget) apply(now, sent time.Time, st status, waits, lates []time.Duration, lease string, rate float64, by any) time.Duration {
 	bg.mu.Lock()
 	defer bg.mu.Unlock()
 	bg.fallen = false // Redis answers for this budget: a later outage is a new one
-	switch st {
-	case taken:
-		if lease != "" {
-			bg.held = append(bg.held, lease)
-		}
-		return 0
-	case reserved:
-		// Counted from after the reply: the token is due no earlier.
-		due := now.Add(wait)
-		r := reservation{due: due, stale: due.Add(staleAfter(rate)), lease: lease}
-		i := len(bg.pending)
-		for i > 0 && bg.pending[i-1].due.After(r.due) {
-			i--
-		}
-		bg.pending = append(bg.pending[:i], append([]reservation{r}, bg.pending[i:]...)...)
-	case cooling:
-		bg.coolUntil(now.Add(wait))
+	if rtt := now.Sub(sent); bg.rtt == 0 {
+		bg.rtt = rtt
+	} else {
+		bg.rtt += (rtt - bg.rtt) / 8
 	}
-	return max(wait, time.Microsecond)
+	switch st {
+	case taken, reserved:
+		for i, wait := range waits {
+			id := ""
+			if lease != "" {
+				id = memberN(lease, i)
+			}
+			// Due counted from after the reply, and late from before the
+			// call: the token is due no earlier, and its theoretical
+			// arrival time is no later.
+			due := now.Add(wait)
+			r := reservation{due: due, stale: due.Add(staleAfter(rate)), lease: id, by: by}
+			if lates != nil {
+				r.late = sent.Add(lates[i])
+			}
+			j := len(bg.pending)
+			for j > 0 && bg.pending[j-1].due.After(r.due) {
+				j--
+			}
+			bg.pending = slices.Insert(bg.pending, j, r)
+		}
+		if w, ok := bg.takeLocal(now, by); ok {
+			return w
+		}
+		return time.Microsecond // dropped at once (a cooldown): ask again
+	case cooling:
+		bg.coolUntil(now.Add(waits[0]))
+	}
+	return max(waits[0], time.Microsecond)
 }
 
 // coolUntil extends the cooldown this process knows of. Reserved tokens due

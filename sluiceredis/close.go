@@ -193,6 +193,7 @@ func (b *Backend) close() error {
 	}
 	budgets := slices.Collect(maps.Values(b.budgets))
 	b.mu.Unlock()
+	b.wakers.close()
 	// The calls under way each end within a timeout, and may leave leases
 	// to give back (a reply, a release to retry, an orphan): wait for them,
 	// and for the goroutines, before collecting what is held.

@@ -61,7 +61,12 @@ func newBackend(t testing.TB, c redis.UniversalClient, opts ...Option) *Backend 
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { checkRenewerStops(t, b) })
+	t.Cleanup(func() {
+		checkRenewerStops(t, b)
+		// A Take that waited for a lease keeps its key's channel
+		// subscribed for a while (see wakers): Close ends that.
+		b.Close()
+	})
 	return b
 }
 

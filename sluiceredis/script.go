@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -40,6 +41,10 @@ var (
 	//go:embed release.lua
 	releaseSrc    string
 	releaseScript = redis.NewScript(releaseSrc)
+
+	//go:embed done.lua
+	doneSrc    string
+	doneScript = redis.NewScript(doneSrc)
 )
 
 // status is what take.lua decided.
@@ -54,8 +59,9 @@ const (
 )
 
 // keys are the Redis keys of one budget, in take.lua's KEYS order: the
-// GCRA state, the cooldown, the leases and the cancelled leases.
-type keys [4]string
+// GCRA state, the cooldown, the leases, the cancelled leases and the
+// waiting marker (also the name of the channel releases are published on).
+type keys [5]string
 
 // newKeys names the keys of the budget named key: prefix + "{" + key +
 // "}:" + a suffix, so that the three share key as their Redis Cluster hash
@@ -72,7 +78,7 @@ func newKeys(prefix, key string) keys {
 	} else {
 		base = prefix + "{" + key + "}:"
 	}
-	return keys{base + "tat", base + "cool", base + "lease", base + "gone"}
+	return keys{base + "tat", base + "cool", base + "lease", base + "gone", base + "freed"}
 }
 
 func (k keys) lease() string { return k[2] }
@@ -81,6 +87,7 @@ func (k keys) lease() string { return k[2] }
 // share.lua), beside the budget's other keys and in their slot.
 func (k keys) shares() string { return k[0][:len(k[0])-len("tat")] + "shares" }
 func (k keys) gone() string   { return k[3] }
+func (k keys) freed() string  { return k[4] }
 
 // takeArgs are take.lua's arguments other than the releases.
 type takeArgs struct {
@@ -89,6 +96,24 @@ type takeArgs struct {
 	leases   int // cap; 0: none
 	leaseTTL time.Duration
 	member   string
+	// want is the most tokens to take (0: one); those after the first
+	// only if due within horizon. The i-th after the first takes the
+	// lease member + "." + i.
+	want    int
+	horizon time.Duration
+	self    string // the calling Backend, woken when a lease comes back
+}
+
+// maxWant bounds the tokens one take.lua call takes.
+const maxWant = 64
+
+// memberN names the lease of the i-th token (from 0) a take.lua call took
+// under member.
+func memberN(member string, i int) string {
+	if i == 0 {
+		return member
+	}
+	return member + "." + strconv.Itoa(i)
 }
 
 // The range of GCRA's arguments, in microseconds. take.lua keeps times in
@@ -124,28 +149,71 @@ func gcra(rate float64, burst int) (interval, tolerance float64) {
 const maxRelease = 256
 
 // runTake runs take.lua: one round trip (two the first time a server sees
-// the script: EVALSHA, then EVAL, which caches it).
-func runTake(ctx context.Context, c redis.Scripter, k keys, a takeArgs, release []string) (status, time.Duration, error) {
+// the script: EVALSHA, then EVAL, which caches it). It returns the wait of
+// each token taken (taken, reserved: the first says which), or the one
+// wait of cooling and full; and for each token taken, how long after the
+// call ran its theoretical arrival time is (see take.lua; nil if not
+// paced).
+func runTake(ctx context.Context, c redis.Scripter, k keys, a takeArgs, release []string) (status, []time.Duration, error) {
+	st, waits, _, err := runTakeLate(ctx, c, k, a, release)
+	return st, waits, err
+}
+
+// runTakeLate is runTake that also returns the theoretical arrival times.
+func runTakeLate(ctx context.Context, c redis.Scripter, k keys, a takeArgs, release []string) (status, []time.Duration, []time.Duration, error) {
 	interval, tolerance := gcra(a.rate, a.burst)
-	args := make([]any, 0, 6+len(release))
+	args := make([]any, 0, 9+len(release))
 	args = append(args,
 		strconv.FormatFloat(interval, 'g', -1, 64),
 		strconv.FormatFloat(tolerance, 'g', -1, 64),
 		a.leases,
 		a.leaseTTL.Microseconds(),
 		a.member,
-		leasePoll.Microseconds())
+		fullWait.Microseconds(),
+		min(max(a.want, 1), maxWant),
+		a.horizon.Microseconds(),
+		a.self)
 	for _, r := range release {
 		args = append(args, r)
 	}
 	v, err := takeScript.Run(ctx, c, k[:], args...).Int64Slice()
 	if err != nil {
-		return 0, 0, err
+		return 0, nil, nil, err
 	}
-	if len(v) != 2 || v[0] < int64(taken) || v[0] > int64(cancelled) || v[1] < 0 {
-		return 0, 0, fmt.Errorf("sluiceredis: take.lua returned %v", v)
+	bad := len(v) < 2 || v[0] < int64(taken) || v[0] > int64(cancelled) || slices.ContainsFunc(v[1:], func(w int64) bool { return w < 0 })
+	n := 1
+	if !bad && (status(v[0]) == taken || status(v[0]) == reserved) {
+		n = (len(v) - 1) / 2
+		bad = len(v) != 1+2*n || n < 1 || n > maxWant
+	} else if len(v) != 2 {
+		bad = true
 	}
-	return status(v[0]), micros(v[1]), nil
+	if bad {
+		return 0, nil, nil, fmt.Errorf("sluiceredis: take.lua returned %v", v)
+	}
+	waits := make([]time.Duration, n)
+	for i, w := range v[1 : 1+n] {
+		waits[i] = micros(w)
+	}
+	var lates []time.Duration
+	if interval, _ := gcra(a.rate, a.burst); interval > 0 && len(v) == 1+2*n {
+		lates = make([]time.Duration, n)
+		for i, t := range v[1+n:] {
+			lates[i] = micros(t)
+		}
+	}
+	return status(v[0]), waits, lates, nil
+}
+
+// runDone runs done.lua: the leases ids are given back, and as many
+// processes that wait for a lease are told.
+func runDone(ctx context.Context, c redis.Scripter, k keys, ids []string) error {
+	args := make([]any, 0, 1+len(ids))
+	args = append(args, fullWait.Microseconds())
+	for _, id := range ids {
+		args = append(args, id)
+	}
+	return doneScript.Run(ctx, c, []string{k.lease(), k.freed()}, args...).Err()
 }
 
 // micros converts a wait from take.lua, saturating.
