@@ -462,11 +462,19 @@ func (l *lane) acquire(ctx context.Context, p Priority, enq time.Duration) (gran
 	if ev := l.cfg.events; ev != nil {
 		ev.push(ctx, Event{Kind: EventQueued, Lane: l.key, Priority: p, Tenant: id, Queued: l.q.len()})
 	}
-	inline := !l.dispatching
-	if inline {
+	inline := false
+	if !l.dispatching {
 		l.dispatching = true
 		if l.kick == nil {
 			l.kick = make(chan struct{}, 1)
+		}
+		// Taking tokens from a Backend, the loop waits on the Backend's
+		// calls, which the caller's context cannot cut short: it runs on
+		// a goroutine of its own, so that a cancelled caller returns at
+		// once.
+		inline = !l.perToken
+		if !inline {
+			go l.dispatch()
 		}
 	} else if l.stalled {
 		// The dispatcher waits for a release because every tenant with
