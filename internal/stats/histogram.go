@@ -98,34 +98,5 @@ func (h *Histogram) Count() uint64 { return h.total }
 // Quantile returns an estimate of the q-quantile (0 <= q <= 1): the midpoint
 // of the bucket holding it. It returns 0 for an empty histogram.
 func (h *Histogram) Quantile(q float64) time.Duration {
-	if h.total == 0 {
-		return 0
-	}
-	if q < 0 {
-		q = 0
-	}
-	if q > 1 {
-		q = 1
-	}
-	// rank is 1-based: the smallest value with at least q of the mass at or below it.
-	rank := uint64(q*float64(h.total) + 0.5)
-	if rank < 1 {
-		rank = 1
-	}
-	seen := h.zeros
-	if seen >= rank {
-		lo, w := lower(0)
-		return lo + w/2
-	}
-	for _, r := range h.rows {
-		for sub, c := range r.counts {
-			seen += c
-			if seen >= rank {
-				lo, w := lower(r.index*subBuckets + sub)
-				return lo + w/2
-			}
-		}
-	}
-	lo, w := lower(numBuckets - 1)
-	return lo + w/2
+	return quantile2(h, &Histogram{}, q)
 }

@@ -65,15 +65,13 @@ func (h *Histogram) reset() {
 	h.zeros, h.total = 0, 0
 }
 
-// quantile2 is Quantile over the sum of a and b.
+// quantile2 is Quantile over the sum of a and b: the midpoint of the
+// bucket holding the q-quantile, or 0 if both are empty.
 func quantile2(a, b *Histogram, q float64) time.Duration {
-	switch {
-	case b.total == 0:
-		return a.Quantile(q)
-	case a.total == 0:
-		return b.Quantile(q)
-	}
 	total := a.total + b.total
+	if total == 0 {
+		return 0
+	}
 	q = min(max(q, 0), 1)
 	rank := max(uint64(q*float64(total)+0.5), 1)
 	seen := a.zeros + b.zeros
