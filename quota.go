@@ -209,16 +209,17 @@ func (m *quotaModel) learn(now time.Time, q headers.Quota) {
 		m.run, m.runSeen, m.runReset, m.runLeft = true, now, reset, q.Remaining
 		return
 	}
+	prior := priorKind(q.Source)
 	var kind limitKind
 	switch {
 	case now.After(m.runReset.Add(slack)):
 		// Weak evidence: a short window may have refilled and been drained
 		// again since its reset, which reads the same. It decides only
 		// where the family has no prior.
-		if q.Limit > 0 && 2*q.Remaining < q.Limit && q.Remaining <= m.runLeft && priorKind(q.Source) == kindUnknown {
+		if q.Limit > 0 && 2*q.Remaining < q.Limit && q.Remaining <= m.runLeft && prior == kindUnknown {
 			kind = kindBucket
 		}
-	case reset.After(m.runReset.Add(slack)) && (priorKind(q.Source) != kindWindow || now.Before(m.runReset)):
+	case reset.After(m.runReset.Add(slack)) && (prior != kindWindow || now.Before(m.runReset)):
 		// Against a window's prior, only a reset that moved before the
 		// stated one came: a short window's next reset, a window later,
 		// is within a coarse reset's slack.
