@@ -76,13 +76,7 @@ func (m *GCRA) Rate() float64 { return float64(m.cfg.Rate) / m.cfg.Per.Seconds()
 func (m *GCRA) Admit(now time.Time, _ *http.Request) Decision {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	d := Decision{Header: http.Header{}}
-	if wait := m.b.wait(now, 1); wait == 0 {
-		d.Accepted = true
-		m.b.take(now, 1)
-	} else {
-		d.Header.Set("Retry-After", ceilSecondsStr(wait))
-	}
+	d := m.b.admit(now)
 	if !m.cfg.NoHeaders {
 		d.Header.Set("X-RateLimit-Limit", itoa(int64(m.cfg.Burst)))
 		d.Header.Set("X-RateLimit-Remaining", itoa(m.b.remaining(now)))

@@ -68,13 +68,7 @@ func (m *IETF) Rate() float64 { return float64(m.cfg.Quota) / m.cfg.Window.Secon
 func (m *IETF) Admit(now time.Time, _ *http.Request) Decision {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	d := Decision{Header: http.Header{}}
-	if wait := m.b.wait(now, 1); wait == 0 {
-		d.Accepted = true
-		m.b.take(now, 1)
-	} else {
-		d.Header.Set("Retry-After", ceilSecondsStr(wait))
-	}
+	d := m.b.admit(now)
 	d.Header.Set("RateLimit-Policy", m.policy)
 	d.Header.Set("RateLimit", fmt.Sprintf("%q;r=%d;t=%d", m.cfg.Name, m.b.remaining(now), ceilSeconds(m.b.untilNext(now))))
 	return d

@@ -76,6 +76,19 @@ func (b *bucket) take(now time.Time, n int64) {
 	b.tat = now.Add(b.untilFull(now) + b.cost(n))
 }
 
+// admit decides one request at now: it takes a token if one is there, and
+// otherwise refuses with Retry-After in whole seconds, rounded up.
+func (b *bucket) admit(now time.Time) Decision {
+	d := Decision{Header: http.Header{}}
+	if wait := b.wait(now, 1); wait == 0 {
+		d.Accepted = true
+		b.take(now, 1)
+	} else {
+		d.Header.Set("Retry-After", ceilSecondsStr(wait))
+	}
+	return d
+}
+
 // remaining is the number of whole tokens in the bucket.
 func (b *bucket) remaining(now time.Time) int64 {
 	return mulDiv(int64(b.fill-b.untilFull(now)), b.capacity, int64(b.fill), false)
