@@ -25,16 +25,7 @@ func TestShort(t *testing.T) {
 	if err := bench(t.Context(), &out, io.Discard, cfg, ms, cs); err != nil {
 		t.Fatal(err)
 	}
-	table := out.String()
-	t.Log(table)
-	for _, c := range cs {
-		if !strings.Contains(table, "| "+c.name+" |") {
-			t.Errorf("table has no column %q", c.name)
-		}
-	}
-	if strings.Contains(table, "error:") {
-		t.Errorf("a run failed:\n%s", table)
-	}
+	checkTable(t, out.String(), cs, func(c client) string { return c.name })
 	// x/time/rate at R against a strict limiter: a share of the rate with
 	// many refusals, whatever the load of the machine (wide slack).
 	_, pair, err := selectRuns("", "^x/time/rate")
@@ -78,16 +69,7 @@ func TestTokensShort(t *testing.T) {
 	if err := benchTokens(t.Context(), &out, io.Discard, cfg, ss, cs); err != nil {
 		t.Fatal(err)
 	}
-	table := out.String()
-	t.Log(table)
-	for _, c := range cs {
-		if !strings.Contains(table, "| "+c.name+" |") {
-			t.Errorf("table has no column %q", c.name)
-		}
-	}
-	if strings.Contains(table, "error:") {
-		t.Errorf("a run failed:\n%s", table)
-	}
+	checkTable(t, out.String(), cs, func(c tokenClient) string { return c.name })
 	for _, s := range ss {
 		r := runTokens(t.Context(), cfg, s, cs[1])
 		if r.err != nil || r.attempts == 0 || r.tokenShare < 0.3 || r.tokenShare > 1.5 {
@@ -96,5 +78,20 @@ func TestTokensShort(t *testing.T) {
 	}
 	if _, _, err := selectTokenRuns("^strict GCRA", ""); err == nil {
 		t.Error("a request model selected a token scenario")
+	}
+}
+
+// checkTable logs a printed table and checks it has a column per client,
+// named by name, and no failed run.
+func checkTable[C any](t *testing.T, table string, cs []C, name func(C) string) {
+	t.Helper()
+	t.Log(table)
+	for _, c := range cs {
+		if !strings.Contains(table, "| "+name(c)+" |") {
+			t.Errorf("table has no column %q", name(c))
+		}
+	}
+	if strings.Contains(table, "error:") {
+		t.Errorf("a run failed:\n%s", table)
 	}
 }
