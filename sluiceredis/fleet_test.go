@@ -1,17 +1,14 @@
 package sluiceredis
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -58,32 +55,11 @@ func TestFleetProcesses(t *testing.T) {
 	stop := start.Add(fleetRun)
 	ctx, cancel := context.WithDeadline(context.Background(), stop.Add(30*time.Second))
 	defer cancel()
-	var wg sync.WaitGroup
-	reports := make([]string, fleetProcs)
-	for i := range fleetProcs {
-		cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestFleetChild$", "-test.v")
-		cmd.SysProcAttr = childProcAttr()
-		cmd.Env = append(os.Environ(),
-			childEnv+"=fleet",
-			"FLEET_REDIS="+srv.Addr(),
-			"FLEET_URL="+up.URL,
-			"FLEET_PROC="+strconv.Itoa(i),
-			"FLEET_START="+strconv.FormatInt(start.UnixNano(), 10),
-			"FLEET_STOP="+strconv.FormatInt(stop.UnixNano(), 10))
-		wg.Go(func() {
-			out, err := cmd.CombinedOutput()
-			if err != nil {
-				t.Errorf("process %d: %v\n%s", i, err, out)
-			}
-			sc := bufio.NewScanner(strings.NewReader(string(out)))
-			for sc.Scan() {
-				if s, ok := strings.CutPrefix(sc.Text(), "fleet: "); ok {
-					reports[i] = s
-				}
-			}
-		})
-	}
-	wg.Wait()
+	reports := startChildren(ctx, t, fleetProcs, "TestFleetChild", "fleet", "fleet: ",
+		"FLEET_REDIS="+srv.Addr(),
+		"FLEET_URL="+up.URL,
+		"FLEET_START="+strconv.FormatInt(start.UnixNano(), 10),
+		"FLEET_STOP="+strconv.FormatInt(stop.UnixNano(), 10))()
 	if t.Failed() {
 		return
 	}

@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"strconv"
 	"sync"
 	"testing"
@@ -68,24 +67,11 @@ func TestFleetFreeze(t *testing.T) {
 	stop := resume.Add(freezeAfter)
 	ctx, cancel := context.WithDeadline(context.Background(), stop.Add(30*time.Second))
 	defer cancel()
-	var wg sync.WaitGroup
-	for i := range freezeProcs {
-		cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestFleetFreezeChild$", "-test.v")
-		cmd.SysProcAttr = childProcAttr()
-		cmd.Env = append(os.Environ(),
-			childEnv+"=freeze",
-			"FLEET_REDIS="+srv.Addr(),
-			"FLEET_URL="+up.URL,
-			"FLEET_PROC="+strconv.Itoa(i),
-			"FLEET_START="+strconv.FormatInt(start.UnixNano(), 10),
-			"FLEET_STOP="+strconv.FormatInt(stop.UnixNano(), 10))
-		wg.Go(func() {
-			out, err := cmd.CombinedOutput()
-			if err != nil {
-				t.Errorf("process %d: %v\n%s", i, err, out)
-			}
-		})
-	}
+	wait := startChildren(ctx, t, freezeProcs, "TestFleetFreezeChild", "freeze", "",
+		"FLEET_REDIS="+srv.Addr(),
+		"FLEET_URL="+up.URL,
+		"FLEET_START="+strconv.FormatInt(start.UnixNano(), 10),
+		"FLEET_STOP="+strconv.FormatInt(stop.UnixNano(), 10))
 	time.Sleep(time.Until(freeze))
 	if err := srv.Pause(); err != nil {
 		t.Fatal(err)
@@ -94,7 +80,7 @@ func TestFleetFreeze(t *testing.T) {
 	if err := srv.Resume(); err != nil {
 		t.Fatal(err)
 	}
-	wg.Wait()
+	wait()
 	if t.Failed() {
 		return
 	}

@@ -1,7 +1,6 @@
 package sluiceredis
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"io"
@@ -9,10 +8,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -63,33 +60,12 @@ func sharesProcesses(t *testing.T, n int) {
 	from, stop := start.Add(4*time.Second), start.Add(14*time.Second)
 	ctx, cancel := context.WithDeadline(context.Background(), stop.Add(30*time.Second))
 	defer cancel()
-	var wg sync.WaitGroup
-	reports := make([]string, n)
-	for i := range n {
-		cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestSharesChild$", "-test.v")
-		cmd.SysProcAttr = childProcAttr()
-		cmd.Env = append(os.Environ(),
-			childEnv+"=shares",
-			"FLEET_REDIS="+srv.Addr(),
-			"FLEET_URL="+up.URL,
-			"FLEET_PROC="+strconv.Itoa(i),
-			"FLEET_FROM="+strconv.FormatInt(from.UnixNano(), 10),
-			"FLEET_START="+strconv.FormatInt(start.UnixNano(), 10),
-			"FLEET_STOP="+strconv.FormatInt(stop.UnixNano(), 10))
-		wg.Go(func() {
-			out, err := cmd.CombinedOutput()
-			if err != nil {
-				t.Errorf("process %d: %v\n%s", i, err, out)
-			}
-			sc := bufio.NewScanner(strings.NewReader(string(out)))
-			for sc.Scan() {
-				if s, ok := strings.CutPrefix(sc.Text(), "shares: "); ok {
-					reports[i] = s
-				}
-			}
-		})
-	}
-	wg.Wait()
+	reports := startChildren(ctx, t, n, "TestSharesChild", "shares", "shares: ",
+		"FLEET_REDIS="+srv.Addr(),
+		"FLEET_URL="+up.URL,
+		"FLEET_FROM="+strconv.FormatInt(from.UnixNano(), 10),
+		"FLEET_START="+strconv.FormatInt(start.UnixNano(), 10),
+		"FLEET_STOP="+strconv.FormatInt(stop.UnixNano(), 10))()
 	if t.Failed() {
 		return
 	}
