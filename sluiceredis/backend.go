@@ -422,15 +422,26 @@ func (b *Backend) releaseStale() {
 		if len(ids) == 0 {
 			continue
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), b.cfg.timeout)
-		err := runDone(ctx, b.client, bg.keys, ids)
-		cancel()
-		if err != nil && unreachable(err) {
-			bg.requeue(ids)
-			b.failed(time.Now(), err)
+		if !b.release(bg, ids) {
 			return
 		}
 	}
+}
+
+// release gives the leases ids of bg back in Redis, and reports whether
+// Redis was reached. If not, they are queued again and the Backend marked
+// down. An error reply (the lease key holds another type) would come
+// again: the leases are left to expire.
+func (b *Backend) release(bg *budget, ids []string) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), b.cfg.timeout)
+	err := runDone(ctx, b.client, bg.keys, ids)
+	cancel()
+	if err != nil && unreachable(err) {
+		bg.requeue(ids)
+		b.failed(time.Now(), err)
+		return false
+	}
+	return true
 }
 
 // maybeIdle lets the renewer look at once, rather than at its next tick,
@@ -556,16 +567,7 @@ func (b *Backend) Done(key string) {
 	}
 	ids := bg.takeRelease()
 	bg.mu.Unlock()
-
-	ctx, cancel := context.WithTimeout(context.Background(), b.cfg.timeout)
-	err := runDone(ctx, b.client, bg.keys, ids)
-	cancel()
-	if err != nil && unreachable(err) {
-		bg.requeue(ids)
-		b.failed(time.Now(), err)
-	}
-	// An error reply (the lease key holds another type) would come again:
-	// the leases are left to expire.
+	b.release(bg, ids)
 }
 
 // Cool records that nothing may be sent under key before until, in this
