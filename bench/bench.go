@@ -155,15 +155,21 @@ func (t *rateSem) RoundTrip(r *http.Request) (*http.Response, error) {
 	if err := t.lim.Wait(r.Context()); err != nil {
 		return nil, err
 	}
-	if err := t.sem.Acquire(r.Context(), 1); err != nil {
+	return sendHeld(t.sem, t.base, r)
+}
+
+// sendHeld sends r through base holding one of sem's slots until the
+// response body is done, as a hand-built in-flight bound does.
+func sendHeld(sem *semaphore.Weighted, base http.RoundTripper, r *http.Request) (*http.Response, error) {
+	if err := sem.Acquire(r.Context(), 1); err != nil {
 		return nil, err
 	}
-	resp, err := t.base.RoundTrip(r)
+	resp, err := base.RoundTrip(r)
 	if err != nil {
-		t.sem.Release(1)
+		sem.Release(1)
 		return nil, err
 	}
-	resp.Body = &releaseBody{ReadCloser: resp.Body, release: func() { t.sem.Release(1) }}
+	resp.Body = &releaseBody{ReadCloser: resp.Body, release: func() { sem.Release(1) }}
 	return resp, nil
 }
 

@@ -100,16 +100,7 @@ func (t *rateWaitN) RoundTrip(r *http.Request) (*http.Response, error) {
 			return nil, err
 		}
 	}
-	if err := t.sem.Acquire(ctx, 1); err != nil {
-		return nil, err
-	}
-	resp, err := t.base.RoundTrip(r)
-	if err != nil {
-		t.sem.Release(1)
-		return nil, err
-	}
-	resp.Body = &releaseBody{ReadCloser: resp.Body, release: func() { t.sem.Release(1) }}
-	return resp, nil
+	return sendHeld(t.sem, t.base, r)
 }
 
 // tokenCallers is how many callers a token run has: the token budget, not
