@@ -290,7 +290,11 @@ func TestSharesInFlight(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	// At no instant did the places granted add up to more than 4.
+	// At no instant did the places granted add up to more than 4. A share
+	// that shrinks is given up in Redis when its call runs, and reaches the
+	// process a round trip later (the slack the package doc states): a
+	// smaller grant received within a refresh after an instant counts from
+	// that instant.
 	ga, gb := la.since(time.Time{}), lb.since(time.Time{})
 	for _, g := range append(ga, gb...) {
 		held := 0
@@ -301,9 +305,17 @@ func TestSharesInFlight(t *testing.T) {
 					last = k
 				}
 			}
-			if last >= 0 {
-				held += gs[last].s.InFlight
+			if last < 0 {
+				continue
 			}
+			n := gs[last].s.InFlight
+			for _, h := range gs[last+1:] {
+				if h.at.Sub(g.at) > refresh {
+					break
+				}
+				n = min(n, h.s.InFlight)
+			}
+			held += n
 		}
 		if held > 4 {
 			t.Fatalf("%d places granted at %v, over the cap of 4", held, g.at)
