@@ -68,19 +68,6 @@ func withTaker(cfg *config) context.Context {
 	return context.WithValue(context.Background(), takerKey{}, cfg)
 }
 
-// WithBackend makes every lane draw its tokens from b instead of a budget of
-// its own (see Backend). The lane's key names the budget in b, so processes
-// that share a key share its budget.
-func WithBackend(b Backend) Option {
-	return optionFunc(func(c *config) error {
-		if b == nil {
-			return invalid("WithBackend(nil): the backend must not be nil")
-		}
-		c.backend = b
-		return nil
-	})
-}
-
 // A Leaser is a Backend that can lease: instead of a call to Take for every
 // attempt, it hands each lane on a key a share of the key's budget (a rate,
 // a burst and a number of attempts in flight), which the lane paces locally,

@@ -12,79 +12,10 @@ import (
 // to three (OpenAI's tokens, Anthropic's input, output and total tokens).
 const maxBudgets = 8
 
-// WithBudget gives every lane a budget besides its request rate: n units of
-// name per period per, held in a bucket of n units (a period's worth, as
-// OpenAI and Anthropic keep their token limits). A request draws on it by
-// the cost its context carries (see WithCost), and waits, in priority
-// order, until every budget it draws on can pay; a cost above n is refused
-// at once (ReasonCost). For example:
-//
-//	sluice.WithRate(500, time.Minute), sluice.WithBudget("tokens", 30000, time.Minute)
-//
-// When a response states what remains of a budget of the same name (OpenAI's
-// x-ratelimit-*-tokens is "tokens"; Anthropic's anthropic-ratelimit-*
-// are "tokens", "input-tokens" and "output-tokens"), the lane takes the
-// server's count, less what it sent since and what it sent before that is
-// not answered yet (it may reach the server later). Names must be distinct
-// and non-empty; at most 8 budgets.
-func WithBudget(name string, n int, per time.Duration) Option {
-	return optionFunc(func(c *config) error {
-		switch {
-		case name == "":
-			return invalid("WithBudget(%q, %d, %v): name must not be empty", name, n, per)
-		case n <= 0:
-			return invalid("WithBudget(%q, %d, %v): n must be positive", name, n, per)
-		case per <= 0:
-			return invalid("WithBudget(%q, %d, %v): per must be positive", name, n, per)
-		case float64(n)/per.Seconds() > 1e12:
-			return invalid("WithBudget(%q, %d, %v): %v per second is out of range", name, n, per, float64(n)/per.Seconds())
-		case len(c.budgets) == maxBudgets:
-			return invalid("WithBudget(%q, %d, %v): more than %d budgets", name, n, per, maxBudgets)
-		}
-		for _, b := range c.budgets {
-			if b.name == name {
-				return invalid("WithBudget(%q, %d, %v): budget %q is already set", name, n, per, name)
-			}
-		}
-		c.budgets = append(c.budgets, budgetConfig{name, n, per})
-		return nil
-	})
-}
-
 type budgetConfig struct {
 	name string
 	n    int
 	per  time.Duration
-}
-
-type costKey struct{}
-
-// A cost is one entry of the costs a context carries, newest first.
-type cost struct {
-	name string
-	n    float64
-	next *cost
-}
-
-// WithCost returns a copy of ctx whose requests cost n units of the budget
-// named name (see WithBudget), for example the prompt's tokens plus
-// max_tokens. Costs of several budgets accumulate; a later cost of the same
-// budget replaces an earlier one. A cost of a budget the lane does not have
-// is ignored. Every attempt, retries included, pays its cost. n must not be
-// negative; a negative n is taken as 0.
-func WithCost(ctx context.Context, name string, n int) context.Context {
-	next, _ := ctx.Value(costKey{}).(*cost)
-	return context.WithValue(ctx, costKey{}, &cost{name, float64(max(n, 0)), next})
-}
-
-// CostFrom returns the cost of the budget named name that ctx carries, or 0.
-func CostFrom(ctx context.Context, name string) int {
-	for c, _ := ctx.Value(costKey{}).(*cost); c != nil; c = c.next {
-		if c.name == name {
-			return int(c.n)
-		}
-	}
-	return 0
 }
 
 // budget is a lane's account of one budget.

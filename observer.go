@@ -22,19 +22,6 @@ type ObserverFunc func(ctx context.Context, e Event)
 // Observe calls f(ctx, e).
 func (f ObserverFunc) Observe(ctx context.Context, e Event) { f(ctx, e) }
 
-// WithObserver adds o to the Observers of the Transport's events. It may be
-// given more than once; each Observer sees every event, in order. Without
-// one, a request pays one nil check for them.
-func WithObserver(o Observer) Option {
-	return optionFunc(func(c *config) error {
-		if o == nil {
-			return invalid("WithObserver(nil): the observer must not be nil")
-		}
-		c.observers = append(c.observers, o)
-		return nil
-	})
-}
-
 // WaitEvents returns when every event so far has reached the Observers, or
 // ctx ends; with no Observer it returns at once. A test, or a service
 // shutting down, calls it before reading what its Observers recorded.

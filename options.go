@@ -364,3 +364,141 @@ func (c *config) validate() error {
 	}
 	return nil
 }
+
+// WithTenantShare caps one tenant's attempts in flight at level p to
+// max(1, floor(limit x share)), where limit is the lane's in-flight limit at
+// the time (so the cap follows the adaptive limit). share must be in (0, 1].
+// The floor of 1 is deliberate: a share that rounds to zero still lets the
+// tenant send one attempt at a time, never none.
+//
+// A waiter whose tenant is at its cap keeps its place (and its aging) in the
+// queue while the gate serves other tenants' waiters, and is served as soon
+// as its tenant drops under the cap, or the limit grows. Requests without a
+// tenant are one tenant, the anonymous one, and are capped like any other:
+// with a share for level p, tag every caller of that level. By default no
+// level has a cap: tenants only take turns.
+func WithTenantShare(p Priority, share float64) Option {
+	return optionFunc(func(c *config) error {
+		if !p.valid() {
+			return invalid("WithTenantShare(%v, %v): unknown priority", p, share)
+		}
+		if !(share > 0 && share <= 1) { // also refuses NaN
+			return invalid("WithTenantShare(%v, %v): share must be in (0, 1]", p, share)
+		}
+		c.tenantShare[p] = share
+		return nil
+	})
+}
+
+// WithTenantQueue refuses, with ReasonTenantQueue, a request whose tenant
+// already has n attempts waiting in the lane, so that one tenant's flood is
+// turned away at once rather than queued behind its own backlog. It applies
+// to requests that carry a tenant (WithTenant), not to the anonymous tenant;
+// WithMaxQueue bounds the lane as a whole. n must be at least 1. By default
+// a tenant's queue is not bounded.
+func WithTenantQueue(n int) Option {
+	return optionFunc(func(c *config) error {
+		if n < 1 {
+			return invalid("WithTenantQueue(%d): n must be at least 1", n)
+		}
+		c.tenantQueue = n
+		return nil
+	})
+}
+
+// WithMaxQueue refuses, with ReasonQueueFull, a request that finds n
+// attempts already waiting in its lane: past some depth a queue only adds
+// latency, and the caller is better told at once. n must be at least 1. By
+// default the queue is not bounded; requests with deadlines are refused
+// early by their estimated wait anyway.
+func WithMaxQueue(n int) Option {
+	return optionFunc(func(c *config) error {
+		if n < 1 {
+			return invalid("WithMaxQueue(%d): n must be at least 1", n)
+		}
+		c.maxQueue = n
+		return nil
+	})
+}
+
+// WithBudget gives every lane a budget besides its request rate: n units of
+// name per period per, held in a bucket of n units (a period's worth, as
+// OpenAI and Anthropic keep their token limits). A request draws on it by
+// the cost its context carries (see WithCost), and waits, in priority
+// order, until every budget it draws on can pay; a cost above n is refused
+// at once (ReasonCost). For example:
+//
+//	sluice.WithRate(500, time.Minute), sluice.WithBudget("tokens", 30000, time.Minute)
+//
+// When a response states what remains of a budget of the same name (OpenAI's
+// x-ratelimit-*-tokens is "tokens"; Anthropic's anthropic-ratelimit-*
+// are "tokens", "input-tokens" and "output-tokens"), the lane takes the
+// server's count, less what it sent since and what it sent before that is
+// not answered yet (it may reach the server later). Names must be distinct
+// and non-empty; at most 8 budgets.
+func WithBudget(name string, n int, per time.Duration) Option {
+	return optionFunc(func(c *config) error {
+		switch {
+		case name == "":
+			return invalid("WithBudget(%q, %d, %v): name must not be empty", name, n, per)
+		case n <= 0:
+			return invalid("WithBudget(%q, %d, %v): n must be positive", name, n, per)
+		case per <= 0:
+			return invalid("WithBudget(%q, %d, %v): per must be positive", name, n, per)
+		case float64(n)/per.Seconds() > 1e12:
+			return invalid("WithBudget(%q, %d, %v): %v per second is out of range", name, n, per, float64(n)/per.Seconds())
+		case len(c.budgets) == maxBudgets:
+			return invalid("WithBudget(%q, %d, %v): more than %d budgets", name, n, per, maxBudgets)
+		}
+		for _, b := range c.budgets {
+			if b.name == name {
+				return invalid("WithBudget(%q, %d, %v): budget %q is already set", name, n, per, name)
+			}
+		}
+		c.budgets = append(c.budgets, budgetConfig{name, n, per})
+		return nil
+	})
+}
+
+// WithRetryBudget sets the retry budget: over any RetryBudgetWindow, a
+// lane's retries may number at most ratio x its first attempts, plus min.
+// A retry the budget refuses is not made: the last response is returned.
+// Defaults DefaultRetryRatio (0.2) and DefaultRetryMin (10).
+func WithRetryBudget(ratio float64, min int) Option {
+	return optionFunc(func(c *config) error {
+		if !(ratio >= 0 && ratio <= 1) {
+			return invalid("WithRetryBudget(%v, %d): ratio must be in [0, 1]", ratio, min)
+		}
+		if min < 0 {
+			return invalid("WithRetryBudget(%v, %d): min must not be negative", ratio, min)
+		}
+		c.retryRatio, c.retryMin = ratio, min
+		return nil
+	})
+}
+
+// WithBackend makes every lane draw its tokens from b instead of a budget of
+// its own (see Backend). The lane's key names the budget in b, so processes
+// that share a key share its budget.
+func WithBackend(b Backend) Option {
+	return optionFunc(func(c *config) error {
+		if b == nil {
+			return invalid("WithBackend(nil): the backend must not be nil")
+		}
+		c.backend = b
+		return nil
+	})
+}
+
+// WithObserver adds o to the Observers of the Transport's events. It may be
+// given more than once; each Observer sees every event, in order. Without
+// one, a request pays one nil check for them.
+func WithObserver(o Observer) Option {
+	return optionFunc(func(c *config) error {
+		if o == nil {
+			return invalid("WithObserver(nil): the observer must not be nil")
+		}
+		c.observers = append(c.observers, o)
+		return nil
+	})
+}

@@ -39,23 +39,6 @@ const (
 	RetryBudgetWindow = 10 * time.Second
 )
 
-// WithRetryBudget sets the retry budget: over any RetryBudgetWindow, a
-// lane's retries may number at most ratio x its first attempts, plus min.
-// A retry the budget refuses is not made: the last response is returned.
-// Defaults DefaultRetryRatio (0.2) and DefaultRetryMin (10).
-func WithRetryBudget(ratio float64, min int) Option {
-	return optionFunc(func(c *config) error {
-		if !(ratio >= 0 && ratio <= 1) {
-			return invalid("WithRetryBudget(%v, %d): ratio must be in [0, 1]", ratio, min)
-		}
-		if min < 0 {
-			return invalid("WithRetryBudget(%v, %d): min must not be negative", ratio, min)
-		}
-		c.retryRatio, c.retryMin = ratio, min
-		return nil
-	})
-}
-
 // retryBudget counts first attempts and retries over RetryBudgetWindow.
 // The lane's mutex guards it.
 type retryBudget struct {

@@ -12,8 +12,9 @@ import (
 	"testing"
 	"testing/synctest"
 
-	"github.com/hashicorp/go-retryablehttp"
 	"time"
+
+	"github.com/hashicorp/go-retryablehttp"
 
 	"github.com/sluice-go/sluice/internal/upstream"
 )

@@ -152,3 +152,13 @@ func (l *lane) stats() LaneStats {
 	}
 	return ls
 }
+
+// TopTenants is how many tenants LevelStats.Top lists.
+const TopTenants = 5
+
+// TenantStats is a snapshot of one tenant's work at one level of a lane.
+type TenantStats struct {
+	ID       string // "" for the anonymous tenant
+	InFlight int
+	Queued   int
+}

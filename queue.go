@@ -1,57 +1,9 @@
 package sluice
 
 import (
-	"context"
-	"fmt"
 	"math"
 	"time"
 )
-
-// Priority orders requests that wait for the same lane. Lower values are
-// served first. The zero value is Interactive; a context without a priority
-// is Normal.
-type Priority int
-
-const (
-	Interactive Priority = iota // a person is waiting: served first
-	Normal                      // requests whose context carries no priority
-	Batch                       // background work: served last
-
-	numLevels = 3
-)
-
-// String returns "interactive", "normal", "batch", or "Priority(n)".
-func (p Priority) String() string {
-	switch p {
-	case Interactive:
-		return "interactive"
-	case Normal:
-		return "normal"
-	case Batch:
-		return "batch"
-	}
-	return fmt.Sprintf("Priority(%d)", int(p))
-}
-
-func (p Priority) valid() bool { return p >= Interactive && p <= Batch }
-
-type priorityKey struct{}
-
-// WithPriority returns a copy of ctx that carries p. Requests made with the
-// returned context wait at that level. A priority outside Interactive..Batch
-// is stored as given and read back by PriorityFrom as Normal.
-func WithPriority(ctx context.Context, p Priority) context.Context {
-	return context.WithValue(ctx, priorityKey{}, p)
-}
-
-// PriorityFrom returns the priority carried by ctx, or Normal when it carries
-// none (or one that is not a defined level).
-func PriorityFrom(ctx context.Context) Priority {
-	if p, ok := ctx.Value(priorityKey{}).(Priority); ok && p.valid() {
-		return p
-	}
-	return Normal
-}
 
 // A waiter is one attempt queued at a lane's gate. ready is closed when the
 // dispatcher grants it a token and a slot; granted records that under the
@@ -116,7 +68,7 @@ func (h *waiterHeap) Pop() any {
 // compared first. WithLowShare gives every n-th grant to the lowest level
 // that has a waiter it may serve.
 //
-// Within a level, tenants take turns (see tenant.go): each level keeps a
+// Within a level, tenants take turns (see level.go): each level keeps a
 // rotation of the tenants that have waiters and are under their in-flight
 // cap, and the level's candidate is the first waiter (in rank order, so
 // FIFO) of the tenant at the front of the rotation. A grant sends that

@@ -2,84 +2,9 @@ package sluice
 
 import (
 	"container/heap"
-	"context"
 	"math"
 	"slices"
 )
-
-type tenantKey struct{}
-
-// WithTenant returns a copy of ctx that carries a tenant id: whose work the
-// requests made with it are, for example the customer a service calls the
-// upstream on behalf of. Within a priority level, tenants take turns at a
-// lane's gate, and WithTenantShare caps what one tenant holds in flight.
-// Requests without a tenant share one anonymous tenant (the empty id).
-func WithTenant(ctx context.Context, id string) context.Context {
-	return context.WithValue(ctx, tenantKey{}, id)
-}
-
-// TenantFrom returns the tenant id carried by ctx, or "" (the anonymous
-// tenant) when it carries none.
-func TenantFrom(ctx context.Context) string {
-	id, _ := ctx.Value(tenantKey{}).(string)
-	return id
-}
-
-// WithTenantShare caps one tenant's attempts in flight at level p to
-// max(1, floor(limit x share)), where limit is the lane's in-flight limit at
-// the time (so the cap follows the adaptive limit). share must be in (0, 1].
-// The floor of 1 is deliberate: a share that rounds to zero still lets the
-// tenant send one attempt at a time, never none.
-//
-// A waiter whose tenant is at its cap keeps its place (and its aging) in the
-// queue while the gate serves other tenants' waiters, and is served as soon
-// as its tenant drops under the cap, or the limit grows. Requests without a
-// tenant are one tenant, the anonymous one, and are capped like any other:
-// with a share for level p, tag every caller of that level. By default no
-// level has a cap: tenants only take turns.
-func WithTenantShare(p Priority, share float64) Option {
-	return optionFunc(func(c *config) error {
-		if !p.valid() {
-			return invalid("WithTenantShare(%v, %v): unknown priority", p, share)
-		}
-		if !(share > 0 && share <= 1) { // also refuses NaN
-			return invalid("WithTenantShare(%v, %v): share must be in (0, 1]", p, share)
-		}
-		c.tenantShare[p] = share
-		return nil
-	})
-}
-
-// WithTenantQueue refuses, with ReasonTenantQueue, a request whose tenant
-// already has n attempts waiting in the lane, so that one tenant's flood is
-// turned away at once rather than queued behind its own backlog. It applies
-// to requests that carry a tenant (WithTenant), not to the anonymous tenant;
-// WithMaxQueue bounds the lane as a whole. n must be at least 1. By default
-// a tenant's queue is not bounded.
-func WithTenantQueue(n int) Option {
-	return optionFunc(func(c *config) error {
-		if n < 1 {
-			return invalid("WithTenantQueue(%d): n must be at least 1", n)
-		}
-		c.tenantQueue = n
-		return nil
-	})
-}
-
-// WithMaxQueue refuses, with ReasonQueueFull, a request that finds n
-// attempts already waiting in its lane: past some depth a queue only adds
-// latency, and the caller is better told at once. n must be at least 1. By
-// default the queue is not bounded; requests with deadlines are refused
-// early by their estimated wait anyway.
-func WithMaxQueue(n int) Option {
-	return optionFunc(func(c *config) error {
-		if n < 1 {
-			return invalid("WithMaxQueue(%d): n must be at least 1", n)
-		}
-		c.maxQueue = n
-		return nil
-	})
-}
 
 // A tenant is one tenant's work at one level of one lane: its waiters, in
 // rank order, and its attempts in flight. Named tenants live in their level's
@@ -333,16 +258,6 @@ func (lv *levelQueue) each(f func(*tenant)) {
 	for _, t := range lv.named.m {
 		f(t)
 	}
-}
-
-// TopTenants is how many tenants LevelStats.Top lists.
-const TopTenants = 5
-
-// TenantStats is a snapshot of one tenant's work at one level of a lane.
-type TenantStats struct {
-	ID       string // "" for the anonymous tenant
-	InFlight int
-	Queued   int
 }
 
 // tenantStats fills s with the level's tenant count and its busiest

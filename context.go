@@ -1,0 +1,121 @@
+package sluice
+
+import (
+	"context"
+	"fmt"
+)
+
+// Priority orders requests that wait for the same lane. Lower values are
+// served first. The zero value is Interactive; a context without a priority
+// is Normal.
+type Priority int
+
+const (
+	Interactive Priority = iota // a person is waiting: served first
+	Normal                      // requests whose context carries no priority
+	Batch                       // background work: served last
+
+	numLevels = 3
+)
+
+// String returns "interactive", "normal", "batch", or "Priority(n)".
+func (p Priority) String() string {
+	switch p {
+	case Interactive:
+		return "interactive"
+	case Normal:
+		return "normal"
+	case Batch:
+		return "batch"
+	}
+	return fmt.Sprintf("Priority(%d)", int(p))
+}
+
+func (p Priority) valid() bool { return p >= Interactive && p <= Batch }
+
+type priorityKey struct{}
+
+// WithPriority returns a copy of ctx that carries p. Requests made with the
+// returned context wait at that level. A priority outside Interactive..Batch
+// is stored as given and read back by PriorityFrom as Normal.
+func WithPriority(ctx context.Context, p Priority) context.Context {
+	return context.WithValue(ctx, priorityKey{}, p)
+}
+
+// PriorityFrom returns the priority carried by ctx, or Normal when it carries
+// none (or one that is not a defined level).
+func PriorityFrom(ctx context.Context) Priority {
+	if p, ok := ctx.Value(priorityKey{}).(Priority); ok && p.valid() {
+		return p
+	}
+	return Normal
+}
+
+type tenantKey struct{}
+
+// WithTenant returns a copy of ctx that carries a tenant id: whose work the
+// requests made with it are, for example the customer a service calls the
+// upstream on behalf of. Within a priority level, tenants take turns at a
+// lane's gate, and WithTenantShare caps what one tenant holds in flight.
+// Requests without a tenant share one anonymous tenant (the empty id).
+func WithTenant(ctx context.Context, id string) context.Context {
+	return context.WithValue(ctx, tenantKey{}, id)
+}
+
+// TenantFrom returns the tenant id carried by ctx, or "" (the anonymous
+// tenant) when it carries none.
+func TenantFrom(ctx context.Context) string {
+	id, _ := ctx.Value(tenantKey{}).(string)
+	return id
+}
+
+type holdStreamKey struct{}
+
+// HoldStream returns a copy of ctx whose streamed responses hold their
+// in-flight slot until their body is done, as other responses do.
+//
+// By default a response that streams (Content-Type text/event-stream, as
+// LLM APIs send a completion token by token) gives its slot back when its
+// headers arrive, and the time to them is its latency sample: a stream of
+// minutes would otherwise hold back the lane's quick calls, and teach the
+// adaptive limit a latency that starves them. Its rate token was spent
+// when it was sent, as for any request. Use HoldStream where the server
+// limits concurrent streams, not only their rate.
+func HoldStream(ctx context.Context) context.Context {
+	return context.WithValue(ctx, holdStreamKey{}, true)
+}
+
+func holdsStream(ctx context.Context) bool {
+	hold, _ := ctx.Value(holdStreamKey{}).(bool)
+	return hold
+}
+
+type costKey struct{}
+
+// A cost is one entry of the costs a context carries, newest first.
+type cost struct {
+	name string
+	n    float64
+	next *cost
+}
+
+// WithCost returns a copy of ctx whose requests cost n units of the budget
+// named name (see WithBudget), for example the prompt's tokens plus
+// max_tokens. Costs of several budgets accumulate; a later cost of the same
+// budget replaces an earlier one. A cost of a budget the lane does not have
+// is ignored. Every attempt, retries included, pays its cost. n must not be
+// negative; a negative n is taken as 0.
+func WithCost(ctx context.Context, name string, n int) context.Context {
+	next, _ := ctx.Value(costKey{}).(*cost)
+	return context.WithValue(ctx, costKey{}, &cost{name, float64(max(n, 0)), next})
+}
+
+// CostFrom returns the cost of the budget named name that ctx carries, or 0.
+func CostFrom(ctx context.Context, name string) int {
+	for c, _ := ctx.Value(costKey{}).(*cost); c != nil; c = c.next {
+		if c.name == name {
+			return int(c.n)
+		}
+	}
+	return 0
+}
