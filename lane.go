@@ -336,19 +336,31 @@ func (l *lane) refuse(ctx context.Context, now time.Time, p Priority, tn *tenant
 	return rej
 }
 
-// A grant is what acquire hands an attempt: the enqueue time of its logical
-// request's first attempt (for the next attempt to keep its place), the time
-// of the grant (from which its latency is measured), its tenant (whose
-// in-flight count it is part of until release), and whether its latency is
-// measured (see timeNext).
+// A grant is an attempt's token and in-flight slot, as acquire hands them
+// out. Exactly one of Done and Drop gives it back. It also carries the
+// enqueue time of its logical request's first attempt (for the next attempt
+// to keep its place), its tenant (whose in-flight count it is part of until
+// it is given back), its charge to the lane's budgets, and whether its
+// latency is measured (see timeNext). A grant is a value; the zero grant
+// holds nothing.
 type grant struct {
-	enq, start time.Duration // on the lane's clock
+	l          *lane
+	enq, start time.Duration // on the lane's clock; start: latency is measured from it
 	tn         *tenant
 	timed      bool
 	ch         *charge       // what it cost the lane's budgets
 	at         time.Duration // when it was handed out, on the lane's clock
 	wait       time.Duration // how long this attempt queued for it
 }
+
+// Done gives back the slot of an attempt that was sent and is finished, with
+// its response's status (0: the base transport failed): the lane counts the
+// response and, if the grant is timed, its latency.
+func (g grant) Done(status int) { g.l.release(g, status) }
+
+// Drop gives back the token and the slot of an attempt that was granted but
+// not sent, as if the grant had not been made.
+func (g grant) Drop() { g.l.refund(g.tn, g.ch, g.at) }
 
 // testHookGrant, set only by tests, sees every grant a lane makes, at its
 // reading of the lane's clock, with the lane's lock held: the hand-off
@@ -443,7 +455,7 @@ func (l *lane) acquire(ctx context.Context, p Priority, enq time.Duration) (gran
 		l.mu.Unlock()
 		// The grant time is the send time, give or take the few
 		// nanoseconds until the caller sends: no clock read is needed.
-		return grant{enq, now, tn, timed, ch, now, 0}, nil
+		return grant{l, enq, now, tn, timed, ch, now, 0}, nil
 	}
 	if err := ctx.Err(); err != nil {
 		lv.forget(tn)
@@ -495,7 +507,7 @@ func (l *lane) acquire(ctx context.Context, p Priority, enq time.Duration) (gran
 		if w.err != nil {
 			return grant{enq: enq}, w.err
 		}
-		return grant{enq, l.clock(), tn, w.timed, ch, w.at, w.at - now}, nil
+		return grant{l, enq, l.clock(), tn, w.timed, ch, w.at, w.at - now}, nil
 	case <-ctx.Done():
 		l.mu.Lock()
 		refunded, failed := false, false
@@ -605,11 +617,11 @@ func (l *lane) refundLocked(tn *tenant, ch *charge, at time.Duration) {
 	l.wake()
 }
 
-// release returns the slot of an attempt of tenant tn sent at start that
-// finished with status (0: the base transport failed), counts the response
-// for feedback and, if the attempt was timed, feeds its latency to the
-// concurrency controller.
-func (l *lane) release(start time.Duration, tn *tenant, status int, timed bool) {
+// release returns the slot of g's attempt, finished with status (0: the
+// base transport failed), counts the response for feedback and, if g is
+// timed, feeds its latency to the concurrency controller. See grant.Done.
+func (l *lane) release(g grant, status int) {
+	start, tn, timed := g.start, g.tn, g.timed
 	var d time.Duration
 	if timed {
 		d = l.clock()

@@ -287,7 +287,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 func (t *Transport) attempt(l *lane, req *http.Request, p Priority, enq time.Duration, n int) (*http.Response, time.Duration, error) {
 	ctx := req.Context()
 	g, err := l.acquire(ctx, p, enq)
-	enq, start := g.enq, g.start
+	enq = g.enq
 	if err == errLaneGone {
 		return nil, enq, err // nothing was taken; do tries the live lane
 	}
@@ -308,20 +308,20 @@ func (t *Transport) attempt(l *lane, req *http.Request, p Priority, enq time.Dur
 	if err := ctx.Err(); err != nil {
 		// Cancelled between grant and send: nothing was sent, so the token
 		// and the slot go back.
-		l.refund(g.tn, g.ch, g.at)
+		g.Drop()
 		closeBody(req)
 		return nil, enq, err
 	}
-	resp, err := t.send(l, req, g)
+	resp, err := t.send(req, g)
 	if err != nil || resp == nil {
 		l.dropCharge(g.ch)
 	}
 	if err != nil {
-		l.release(start, g.tn, 0, g.timed)
+		g.Done(0)
 		return nil, enq, err
 	}
 	if resp == nil {
-		l.release(start, g.tn, 0, g.timed)
+		g.Done(0)
 		return nil, enq, errNilResponse
 	}
 	// status is what the lane learns from when the attempt is done: a
@@ -344,20 +344,21 @@ func (t *Transport) attempt(l *lane, req *http.Request, p Priority, enq time.Dur
 	// come: its slot goes back, and its latency is the time to them.
 	if resp.StatusCode == http.StatusSwitchingProtocols || resp.Body == nil || resp.Body == http.NoBody ||
 		isStream(resp) && !holdsStream(ctx) {
-		l.release(start, g.tn, status, g.timed)
+		g.Done(status)
 		return resp, enq, nil
 	}
-	resp.Body = t.wrap(ctx, resp.Body, l, start, g.tn, status, g.timed)
+	resp.Body = t.wrap(ctx, resp.Body, g, status)
 	return resp, enq, nil
 }
 
 // send hands req to the base. If the base panics, the attempt's slot is
 // given back and the panic goes on: nothing is recovered.
-func (t *Transport) send(l *lane, req *http.Request, g grant) (*http.Response, error) {
+func (t *Transport) send(req *http.Request, g grant) (*http.Response, error) {
 	returned := false
 	defer func() {
 		if !returned {
-			l.release(g.start, g.tn, 0, false)
+			g.timed = false
+			g.Done(0)
 		}
 	}()
 	resp, err := t.baseRT().RoundTrip(req)
@@ -411,12 +412,9 @@ type body struct {
 // does not keep the body reachable.
 type hold struct {
 	t      *Transport
-	l      *lane
 	ctx    context.Context
-	start  time.Duration // on the lane's clock
-	tn     *tenant
+	g      grant
 	status int
-	timed  bool
 	done   atomic.Bool
 	stop   func() bool // stops the context.AfterFunc; nil if none
 }
@@ -439,8 +437,8 @@ var leakTokens = sync.Pool{New: func() any {
 
 // wrap returns rc wrapped so that the slot is released once, when the first
 // of the ways listed at body happens.
-func (t *Transport) wrap(ctx context.Context, rc io.ReadCloser, l *lane, start time.Duration, tn *tenant, status int, timed bool) *body {
-	h := &hold{t: t, l: l, ctx: ctx, start: start, tn: tn, status: status, timed: timed}
+func (t *Transport) wrap(ctx context.Context, rc io.ReadCloser, g grant, status int) *body {
+	h := &hold{t: t, ctx: ctx, g: g, status: status}
 	b := &body{rc: rc, h: h}
 	tk := leakTokens.Get().(*leakToken)
 	tk.h.Store(h)
@@ -469,7 +467,7 @@ func (b *body) Close() error {
 // and recycles its token.
 func (b *body) finish() {
 	h := b.h
-	if h.release(h.timed) && h.stop != nil {
+	if h.release(true) && h.stop != nil {
 		h.stop()
 	}
 	if tk := b.tok.Swap(nil); tk != nil {
@@ -488,9 +486,9 @@ func (tk *leakToken) collected() {
 	if h.stop != nil {
 		h.stop()
 	}
-	if _, warned := h.t.leaked.LoadOrStore(h.l, struct{}{}); !warned {
+	if _, warned := h.t.leaked.LoadOrStore(h.g.l, struct{}{}); !warned {
 		h.t.cfg.logger.WarnContext(h.ctx, "sluice: response body not closed; its slot was given back when it was collected (close every response body)",
-			"lane", h.l.key)
+			"lane", h.g.l.key)
 	}
 }
 
@@ -500,10 +498,13 @@ func (tk *leakToken) collected() {
 func (h *hold) ctxDone() { h.release(false) }
 
 // release gives the slot back if nobody has, and reports whether it did.
-func (h *hold) release(timed bool) bool {
+// sample false: the latency is not the server's, and is not measured.
+func (h *hold) release(sample bool) bool {
 	if !h.done.CompareAndSwap(false, true) {
 		return false
 	}
-	h.l.release(h.start, h.tn, h.status, timed)
+	g := h.g
+	g.timed = g.timed && sample
+	g.Done(h.status)
 	return true
 }
