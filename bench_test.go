@@ -154,10 +154,9 @@ func benchWaitQueue(b *testing.B, n, tenants int) {
 		q := &waitQueue{aging: time.Second, lowShare: 5}
 		q.init([numLevels]float64{})
 		ws := make([]*waiter, n)
-		t0 := time.Unix(1e9, 0)
 		for i := range ws {
 			p := Priority(i % numLevels)
-			ws[i] = &waiter{level: p, tn: q.levels[p].tenant(id(i)), enq: t0.Add(time.Duration(i) * time.Millisecond), ready: make(chan struct{})}
+			ws[i] = &waiter{level: p, tn: q.levels[p].tenant(id(i)), enq: time.Duration(i) * time.Millisecond, ready: make(chan struct{})}
 			q.push(ws[i], limit)
 		}
 		return q, ws
@@ -165,13 +164,13 @@ func benchWaitQueue(b *testing.B, n, tenants int) {
 	name := fmt.Sprintf("depth=%d/tenants=%d", n, tenants)
 	b.Run("enqueue+grant/"+name, func(b *testing.B) {
 		q, _ := fill()
-		t0 := time.Unix(2e9, 0)
+		t0 := time.Hour
 		i := 0
 		b.ReportAllocs()
 		for b.Loop() {
 			i++
 			p := Priority(i % numLevels)
-			q.push(&waiter{level: p, tn: q.levels[p].tenant(id(i)), enq: t0.Add(time.Duration(i)), ready: make(chan struct{})}, limit)
+			q.push(&waiter{level: p, tn: q.levels[p].tenant(id(i)), enq: t0 + time.Duration(i), ready: make(chan struct{})}, limit)
 			q.pop(limit)
 		}
 	})

@@ -39,7 +39,7 @@ func (l *lane) close() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.closed = true
-	now := l.now()
+	now := l.tick()
 	// Every waiter, those of tenants at their cap included.
 	var ws []*waiter
 	for p := range l.q.levels {

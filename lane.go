@@ -462,13 +462,12 @@ func (l *lane) acquire(ctx context.Context, p Priority, enq time.Duration) (gran
 		l.mu.Unlock()
 		return grant{enq: enq}, err
 	}
-	t := l.timeOf(now)
-	if rej := l.refuse(ctx, t, p, tn, ch); rej != nil {
+	if rej := l.refuse(ctx, l.timeOf(now), p, tn, ch); rej != nil {
 		lv.forget(tn)
 		l.mu.Unlock()
 		return grant{enq: enq}, rej
 	}
-	w := &waiter{level: p, tn: tn, enq: l.timeOf(enq), start: t, first: first, ready: make(chan struct{}), charge: ch}
+	w := &waiter{level: p, tn: tn, enq: enq, start: now, first: first, ready: make(chan struct{}), charge: ch}
 	l.q.push(w, l.slot.limit)
 	l.queueCost(w, 1)
 	if ev := l.cfg.events; ev != nil {
@@ -756,7 +755,7 @@ func (l *lane) run(ctx context.Context, own *waiter) {
 			continue
 		}
 		if servable && !l.perToken && l.tryTake(tick, late, next.charge) {
-			l.grantLocked(now, l.q.pop(l.slot.limit), nil)
+			l.grantLocked(tick, l.q.pop(l.slot.limit), nil)
 			l.mu.Unlock()
 			continue
 		}
@@ -829,22 +828,23 @@ func (l *lane) sleepUntil(until time.Duration) bool {
 	return true
 }
 
-// grantLocked hands w its grant, or fails it with err. mu must be held.
-func (l *lane) grantLocked(now time.Time, w *waiter, err error) {
+// grantLocked hands w its grant at now, on the lane's clock, or fails it
+// with err. mu must be held.
+func (l *lane) grantLocked(now time.Duration, w *waiter, err error) {
 	l.queueCost(w, -1)
 	if err != nil {
 		w.err = err
 		l.q.levels[w.level].forget(w.tn) // it may have been its last waiter
 	} else {
 		w.granted = true
-		w.at = now.Sub(l.epoch)
-		w.timed = l.timeNext(w.at)
+		w.at = now
+		w.timed = l.timeNext(now)
 		if testHookGrant != nil {
-			testHookGrant(l, now.Sub(l.epoch))
+			testHookGrant(l, now)
 		}
 		l.q.levels[w.level].started(w.tn, l.slot.limit)
-		l.grantedLocked(now.Sub(l.epoch), w.level, w.first)
-		l.levels[w.level].wait.Record(w.at, waitPeriod, now.Sub(w.start))
+		l.grantedLocked(now, w.level, w.first)
+		l.levels[w.level].wait.Record(now, waitPeriod, now-w.start)
 	}
 	close(w.ready)
 }
@@ -867,7 +867,7 @@ func (l *lane) takeShared() {
 		// and try the next one afresh.
 		l.slot.put()
 		if w := l.q.pop(l.slot.limit); w != nil {
-			l.grantLocked(now, w, err)
+			l.grantLocked(now.Sub(l.epoch), w, err)
 		}
 	case wait > 0:
 		l.slot.put()
@@ -876,7 +876,7 @@ func (l *lane) takeShared() {
 		l.notBefore = now.Add(min(wait, l.cfg.maxRetryAfter))
 	default:
 		if w := l.q.pop(l.slot.limit); w != nil {
-			l.grantLocked(now, w, nil)
+			l.grantLocked(now.Sub(l.epoch), w, nil)
 			break
 		}
 		// No waiter may be served now: every one left during the call, or

@@ -14,8 +14,8 @@ type waiter struct {
 	tn      *tenant // whose work it is
 	rank    int64   // the fixed order key; see waitQueue
 	seq     uint64
-	enq     time.Time // first enqueue time of the logical request (orders it)
-	start   time.Time // enqueue time of this attempt (measures its wait)
+	enq     time.Duration // first enqueue of the logical request, on the lane's clock (orders it)
+	start   time.Duration // enqueue of this attempt, on the lane's clock (measures its wait)
 	index   int       // position in its tenant's heap; -1 once removed
 	ready   chan struct{}
 	first   bool          // the logical request's first attempt
@@ -102,7 +102,7 @@ func (q *waitQueue) len() int { return q.n }
 func (q *waitQueue) push(w *waiter, limit int) {
 	q.seq++
 	w.seq = q.seq
-	w.rank = w.enq.UnixNano()
+	w.rank = int64(w.enq)
 	if q.aging > 0 {
 		w.rank = addSat(w.rank, int64(w.level)*int64(q.aging))
 	}
@@ -180,12 +180,12 @@ func (q *waitQueue) ahead(p Priority, tn *tenant) int {
 
 // oldest returns the enqueue time of the longest-waiting waiter of level p.
 // It looks at every tenant of the level: it is for Stats, not the hot path.
-func (q *waitQueue) oldest(p Priority) (time.Time, bool) {
-	var t time.Time
+func (q *waitQueue) oldest(p Priority) (time.Duration, bool) {
+	var t time.Duration
 	found := false
 	q.levels[p].each(func(tn *tenant) {
 		// Within one tenant rank order is enqueue order: the head is its oldest.
-		if len(tn.waiters) > 0 && (!found || tn.waiters[0].enq.Before(t)) {
+		if len(tn.waiters) > 0 && (!found || tn.waiters[0].enq < t) {
 			t, found = tn.waiters[0].enq, true
 		}
 	})

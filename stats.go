@@ -147,7 +147,7 @@ func (l *lane) stats() LaneStats {
 		lv.Throttled = c.throttled
 		lv.WaitP50, lv.WaitP99 = c.wait.Quantile(tick, waitPeriod, 0.5), c.wait.Quantile(tick, waitPeriod, 0.99)
 		if enq, ok := l.q.oldest(Priority(p)); ok {
-			lv.OldestWait = now.Sub(enq)
+			lv.OldestWait = tick - enq
 		}
 	}
 	return ls
