@@ -16,7 +16,7 @@ type waiter struct {
 	seq     uint64
 	enq     time.Duration // first enqueue of the logical request, on the lane's clock (orders it)
 	start   time.Duration // enqueue of this attempt, on the lane's clock (measures its wait)
-	index   int       // position in its tenant's heap; -1 once removed
+	index   int           // position in its tenant's heap; -1 once removed
 	ready   chan struct{}
 	first   bool          // the logical request's first attempt
 	granted bool          // set under the lane's lock before ready is closed
