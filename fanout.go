@@ -65,21 +65,9 @@ const forEachPoll = 50 * time.Millisecond
 // runtime.Goexit too after waiting. A panic raised by items itself
 // propagates at once after the started calls have returned.
 //
-// Compared with a naive loop,
-//
-//	g, ctx := errgroup.WithContext(ctx)
-//	for item := range items {
-//		g.Go(func() error { return fn(ctx, item) })
-//	}
-//	return g.Wait()
-//
-// which starts one goroutine per item at once: for 1,000,000 items that is
-// a million goroutines and a million requests parked in t's wait queue,
-// gigabytes of memory before the first hundred are served, an error that
-// cancels work that was started only to wait, and an iterator drained up
-// front. g.SetLimit(n) bounds the count, but n is a guess fixed in advance
-// (wrong by the ratio of the real latency to the assumed one), while t's
-// limit is derived from the rate and the latency it observes.
+// ForEach differs from an errgroup loop with SetLimit(n) in that the bound
+// follows t's limit instead of a guess fixed in advance (see NOTES.md,
+// "ForEach").
 func ForEach[T any](ctx context.Context, t *Transport, items iter.Seq[T], fn func(ctx context.Context, item T) error) error {
 	if t == nil {
 		panic("sluice: ForEach with a nil *Transport")

@@ -1,37 +1,3 @@
-// Package sluice is an http.RoundTripper for calling APIs that publish a
-// rate limit. It paces requests to the allowance, bounds what is in flight,
-// serves interactive requests ahead of batch ones, and obeys what the server
-// says about its limits.
-//
-//	tr, err := sluice.New(nil, sluice.WithRate(500, time.Minute))
-//	if err != nil { ... }
-//	client := &http.Client{Transport: tr}
-//
-// Each request draws on a lane, one per key (by default the URL's host). An
-// attempt first waits for a token from the lane's token bucket, then for an
-// in-flight slot; waiters are served by priority (see WithPriority), FIFO
-// within a level. Within a level, tenants take turns (see WithTenant and
-// WithTenantShare), so one caller's flood does not hold up the others.
-//
-// A paced lane hands the base transport at most rate x T + burst + 1
-// requests in any window T, and, while requests wait, the full rate: a
-// token is charged when it was due, up to one token's time before a late
-// wake-up hands it out.
-//
-// A lane learns from the server. Only a refusal stops it: a 429, a 403
-// with Retry-After or nothing remaining, a 503 with Retry-After; it pauses
-// for the Retry-After, else until the exhausted quota (requests or tokens)
-// comes back. A 429 that no quota explains lowers its pace. Rate-limit
-// headers pace it by the kind of limit they describe, read from how they
-// move: a fixed window (its reset instant stays put; what remains is spread
-// until it) or a bucket (its reset moves later; it is paced at its refill
-// rate, and "remaining 0" means no burst left, not "stop"). A reset rounded
-// to the second never slows a lane below its configured rate.
-//
-// Budgets beyond requests, such as tokens per minute, are named with
-// WithBudget and drawn on with WithCost. Processes that share an API key
-// can share one request budget through a Backend (see WithBackend and
-// package sluiceredis).
 package sluice
 
 import (
