@@ -154,7 +154,7 @@ func BenchmarkPacing(b *testing.B) {
 		worst := 2.0
 		fmt.Printf("%-6s %-5s %-7s %-4s | %7s %7s %6s | %5s %5s %5s | %5s %5s\n",
 			"R", "burst", "callers", "load", "sluice", "xrate", "ratio", "win", "xwin", "bound", "cpu", "xcpu")
-		for _, load := range []int{0, 2} {
+		for _, load := range pacingLoads() {
 			for _, r := range pacingRates() {
 				for _, burst := range []int{1, 10} {
 					for _, callers := range []int{1, 4, 64} {
@@ -180,6 +180,21 @@ func BenchmarkPacing(b *testing.B) {
 		}
 		b.ReportMetric(worst, "worst-ratio")
 	}
+}
+
+// pacingLoads returns how many goroutines spin beside each run:
+// SLUICE_PACING_LOADS (comma-separated) if set, else 0 and 2.
+func pacingLoads() []int {
+	var ns []int
+	for _, f := range strings.Split(os.Getenv("SLUICE_PACING_LOADS"), ",") {
+		if n, err := strconv.Atoi(f); err == nil && n >= 0 {
+			ns = append(ns, n)
+		}
+	}
+	if len(ns) == 0 {
+		return []int{0, 2}
+	}
+	return ns
 }
 
 // pacingRates returns the rates BenchmarkPacing runs: SLUICE_PACING_RATES
