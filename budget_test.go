@@ -372,3 +372,111 @@ func TestBudgetNeedCoversUnanswered(t *testing.T) {
 		t.Errorf("need(1000) with 40,000 unanswered = %v, want the bucket's size, 10000", got)
 	}
 }
+
+// TestBudgetsCharge: a charge holds the newest cost of each budget the
+// part has; a cost above a budget's size is refused, costs of budgets it
+// does not have and zero costs are nothing, and no budgets charge nothing.
+func TestBudgetsCharge(t *testing.T) {
+	bs := newBudgets([]budgetConfig{{"input", 1000, time.Second}, {"output", 100, time.Second}})
+	costs := &cost{"output", 50, &cost{"points", 1e9, &cost{"input", 300, &cost{"output", 1e6, nil}}}}
+	ch, over := bs.chargeOf(costs)
+	if over != nil || ch == nil || ch.cost[0] != 300 || ch.cost[1] != 50 {
+		t.Errorf("charge of input 300, output 50 (newest), points: %+v, over %v", ch, over)
+	}
+	if ch, over := bs.chargeOf(&cost{"input", 0, &cost{"points", 5, nil}}); ch != nil || over != nil {
+		t.Errorf("charge of nothing: %+v, over %v", ch, over)
+	}
+	big := &cost{"output", 101, nil}
+	if ch, over := bs.chargeOf(&cost{"input", 1000, big}); ch != nil || over != big {
+		t.Errorf("charge of output 101 of 100: %+v, over %v, want refused for it", ch, over)
+	}
+	var none budgets
+	if !none.empty() || none.len() != 0 || !none.full(0) || !none.canPay(0, nil) || none.payDelay(0, nil) != 0 || none.wait(0, Batch, nil) != 0 {
+		t.Error("no budgets: not empty, not full, or something to pay")
+	}
+	if ch, over := none.chargeOf(costs); ch != nil || over != nil {
+		t.Errorf("no budgets charge %+v, over %v", ch, over)
+	}
+	if bs.empty() || bs.len() != 2 || bs.name(1) != "output" {
+		t.Errorf("two budgets: empty %v, len %d, name(1) %q", bs.empty(), bs.len(), bs.name(1))
+	}
+}
+
+// TestBudgetsPayAndRepay: a charge is paid when every budget holds it,
+// waits for the slowest to refill, and is given back whole when the
+// attempt is not sent.
+func TestBudgetsPayAndRepay(t *testing.T) {
+	bs := newBudgets([]budgetConfig{{"input", 1000, time.Second}, {"output", 100, time.Second}})
+	first, _ := bs.chargeOf(&cost{"input", 800, &cost{"output", 20, nil}})
+	second, _ := bs.chargeOf(&cost{"input", 100, &cost{"output", 90, nil}})
+	if !bs.canPay(0, first) {
+		t.Fatal("full budgets cannot pay 800 and 20")
+	}
+	bs.pay(0, first)
+	if bs.canPay(0, second) || bs.full(0) {
+		t.Fatal("80 output tokens left pay 90, or the budgets are still full")
+	}
+	// 10 output tokens at 100 a second: 100 ms.
+	if d := bs.payDelay(0, second); d != 100*time.Millisecond {
+		t.Errorf("payDelay = %v, want 100ms for the output budget", d)
+	}
+	if !bs.canPay(100*time.Millisecond, second) {
+		t.Error("cannot pay when payDelay said")
+	}
+	bs.repay(50*time.Millisecond, first)
+	if len(bs.out) != 0 || bs.bs[0].sent != 0 || bs.bs[1].sent != 0 {
+		t.Errorf("after repaying: %d charges unanswered, sent %v and %v, want none", len(bs.out), bs.bs[0].sent, bs.bs[1].sent)
+	}
+	if !bs.full(50 * time.Millisecond) {
+		t.Errorf("after repaying the only charge: %v and %v held, want full", bs.bs[0].b.advance(50*time.Millisecond), bs.bs[1].b.advance(50*time.Millisecond))
+	}
+	bs.answered(first) // no longer unanswered: nothing
+	if bs.bs[0].out != 0 {
+		t.Errorf("a charge answered twice: %v unanswered", bs.bs[0].out)
+	}
+}
+
+// TestBudgetsQueuedWait: the wait estimated for a new waiter counts the
+// costs queued at its level and above, not below, less what is held.
+func TestBudgetsQueuedWait(t *testing.T) {
+	bs := newBudgets([]budgetConfig{{"tokens", 100, time.Second}})
+	bs.pay(0, mustCharge(t, &bs, 100)) // empty
+	batch, inter := mustCharge(t, &bs, 50), mustCharge(t, &bs, 30)
+	bs.queue(Batch, batch, 1)
+	bs.queue(Interactive, inter, 1)
+	ch := mustCharge(t, &bs, 20)
+	if d := bs.wait(0, Normal, ch); d != 500*time.Millisecond {
+		t.Errorf("Normal behind 30 Interactive: wait %v, want 500ms (50 tokens)", d)
+	}
+	if d := bs.wait(0, Batch, ch); d != time.Second {
+		t.Errorf("Batch behind 30 Interactive and 50 Batch: wait %v, want 1s", d)
+	}
+	if d := bs.wait(200*time.Millisecond, Batch, ch); d != 800*time.Millisecond {
+		t.Errorf("Batch, 20 tokens held: wait %v, want 800ms", d)
+	}
+	bs.queue(Batch, batch, -1)
+	if d := bs.wait(0, Batch, ch); d != 500*time.Millisecond {
+		t.Errorf("after the Batch waiter left: wait %v, want 500ms", d)
+	}
+}
+
+// TestBudgetsUnansweredBound: charges whose answers are never observed are
+// dropped oldest first past maxOut, and a long backlog is not kept once
+// answered.
+func TestBudgetsUnansweredBound(t *testing.T) {
+	bs := newBudgets([]budgetConfig{{"tokens", 1e9, time.Second}})
+	chs := make([]*charge, maxOut+1)
+	for i := range chs {
+		chs[i] = mustCharge(t, &bs, 1)
+		bs.pay(0, chs[i])
+	}
+	if len(bs.out) != maxOut || bs.out[0] != chs[1] || bs.bs[0].out != maxOut {
+		t.Fatalf("%d charges unanswered (%v tokens), first %p, want %d, the oldest dropped", len(bs.out), bs.bs[0].out, bs.out[0], maxOut)
+	}
+	for _, ch := range chs {
+		bs.answered(ch)
+	}
+	if bs.out != nil || bs.bs[0].out != 0 {
+		t.Errorf("after every answer: %d charges (cap %d), %v tokens unanswered, want none kept", len(bs.out), cap(bs.out), bs.bs[0].out)
+	}
+}
