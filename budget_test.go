@@ -220,6 +220,8 @@ func TestReport(t *testing.T) {
 		tr.Report(resp, "points", 1) // a budget the lane does not have
 		tr.Report(nil, "tokens", 1)  // no response
 		tr.Report(&http.Response{}, "tokens", 1)
+		other, _ := http.NewRequestWithContext(WithCost(t.Context(), "tokens", 4000), "GET", "http://other.test/", nil)
+		tr.Report(&http.Response{Request: other}, "tokens", 0) // a lane that does not exist
 		// 4,500 are held: a call of 4,500 goes at once, and 100 more then
 		// take a second.
 		if err := getCost(t.Context(), tr, 4500, ""); err != nil {
