@@ -117,6 +117,8 @@ func TestBudgetOrderAndCancel(t *testing.T) {
 // TestBudgetFollowsServer: what the server says remains of a budget of the
 // same name replaces the lane's estimate, less what the lane sent since:
 // estimates that were too high give their excess back, too low take it.
+// Seen through the send times of the calls that follow (see
+// TestBudgetsFollowServer for the counts).
 func TestBudgetFollowsServer(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		remaining := "5000"
@@ -126,36 +128,88 @@ func TestBudgetFollowsServer(t *testing.T) {
 			resp.Header.Set("X-Ratelimit-Reset-Tokens", "10s")
 			return resp
 		}}
-		tr := mustNew(t, base, WithBudget("tokens", 6000, time.Minute))
-		l := tr.lane("api.test")
-		tokens := func() float64 {
-			l.mu.Lock()
-			defer l.mu.Unlock()
-			return l.budgets[0].b.advance(l.tick())
-		}
+		tr := mustNew(t, base, WithBudget("tokens", 6000, time.Minute)) // 100 a second
+		start := time.Now()
 		// Estimated 3,000; the server says 5,000 remain (it cost 1,000).
 		if err := getCost(t.Context(), tr, 3000, ""); err != nil {
 			t.Fatal(err)
 		}
-		if got := tokens(); got != 5000 {
-			t.Errorf("after an overestimate: %v tokens, want the server's 5000", got)
-		}
+		// Estimated 1,000; the server says 1,000 remain (it cost 4,000).
+		// Sent at once: the lane holds the server's 5,000, where its own
+		// count, 3,000, would have made it wait.
 		remaining = "1000"
 		if err := getCost(t.Context(), tr, 1000, ""); err != nil {
 			t.Fatal(err)
 		}
-		if got := tokens(); got != 1000 {
-			t.Errorf("after an underestimate: %v tokens, want the server's 1000", got)
+		// The lane holds the server's 1,000, not its own 4,000, and learned
+		// a margin of 1 (the largest) from the underestimate: 1,000 more
+		// need 2,000 held, 10 s away.
+		if err := getCost(t.Context(), tr, 1000, ""); err != nil {
+			t.Fatal(err)
+		}
+		want := []time.Duration{0, 0, 10 * time.Second}
+		for i, a := range base.times() {
+			if d := a.Sub(start); d != want[i] {
+				t.Errorf("call %d sent at %v, want %v", i, d, want[i])
+			}
 		}
 	})
 }
 
+// TestBudgetsFollowServer: what a response says remains, the part takes,
+// less what was granted since the attempt, plus what refilled since it was
+// sent: both an overestimate and an underestimate give way to it.
+func TestBudgetsFollowServer(t *testing.T) {
+	bs := newBudgets([]budgetConfig{{"tokens", 6000, time.Minute}}) // 100 a second
+	var left [maxBudgets]int64
+	respond := func(now, sent time.Duration, remaining int64, ch *charge) {
+		left[0] = remaining
+		bs.observe(now, sent, &left, ch)
+	}
+	// Estimated 3,000; the server says 5,000 remain.
+	ch := mustCharge(t, &bs, 3000)
+	bs.pay(0, ch)
+	respond(0, 0, 5000, ch)
+	if got := bs.bs[0].b.advance(0); got != 5000 {
+		t.Errorf("after an overestimate: %v tokens, want the server's 5000", got)
+	}
+	// Estimated 1,000; the server says 1,000 remain.
+	ch = mustCharge(t, &bs, 1000)
+	bs.pay(0, ch)
+	respond(0, 0, 1000, ch)
+	if got := bs.bs[0].b.advance(0); got != 1000 {
+		t.Errorf("after an underestimate: %v tokens, want the server's 1000", got)
+	}
+	// Sent at 10 s and answered at 11 s, while 500 more were granted: the
+	// server's count was taken when it admitted the attempt.
+	ch = mustCharge(t, &bs, 200)
+	bs.pay(10*time.Second, ch)
+	bs.pay(10*time.Second, mustCharge(t, &bs, 500))
+	respond(11*time.Second, 10*time.Second, 2000, ch)
+	if got := bs.bs[0].b.advance(11 * time.Second); got != 2000+100-500 {
+		t.Errorf("after a response a second after its send, 500 granted since: %v tokens, want 1600", got)
+	}
+}
+
+// mustCharge returns the charge of a call costing n of the first budget.
+func mustCharge(t *testing.T, bs *budgets, n float64) *charge {
+	t.Helper()
+	ch, over := bs.chargeOf(&cost{name: bs.name(0), n: n})
+	if ch == nil || over != nil {
+		t.Fatalf("charge of %v: %v, over %v", n, ch, over)
+	}
+	return ch
+}
+
 // TestReport: the caller reports what a call really cost, from its body:
-// the lane refunds what the estimate took beyond it.
+// the lane refunds what the estimate took beyond it. Seen through the
+// send times of the calls that follow (see TestBudgetsAdjust for the
+// count).
 func TestReport(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		base := &fakeBase{}
-		tr := mustNew(t, base, WithBudget("tokens", 6000, time.Minute))
+		tr := mustNew(t, base, WithBudget("tokens", 6000, time.Minute)) // 100 a second
+		start := time.Now()
 		req, _ := http.NewRequestWithContext(WithCost(t.Context(), "tokens", 4000), "GET", "http://api.test/", nil)
 		resp, err := tr.RoundTrip(req)
 		if err != nil {
@@ -163,14 +217,53 @@ func TestReport(t *testing.T) {
 		}
 		resp.Body.Close()
 		tr.Report(resp, "tokens", 1500)
-		l := tr.lane("api.test")
-		l.mu.Lock()
-		got := l.budgets[0].b.advance(l.tick())
-		l.mu.Unlock()
-		if got != 4500 {
-			t.Errorf("after reporting 1500 of an estimated 4000: %v tokens, want 4500", got)
+		tr.Report(resp, "points", 1) // a budget the lane does not have
+		tr.Report(nil, "tokens", 1)  // no response
+		tr.Report(&http.Response{}, "tokens", 1)
+		other, _ := http.NewRequestWithContext(WithCost(t.Context(), "tokens", 4000), "GET", "http://other.test/", nil)
+		tr.Report(&http.Response{Request: other}, "tokens", 0) // a lane that does not exist
+		// 4,500 are held: a call of 4,500 goes at once, and 100 more then
+		// take a second.
+		if err := getCost(t.Context(), tr, 4500, ""); err != nil {
+			t.Fatal(err)
+		}
+		if err := getCost(t.Context(), tr, 100, ""); err != nil {
+			t.Fatal(err)
+		}
+		want := []time.Duration{0, 0, time.Second}
+		for i, a := range base.times() {
+			if d := a.Sub(start); d != want[i] {
+				t.Errorf("call %d sent at %v, want %v (after reporting 1500 of an estimated 4000, 4500 held)", i, d, want[i])
+			}
 		}
 	})
+}
+
+// TestBudgetsAdjust: an actual cost below the estimate is refunded, one
+// above it charged, within the bucket's size.
+func TestBudgetsAdjust(t *testing.T) {
+	bs := newBudgets([]budgetConfig{{"tokens", 6000, time.Minute}, {"points", 10, time.Second}})
+	ch := mustCharge(t, &bs, 4000)
+	bs.pay(0, ch)
+	bs.answered(ch)
+	if i := bs.index("points"); i != 1 {
+		t.Fatalf("index(points) = %d, want 1", i)
+	}
+	if i := bs.index("requests"); i != -1 {
+		t.Fatalf("index of a budget it does not have = %d, want -1", i)
+	}
+	bs.adjust(0, 0, 4000, 1500)
+	if got := bs.bs[0].b.advance(0); got != 4500 {
+		t.Errorf("after reporting 1500 of an estimated 4000: %v tokens, want 4500", got)
+	}
+	bs.adjust(0, 0, 1000, 2000)
+	if got := bs.bs[0].b.advance(0); got != 3500 {
+		t.Errorf("after reporting 2000 of an estimated 1000: %v tokens, want 3500", got)
+	}
+	bs.adjust(0, 0, 5000, 0)
+	if got := bs.bs[0].b.advance(0); got != 6000 {
+		t.Errorf("after a refund past the size: %v tokens, want the size, 6000", got)
+	}
 }
 
 // TestBudgetOvertaken: an attempt granted earlier reaches the server after
@@ -179,6 +272,8 @@ func TestReport(t *testing.T) {
 // keep the earlier attempt's cost taken, not take the server's count as
 // if it were paid: before, it held 9,000 tokens where the server would
 // have 5,000 once the held attempt arrived, and sent what it then refused.
+// Seen through a call the server could not pay, which the lane must not
+// send (see TestBudgetsOvertaken for the counts).
 func TestBudgetOvertaken(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var mu sync.Mutex
@@ -200,8 +295,8 @@ func TestBudgetOvertaken(t *testing.T) {
 		})
 		tr := mustNew(t, base, WithBudget("tokens", 10000, time.Hour))
 		defer tr.Close()
-		send := func(cost int, held bool) error {
-			req, _ := http.NewRequestWithContext(WithCost(t.Context(), "tokens", cost), "GET", "http://api.test/", nil)
+		send := func(ctx context.Context, cost int, held bool) error {
+			req, _ := http.NewRequestWithContext(WithCost(ctx, "tokens", cost), "GET", "http://api.test/", nil)
 			req.Header.Set("X-Cost", strconv.Itoa(cost))
 			if held {
 				req.Header.Set("X-Hold", "1")
@@ -212,35 +307,58 @@ func TestBudgetOvertaken(t *testing.T) {
 			}
 			return err
 		}
-		l := tr.lane("api.test")
-		tokens := func() float64 {
-			l.mu.Lock()
-			defer l.mu.Unlock()
-			return l.budgets[0].b.advance(l.tick())
+		// 6,000 tokens, more than the server's 5,000 once both attempts
+		// are in: refused at once for a deadline the budget's refill (2.8
+		// a second) overruns, where holding 9,000 the lane sent it.
+		unpayable := func(when string) {
+			ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+			defer cancel()
+			var rej *RejectedError
+			if err := send(ctx, 6000, false); !errors.As(err, &rej) || rej.Reason != ReasonDeadline {
+				t.Errorf("%s: a call of 6,000 tokens the server cannot pay: %v, want refused for its deadline", when, err)
+			}
 		}
 		held := make(chan error)
-		go func() { held <- send(4000, true) }()
+		go func() { held <- send(t.Context(), 4000, true) }()
 		synctest.Wait() // granted and held on its way to the server
-		if err := send(1000, false); err != nil {
+		if err := send(t.Context(), 1000, false); err != nil {
 			t.Fatal(err)
 		}
-		if got := tokens(); got > 5000 {
-			t.Errorf("after a later attempt's response while an earlier one is on its way: %v tokens, want at most the 5,000 the server will hold", got)
-		}
+		unpayable("after a later attempt's response while an earlier one is on its way")
 		close(hold)
 		if err := <-held; err != nil {
 			t.Fatal(err)
 		}
-		if got := tokens(); got > 5000 {
-			t.Errorf("after both responses: %v tokens, want at most the server's 5,000", got)
-		}
-		l.mu.Lock()
-		out, unanswered := l.budgets[0].out, len(l.out)
-		l.mu.Unlock()
-		if out != 0 || unanswered != 0 {
-			t.Errorf("after every response: %v tokens in %d charges still counted unanswered, want none", out, unanswered)
-		}
+		unpayable("after both responses")
 	})
+}
+
+// TestBudgetsOvertaken: a response to an attempt granted after one not
+// answered yet counts the earlier one as taken, and teaches no margin;
+// once every charge is answered none is counted unanswered.
+func TestBudgetsOvertaken(t *testing.T) {
+	bs := newBudgets([]budgetConfig{{"tokens", 10000, time.Hour}})
+	var left [maxBudgets]int64
+	early, late := mustCharge(t, &bs, 4000), mustCharge(t, &bs, 1000)
+	bs.pay(0, early)
+	bs.pay(0, late)
+	// The later attempt reaches the server first: 9,000 remain.
+	left[0] = 9000
+	bs.observe(0, 0, &left, late)
+	if got := bs.bs[0].b.advance(0); got > 5000 {
+		t.Errorf("after a later attempt's response while an earlier one is on its way: %v tokens, want at most the 5,000 the server will hold", got)
+	}
+	if m := bs.bs[0].margin; m != 0 {
+		t.Errorf("margin %v learned from a response with an earlier attempt unanswered, want 0", m)
+	}
+	left[0] = 5000
+	bs.observe(0, 0, &left, early)
+	if got := bs.bs[0].b.advance(0); got > 5000 {
+		t.Errorf("after both responses: %v tokens, want at most the server's 5,000", got)
+	}
+	if out, unanswered := bs.bs[0].out, len(bs.out); out != 0 || unanswered != 0 {
+		t.Errorf("after every response: %v tokens in %d charges still counted unanswered, want none", out, unanswered)
+	}
 }
 
 // The margin for underestimates covers the cost of a request and that of
@@ -254,5 +372,113 @@ func TestBudgetNeedCoversUnanswered(t *testing.T) {
 	b.out = 40000
 	if got := b.need(1000); got != 10000 {
 		t.Errorf("need(1000) with 40,000 unanswered = %v, want the bucket's size, 10000", got)
+	}
+}
+
+// TestBudgetsCharge: a charge holds the newest cost of each budget the
+// part has; a cost above a budget's size is refused, costs of budgets it
+// does not have and zero costs are nothing, and no budgets charge nothing.
+func TestBudgetsCharge(t *testing.T) {
+	bs := newBudgets([]budgetConfig{{"input", 1000, time.Second}, {"output", 100, time.Second}})
+	costs := &cost{"output", 50, &cost{"points", 1e9, &cost{"input", 300, &cost{"output", 1e6, nil}}}}
+	ch, over := bs.chargeOf(costs)
+	if over != nil || ch == nil || ch.cost[0] != 300 || ch.cost[1] != 50 {
+		t.Errorf("charge of input 300, output 50 (newest), points: %+v, over %v", ch, over)
+	}
+	if ch, over := bs.chargeOf(&cost{"input", 0, &cost{"points", 5, nil}}); ch != nil || over != nil {
+		t.Errorf("charge of nothing: %+v, over %v", ch, over)
+	}
+	big := &cost{"output", 101, nil}
+	if ch, over := bs.chargeOf(&cost{"input", 1000, big}); ch != nil || over != big {
+		t.Errorf("charge of output 101 of 100: %+v, over %v, want refused for it", ch, over)
+	}
+	var none budgets
+	if !none.empty() || none.len() != 0 || !none.full(0) || !none.canPay(0, nil) || none.payDelay(0, nil) != 0 || none.wait(0, Batch, nil) != 0 {
+		t.Error("no budgets: not empty, not full, or something to pay")
+	}
+	if ch, over := none.chargeOf(costs); ch != nil || over != nil {
+		t.Errorf("no budgets charge %+v, over %v", ch, over)
+	}
+	if bs.empty() || bs.len() != 2 || bs.name(1) != "output" {
+		t.Errorf("two budgets: empty %v, len %d, name(1) %q", bs.empty(), bs.len(), bs.name(1))
+	}
+}
+
+// TestBudgetsPayAndRepay: a charge is paid when every budget holds it,
+// waits for the slowest to refill, and is given back whole when the
+// attempt is not sent.
+func TestBudgetsPayAndRepay(t *testing.T) {
+	bs := newBudgets([]budgetConfig{{"input", 1000, time.Second}, {"output", 100, time.Second}})
+	first, _ := bs.chargeOf(&cost{"input", 800, &cost{"output", 20, nil}})
+	second, _ := bs.chargeOf(&cost{"input", 100, &cost{"output", 90, nil}})
+	if !bs.canPay(0, first) {
+		t.Fatal("full budgets cannot pay 800 and 20")
+	}
+	bs.pay(0, first)
+	if bs.canPay(0, second) || bs.full(0) {
+		t.Fatal("80 output tokens left pay 90, or the budgets are still full")
+	}
+	// 10 output tokens at 100 a second: 100 ms.
+	if d := bs.payDelay(0, second); d != 100*time.Millisecond {
+		t.Errorf("payDelay = %v, want 100ms for the output budget", d)
+	}
+	if !bs.canPay(100*time.Millisecond, second) {
+		t.Error("cannot pay when payDelay said")
+	}
+	bs.repay(50*time.Millisecond, first)
+	if len(bs.out) != 0 || bs.bs[0].sent != 0 || bs.bs[1].sent != 0 {
+		t.Errorf("after repaying: %d charges unanswered, sent %v and %v, want none", len(bs.out), bs.bs[0].sent, bs.bs[1].sent)
+	}
+	if !bs.full(50 * time.Millisecond) {
+		t.Errorf("after repaying the only charge: %v and %v held, want full", bs.bs[0].b.advance(50*time.Millisecond), bs.bs[1].b.advance(50*time.Millisecond))
+	}
+	bs.answered(first) // no longer unanswered: nothing
+	if bs.bs[0].out != 0 {
+		t.Errorf("a charge answered twice: %v unanswered", bs.bs[0].out)
+	}
+}
+
+// TestBudgetsQueuedWait: the wait estimated for a new waiter counts the
+// costs queued at its level and above, not below, less what is held.
+func TestBudgetsQueuedWait(t *testing.T) {
+	bs := newBudgets([]budgetConfig{{"tokens", 100, time.Second}})
+	bs.pay(0, mustCharge(t, &bs, 100)) // empty
+	batch, inter := mustCharge(t, &bs, 50), mustCharge(t, &bs, 30)
+	bs.queue(Batch, batch, 1)
+	bs.queue(Interactive, inter, 1)
+	ch := mustCharge(t, &bs, 20)
+	if d := bs.wait(0, Normal, ch); d != 500*time.Millisecond {
+		t.Errorf("Normal behind 30 Interactive: wait %v, want 500ms (50 tokens)", d)
+	}
+	if d := bs.wait(0, Batch, ch); d != time.Second {
+		t.Errorf("Batch behind 30 Interactive and 50 Batch: wait %v, want 1s", d)
+	}
+	if d := bs.wait(200*time.Millisecond, Batch, ch); d != 800*time.Millisecond {
+		t.Errorf("Batch, 20 tokens held: wait %v, want 800ms", d)
+	}
+	bs.queue(Batch, batch, -1)
+	if d := bs.wait(0, Batch, ch); d != 500*time.Millisecond {
+		t.Errorf("after the Batch waiter left: wait %v, want 500ms", d)
+	}
+}
+
+// TestBudgetsUnansweredBound: charges whose answers are never observed are
+// dropped oldest first past maxOut, and a long backlog is not kept once
+// answered.
+func TestBudgetsUnansweredBound(t *testing.T) {
+	bs := newBudgets([]budgetConfig{{"tokens", 1e9, time.Second}})
+	chs := make([]*charge, maxOut+1)
+	for i := range chs {
+		chs[i] = mustCharge(t, &bs, 1)
+		bs.pay(0, chs[i])
+	}
+	if len(bs.out) != maxOut || bs.out[0] != chs[1] || bs.bs[0].out != maxOut {
+		t.Fatalf("%d charges unanswered (%v tokens), first %p, want %d, the oldest dropped", len(bs.out), bs.bs[0].out, bs.out[0], maxOut)
+	}
+	for _, ch := range chs {
+		bs.answered(ch)
+	}
+	if bs.out != nil || bs.bs[0].out != 0 {
+		t.Errorf("after every answer: %d charges (cap %d), %v tokens unanswered, want none kept", len(bs.out), cap(bs.out), bs.bs[0].out)
 	}
 }

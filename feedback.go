@@ -396,10 +396,12 @@ func (l *lane) observe(ctx context.Context, resp *http.Response, sent time.Time,
 		status == http.StatusForbidden && (hasRA || exhausted)
 	refused := throttled || status == http.StatusServiceUnavailable && hasRA
 
-	var budgetQuotas [maxBudgets]headers.Quota
-	var budgetOK [maxBudgets]bool
-	for i := range l.budgets {
-		budgetQuotas[i], budgetOK[i] = headers.ParseTokenBudget(h, wall, l.budgets[i].name)
+	var left [maxBudgets]int64 // what remains of each budget; -1: not stated
+	for i := range l.budgets.len() {
+		left[i] = -1
+		if bq, ok := headers.ParseTokenBudget(h, wall, l.budgets.name(i)); ok {
+			left[i] = bq.Remaining
+		}
 	}
 
 	l.mu.Lock()
@@ -410,16 +412,9 @@ func (l *lane) observe(ctx context.Context, resp *http.Response, sent time.Time,
 		cool := l.cooldown
 		defer func() { l.changed(ctx, ev, cool, cause) }()
 	}
-	for i := range l.budgets {
-		if budgetOK[i] && budgetQuotas[i].Remaining >= 0 {
-			if ch != nil && float64(budgetQuotas[i].Remaining) < ch.cost[i] {
-				// Less than the attempt cost: that budget is what ran out.
-				tokensOut = true
-			}
-			l.reconcile(i, budgetQuotas[i].Remaining, now.Sub(l.epoch), sent.Sub(l.epoch), ch)
-		}
+	if l.budgets.observe(now.Sub(l.epoch), sent.Sub(l.epoch), &left, ch) {
+		tokensOut = true // a budget had less left than the attempt cost
 	}
-	l.answered(ch)
 	f := &l.fb
 	if throttled {
 		f.throttled++

@@ -67,8 +67,7 @@ type lane struct {
 	notBefore  time.Time
 	sharedCool time.Time // the latest cooldown passed to be.Cool
 
-	budgets []budget  // see WithBudget; nil if none
-	out     []*charge // charges of attempts sent and not yet answered; see pay
+	budgets budgets // see WithBudget
 
 	levels  [numLevels]levelCounters
 	refused *[numLevels][numReasons]uint64 // early refusals; nil before the first
@@ -170,7 +169,7 @@ func (l *lane) now() time.Time {
 // was due, up to one token's time before now (see bucket.takeLate). mu must
 // be held.
 func (l *lane) tryTake(now time.Duration, late bool, ch *charge) bool {
-	if now < l.coolTick || !l.slot.free() || !l.canPay(now, ch) {
+	if now < l.coolTick || !l.slot.free() || !l.budgets.canPay(now, ch) {
 		return false
 	}
 	var share bucket
@@ -198,7 +197,7 @@ func (l *lane) tryTake(now time.Duration, late bool, ch *charge) bool {
 		*l.share = share
 	}
 	l.slot.take()
-	l.pay(now, ch)
+	l.budgets.pay(now, ch)
 	return true
 }
 
@@ -280,7 +279,7 @@ func (l *lane) estimate(now time.Time, p Priority, tn *tenant, ch *charge) time.
 	}
 	r := l.paceRate()
 	if r == 0 {
-		return d + l.budgetWait(start.Sub(l.epoch), p, ch)
+		return d + l.budgets.wait(start.Sub(l.epoch), p, ch)
 	}
 	need := float64(l.q.ahead(p, tn) + 1)
 	if !l.perToken {
@@ -296,7 +295,7 @@ func (l *lane) estimate(now time.Time, p Priority, tn *tenant, ch *charge) time.
 		}
 		need -= held
 	}
-	w := max(tokensDelay(need, r), l.budgetWait(start.Sub(l.epoch), p, ch))
+	w := max(tokensDelay(need, r), l.budgets.wait(start.Sub(l.epoch), p, ch))
 	if w > math.MaxInt64-d {
 		return math.MaxInt64
 	}
@@ -469,7 +468,7 @@ func (l *lane) acquire(ctx context.Context, p Priority, enq time.Duration) (gran
 	}
 	w := &waiter{level: p, tn: tn, enq: enq, start: now, first: first, ready: make(chan struct{}), charge: ch}
 	l.q.push(w, l.slot.limit)
-	l.queueCost(w, 1)
+	l.budgets.queue(w.level, w.charge, 1)
 	if ev := l.cfg.events; ev != nil {
 		ev.push(ctx, Event{Kind: EventQueued, Lane: l.key, Priority: p, Tenant: id, Queued: l.q.len()})
 	}
@@ -520,7 +519,7 @@ func (l *lane) acquire(ctx context.Context, p Priority, enq time.Duration) (gran
 			failed = true // the lane failed it first; it was not cancelled
 		} else {
 			l.q.remove(w)
-			l.queueCost(w, -1)
+			l.budgets.queue(w.level, w.charge, -1)
 			// A dispatcher waiting for a slot may now exit, or serve
 			// another tenant.
 			l.wake()
@@ -565,10 +564,8 @@ func (l *lane) forget(idle time.Duration) bool {
 	if l.lim != nil && l.lim.tokensAt(d) < l.lim.burst {
 		return false
 	}
-	for i := range l.budgets {
-		if b := &l.budgets[i].b; b.tokensAt(d) < b.burst {
-			return false
-		}
+	if !l.budgets.full(d) {
+		return false
 	}
 	l.dead.Store(true)
 	return true
@@ -610,10 +607,50 @@ func (l *lane) refundLocked(tn *tenant, ch *charge, at time.Duration) {
 		// the grant had not been made.
 		l.lim.refund(now)
 	}
-	l.repay(now, ch)
+	l.budgets.repay(now, ch)
 	l.slot.put()
 	l.q.levels[tn.level].finished(tn, l.slot.limit)
 	l.wake()
+}
+
+// chargeOf returns what a request with ctx costs the lane's budgets, nil if
+// nothing, or a refusal if a cost exceeds its budget's size. mu need not be
+// held (see budgets.chargeOf).
+func (l *lane) chargeOf(ctx context.Context, p Priority) (*charge, *RejectedError) {
+	if l.budgets.empty() {
+		return nil, nil
+	}
+	costs, _ := ctx.Value(costKey{}).(*cost)
+	ch, over := l.budgets.chargeOf(costs)
+	if over != nil {
+		return nil, &RejectedError{Key: l.key, Priority: p, Reason: ReasonCost, Budget: over.name,
+			Cost: int64(over.n), Limit: time.Duration(math.MaxInt64)}
+	}
+	return ch, nil
+}
+
+// dropCharge takes ch as answered by a response that says nothing of the
+// budgets; a nil check where it is inlined when there is no charge.
+func (l *lane) dropCharge(ch *charge) {
+	if ch != nil {
+		l.dropChargeLocking(ch)
+	}
+}
+
+func (l *lane) dropChargeLocking(ch *charge) {
+	l.mu.Lock()
+	l.budgets.answered(ch)
+	l.mu.Unlock()
+}
+
+// adjust charges the budget named name, if the lane has it, the difference
+// between an attempt's estimated and actual cost (see Report).
+func (l *lane) adjust(name string, estimate, actual float64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if i := l.budgets.index(name); i >= 0 {
+		l.budgets.adjust(i, l.tick(), estimate, actual)
+	}
 }
 
 // release returns the slot of g's attempt, finished with status (0: the
@@ -772,7 +809,7 @@ func (l *lane) run(ctx context.Context, own *waiter) {
 		case l.perToken && now.Before(l.notBefore) && l.slot.free():
 			d = l.notBefore.Sub(now)
 		case !l.perToken && l.slot.free():
-			d = max(l.tokenDelay(tick), l.payDelay(tick, next.charge))
+			d = max(l.tokenDelay(tick), l.budgets.payDelay(tick, next.charge))
 			late = l.paceRate() > 0
 		}
 		precise := late && d < timerGrain && tokenTime(l.paceRate()) < preciseLag
@@ -831,7 +868,7 @@ func (l *lane) sleepUntil(until time.Duration) bool {
 // grantLocked hands w its grant at now, on the lane's clock, or fails it
 // with err. mu must be held.
 func (l *lane) grantLocked(now time.Duration, w *waiter, err error) {
-	l.queueCost(w, -1)
+	l.budgets.queue(w.level, w.charge, -1)
 	if err != nil {
 		w.err = err
 		l.q.levels[w.level].forget(w.tn) // it may have been its last waiter
