@@ -78,7 +78,7 @@ func (g *gateBase) RoundTrip(req *http.Request) (*http.Response, error) {
 func pinLimit(l *lane, n int) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.cfg.minConc, l.cfg.maxConc = n, n
+	l.slot.min, l.slot.max = n, n
 	l.setLimitLocked(n)
 }
 
