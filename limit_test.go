@@ -87,6 +87,29 @@ func TestLimiterLittle(t *testing.T) {
 	}
 }
 
+// TestLimiterRateGone: a paced lane whose rate goes (feedback can make it
+// unlimited) holds the limit it had, as the cap the gradient then moves.
+func TestLimiterRateGone(t *testing.T) {
+	s := newLimiter(DefaultMinConcurrency, DefaultMaxConcurrency, true)
+	var now time.Duration
+	for range 200 {
+		now += 20 * time.Millisecond
+		feed(&s, now, 400*time.Millisecond, http.StatusOK, 50)
+	}
+	held := s.limit // 23
+	for range 200 {
+		now += 20 * time.Millisecond
+		if ch := feed(&s, now, 100*time.Millisecond, http.StatusOK, 0); ch.to != held {
+			t.Fatalf("no rate, latency down: limit %d, want %d held", ch.to, held)
+		}
+	}
+	// Binding with requests waiting, at the baseline: the cap grows.
+	window(t, &s, &now, 50, 100*time.Millisecond, held, true, 0)
+	if s.limit <= held {
+		t.Errorf("limit %d after a binding window at the baseline, want above %d", s.limit, held)
+	}
+}
+
 // TestAdaptiveIgnoresRefusals: 429s, 503s and transport errors come back
 // fast, but they are not latency samples: a burst of them moves neither the
 // smoothed latency nor the limit.
