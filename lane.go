@@ -663,9 +663,10 @@ func (l *lane) shareCooldown() {
 	}
 }
 
-// limitMovedLocked logs and reports what the limiter did on a sample. A
-// larger limit lets the dispatcher serve waiters in priority order; a
-// smaller one cancels nothing: in-flight attempts drain. mu must be held.
+// limitMovedLocked acts on what the limiter did on a sample: it logs what a
+// closed window found and a new limit, emits EventLimitChanged, and lets
+// the dispatcher serve waiters in priority order if the limit grew (a
+// smaller one cancels nothing: in-flight attempts drain). mu must be held.
 func (l *lane) limitMovedLocked(ch limitChange) {
 	// Logging is checked first: building a record's arguments allocates,
 	// and the limit can change on any response.
