@@ -10,6 +10,20 @@ import (
 // sample would, for tests that move it by hand. l.mu must be held.
 func (l *lane) setLimitLocked(n int) { l.limitMovedLocked(l.slot.set(n)) }
 
+// pinLimit sets l's in-flight limit to n and pins the limiter's bounds
+// there, so that no sample moves it while the test looks.
+func pinLimit(l *lane, n int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.limitMovedLocked(l.slot.pin(n))
+}
+
+// pin sets the limit and both bounds to n.
+func (s *limiter) pin(n int) limitChange {
+	s.min, s.max = n, n
+	return s.set(n)
+}
+
 // feed reports one finished attempt to s as the lane's release does: the
 // attempt holds a slot while it is counted. Nothing waits.
 func feed(s *limiter, now, latency time.Duration, status int, rate float64) limitChange {
