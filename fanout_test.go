@@ -72,16 +72,6 @@ func (g *gateBase) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 }
 
-// pinLimit sets l's in-flight limit to n and pins the configured bounds
-// there, so that no concurrency controller moves it while the test looks.
-// The bounds are read under l.mu, as this writes them.
-func pinLimit(l *lane, n int) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.cfg.minConc, l.cfg.maxConc = n, n
-	l.setLimitLocked(n)
-}
-
 func TestForEachCallsFnForEveryItem(t *testing.T) {
 	tr := mustNew(t, bodyBase{}, WithConcurrency(8, 8))
 	const n = 10_000

@@ -30,7 +30,7 @@ type lane struct {
 	rate float64       // lim's rate, 0 if nil or unlimited; see currentRate
 	last time.Duration // the latest reading of the clock used; see tick
 	q    waitQueue
-	slot slots
+	slot limiter // the in-flight slots and their adaptive limit
 	// cooldown: nothing of this lane is sent before it (Retry-After,
 	// reset); coolTick is the same instant on the lane's clock. Both are
 	// set by coolLocked.
@@ -71,9 +71,8 @@ type lane struct {
 
 	levels  [numLevels]levelCounters
 	refused *[numLevels][numReasons]uint64 // early refusals; nil before the first
-	ctl     controller
-	fb      feedback    // what the server said; see feedback.go
-	budget  retryBudget // see retry.go
+	fb      feedback                       // what the server said; see feedback.go
+	budget  retryBudget                    // see retry.go
 }
 
 type levelCounters struct {
@@ -105,7 +104,6 @@ func newLane(key string, cfg *config) *lane {
 		epoch:   epoch,
 		epochNS: epoch.UnixNano(),
 		q:       waitQueue{aging: cfg.aging, lowShare: cfg.lowShare},
-		slot:    slots{limit: cfg.maxConc},
 		be:      cfg.backend,
 	}
 	if _, ok := cfg.backend.(Leaser); ok {
@@ -122,7 +120,7 @@ func newLane(key string, cfg *config) *lane {
 	l.budgets = newBudgets(cfg.budgets)
 	l.fb.accepted = stats.NewWindow(acceptWindow)
 	l.budget = newRetryBudget()
-	l.ctl.init(l)
+	l.slot = newLimiter(cfg.minConc, cfg.maxConc, l.lim != nil)
 	return l
 }
 
@@ -665,13 +663,13 @@ func (l *lane) release(g grant, status int) {
 	l.mu.Lock()
 	if timed {
 		d = l.at(d)
-		l.ctl.onDone(l, l.timeOf(d), d-start, status)
+		l.limitMovedLocked(l.slot.onSample(d, d-start, status, l.q.len() > 0, l.currentRate()))
 		l.settle(d, start, status)
 	} else {
 		// Untimed only on a lane busy enough that the latest clock
 		// reading, from a grant, is recent: good enough to count the
 		// response in windows of seconds (see timeNext).
-		l.ctl.onUntimed(l, status)
+		l.slot.onUntimed(status, l.q.len() > 0)
 		l.settle(l.last, start, status)
 	}
 	l.q.levels[tn.level].finished(tn, l.slot.limit)
@@ -713,26 +711,35 @@ func (l *lane) shareCooldown() {
 	}
 }
 
-// setLimitLocked sets the in-flight limit, clamped to the configured bounds.
-// Raising it lets the dispatcher serve waiters in priority order; lowering it
-// cancels nothing: in-flight attempts drain. mu must be held.
-func (l *lane) setLimitLocked(n int) {
-	n = max(l.cfg.minConc, min(n, l.cfg.maxConc))
-	if n == l.slot.limit {
+// limitMovedLocked acts on what the limiter did on a sample: it logs what a
+// closed window found and a new limit, emits EventLimitChanged, and lets
+// the dispatcher serve waiters in priority order if the limit grew (a
+// smaller one cancels nothing: in-flight attempts drain). mu must be held.
+func (l *lane) limitMovedLocked(ch limitChange) {
+	// Logging is checked first: building a record's arguments allocates,
+	// and the limit can change on any response.
+	if f := ch.found; f.kind != foundNothing && l.cfg.logger.Enabled(context.Background(), slog.LevelDebug) {
+		if f.kind == foundQueueing {
+			l.cfg.logger.Debug("sluice: upstream queueing; limit capped", "lane", l.key,
+				"latency", f.latency, "baseline", f.baseline, "cap", f.cap)
+		} else {
+			l.cfg.logger.Debug("sluice: calls slower; new baseline", "lane", l.key,
+				"latency", f.latency, "baseline", f.baseline)
+		}
+	}
+	if ch.to == ch.from {
 		return
 	}
-	// Checked first: building the record's arguments allocates, and the
-	// limit can change on any response.
 	if l.cfg.logger.Enabled(context.Background(), slog.LevelDebug) {
-		l.cfg.logger.Debug("sluice: in-flight limit changed", "lane", l.key, "from", l.slot.limit, "to", n)
+		l.cfg.logger.Debug("sluice: in-flight limit changed", "lane", l.key, "from", ch.from, "to", ch.to)
 	}
 	if ev := l.cfg.events; ev != nil {
-		ev.push(context.Background(), Event{Kind: EventLimitChanged, Lane: l.key, From: float64(l.slot.limit), To: float64(n)})
+		ev.push(context.Background(), Event{Kind: EventLimitChanged, Lane: l.key, From: float64(ch.from), To: float64(ch.to)})
 	}
-	if l.slot.resize(n) && l.q.len() > 0 {
+	if ch.to > ch.from && l.q.len() > 0 {
 		for p := range l.q.levels {
 			if l.cfg.tenantShare[p] > 0 {
-				l.q.levels[p].grew(n)
+				l.q.levels[p].grew(ch.to)
 			}
 		}
 		l.wake()

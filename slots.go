@@ -1,8 +1,8 @@
 package sluice
 
 // slots is a lane's in-flight semaphore: a count of attempts sent and not
-// finished, and a limit that can change at any time (the adaptive controller
-// moves it). Lowering the limit below the count cancels nothing: in-flight
+// finished, and a limit that can change at any time (the limiter that holds
+// it moves it). Lowering the limit below the count cancels nothing: in-flight
 // work drains and no new grant is made until the count is under the limit.
 //
 // slots has no wait list of its own. The lane's single wait queue serves both
@@ -15,7 +15,8 @@ package sluice
 // for a slot holds no token, and the bucket (capped at burst) is what bounds
 // the burst after a stall.
 //
-// slots is not safe for concurrent use; the lane's mutex guards it.
+// slots is not safe for concurrent use; the lane's mutex guards it. The
+// zero value has a limit of 0: nothing may be sent.
 type slots struct {
 	limit int
 	inUse int
@@ -37,11 +38,4 @@ func (s *slots) take() { s.inUse++ }
 func (s *slots) put() bool {
 	s.inUse--
 	return s.free()
-}
-
-// resize sets the limit and reports whether it grew (waiters may be served).
-func (s *slots) resize(n int) bool {
-	grew := n > s.limit
-	s.limit = n
-	return grew
 }

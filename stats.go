@@ -132,7 +132,7 @@ func (l *lane) stats() LaneStats {
 	if now.Before(l.cooldown) {
 		ls.Cooldown = l.cooldown
 	}
-	l.ctl.fill(&ls)
+	l.slot.fill(&ls)
 	ls.Throttled, ls.Cooldowns = l.fb.throttled, l.fb.cooldowns
 	ls.Retries, ls.RetriesDenied = l.budget.made, l.budget.refused
 	for p := range ls.Levels {

@@ -1,0 +1,275 @@
+package sluice
+
+import (
+	"math"
+	"net/http"
+	"time"
+)
+
+// The adaptive limit's constants. Why these values: NOTES.md, "Adaptive
+// in-flight limit".
+const (
+	littleMargin = 0.1     // share added to λ·W + devWeight·sqrt(λ·D)
+	devWeight    = 3       // standard deviations of the in-flight count allowed over its mean
+	latencyGain  = 1.0 / 8 // weight of a sample in the smoothed latency (RFC 6298)
+	devGain      = 1.0 / 4 // weight of a sample in the smoothed deviation (RFC 6298)
+
+	// A window closes at its first sample after windowLength, once it
+	// holds windowSamples samples.
+	windowLength  = time.Second
+	windowSamples = 16
+
+	baselineWindows = 8    // the baseline is the least mean of this many windows
+	tolerance       = 0.25 // a change in latency or throughput under this share is noise
+	rateShort       = 0.9  // a paced lane completing under this share of its rate is short of it
+	backoff         = 0.75 // a cut goes this far under the upstream's estimated capacity
+	initialUnpaced  = 4    // the first limit of a lane with no rate
+)
+
+// limiter is a lane's in-flight limit: its slots and the controller that
+// sizes them from latency samples. A paced lane's limit is Little's law's
+//
+//	ceil((λ·W + 3·sqrt(λ·D)) · 1.1)
+//
+// for rate λ, smoothed latency W and its mean deviation D, under a cap that
+// the controller sets when latency rises above a no-load baseline while the
+// completion rate stays flat (the upstream queues what the lane sends). An
+// unpaced lane's limit is that cap alone, from initialUnpaced. The limit
+// stays within the bounds given to newLimiter. See NOTES.md, "Adaptive
+// in-flight limit".
+//
+// Times are on the lane's clock. A limiter is not safe for concurrent use
+// (the lane's mutex guards it); its methods neither block nor allocate.
+type limiter struct {
+	slots
+	min, max int // the limit's bounds
+
+	w, dev float64 // smoothed latency and its mean deviation, in seconds
+
+	// The current window, from start; started is false before the first
+	// sample.
+	start   time.Duration
+	started bool
+	bound   bool    // a completion found every slot taken and requests waiting
+	suspect bool    // the last window looked like queueing, and did not act on it
+	n       int     // timed completions (samples)
+	done    int     // completions, timed or not: the completion rate
+	sumW    float64 // latencies (s)
+	sumL    float64 // in-flight counts at completion
+
+	means [baselineWindows]float64 // means of recent windows, 0: none
+	next  int                      // where the next mean goes in means
+	prevX float64                  // completions per second of the previous window
+	prevL float64                  // mean in-flight count of the previous window
+
+	cap      int // cap on the limit from the gradient; 0: none
+	knee     int // the upstream's capacity in calls, estimated by the last cut
+	sinceCut int // windows since the last cut, from 1; 0: none yet
+}
+
+// newLimiter returns the limiter of a lane whose limit stays within [lo,
+// hi]. A paced lane starts at hi: its rate bounds what leaves before the
+// first answer. An unpaced one starts at initialUnpaced.
+func newLimiter(lo, hi int, paced bool) limiter {
+	s := limiter{slots: slots{limit: hi}, min: lo, max: hi}
+	if !paced {
+		s.cap = max(lo, min(initialUnpaced, hi))
+		s.limit = s.cap
+	}
+	return s
+}
+
+// A limitChange is what the limiter did on a sample: the limit moved from
+// from to to (equal if it did not move), and, if the sample closed a window
+// that found something, what it found, for the lane to log.
+type limitChange struct {
+	from, to int
+	found    finding
+}
+
+// A finding is what a closed window concluded; the zero value is none worth
+// a log.
+type finding struct {
+	kind              findingKind
+	latency, baseline time.Duration // the window's mean latency, and the baseline it was compared with
+	cap               int           // with foundQueueing, the cap set
+}
+
+type findingKind uint8
+
+const (
+	foundNothing  findingKind = iota
+	foundQueueing             // latency up at a flat completion rate: the limit was capped
+	foundSlower               // the calls got slower: the baseline is measured afresh
+)
+
+// set sets the limit to n, clamped to the bounds. Lowering it cancels
+// nothing: in-flight attempts drain.
+func (s *limiter) set(n int) limitChange {
+	from := s.limit
+	s.limit = max(s.min, min(n, s.max))
+	return limitChange{from: from, to: s.limit}
+}
+
+// onSample takes the completion at now of a timed attempt that held a slot
+// (counted in inUse) for latency and ended with status (0: the transport
+// failed). waiting says whether requests wait for the lane; rate is its
+// rate, 0 if not paced. It returns what became of the limit. Refusals (429,
+// 503) and transport errors are not samples and change nothing.
+func (s *limiter) onSample(now, latency time.Duration, status int, waiting bool, rate float64) limitChange {
+	switch status {
+	case 0, http.StatusTooManyRequests, http.StatusServiceUnavailable:
+		return limitChange{from: s.limit, to: s.limit}
+	}
+	x := max(latency.Seconds(), 0)
+	if !s.started {
+		// RFC 6298's start: the deviation is unknown, assume it large.
+		s.w, s.dev, s.start, s.started = x, x/2, now, true
+	} else {
+		d := x - s.w
+		s.w += d * latencyGain
+		s.dev += (math.Abs(d) - s.dev) * devGain
+	}
+	s.n++
+	s.done++
+	s.sumW += x
+	s.sumL += float64(s.inUse)
+	s.checkBound(waiting)
+	var f finding
+	if s.n >= windowSamples && now-s.start >= windowLength {
+		f = s.endWindow(now, rate)
+	}
+	ch := s.set(s.target(rate))
+	ch.found = f
+	return ch
+}
+
+// onUntimed takes the completion of an attempt that was not timed (see
+// lane.timeNext), with the arguments of onSample: it counts toward the
+// window's completion rate and binding check, which must see every
+// completion.
+func (s *limiter) onUntimed(status int, waiting bool) {
+	switch status {
+	case 0, http.StatusTooManyRequests, http.StatusServiceUnavailable:
+		return
+	}
+	if !s.started {
+		return // no window yet: it starts at the first sample
+	}
+	s.done++
+	s.checkBound(waiting)
+}
+
+// checkBound records that a completion found every slot taken and requests
+// waiting.
+func (s *limiter) checkBound(waiting bool) {
+	if s.inUse >= s.limit && waiting {
+		s.bound = true
+	}
+}
+
+// target returns the limit the lane should have now, at rate.
+func (s *limiter) target(rate float64) int {
+	if rate == 0 {
+		if s.cap == 0 { // the rate has gone: hold the limit, then move it by the gradient
+			s.cap = s.limit
+		}
+		return s.cap
+	}
+	n := s.max
+	if f := math.Ceil((rate*s.w + devWeight*math.Sqrt(rate*s.dev)) * (1 + littleMargin)); f < float64(n) {
+		n = int(f)
+	}
+	if s.cap > 0 {
+		n = min(n, s.cap)
+	}
+	return n
+}
+
+// endWindow closes the current window at now: it updates the baseline and
+// the gradient's cap, and starts the next window.
+func (s *limiter) endWindow(now time.Duration, r float64) finding {
+	n := float64(s.n)
+	mean, inFlight := s.sumW/n, s.sumL/n
+	x := float64(s.done) / (now - s.start).Seconds()
+	base := s.baseline()
+	elevated := base > 0 && mean > base*(1+tolerance)
+	fell, rose := x*(1+tolerance) < s.prevX, x > s.prevX*(1+tolerance)
+	grew := inFlight > s.prevL*(1+tolerance)
+	short := r == 0 || x < r*rateShort
+	suspect := false
+	var f finding
+	if s.sinceCut > 0 {
+		s.sinceCut++
+	}
+	switch {
+	case !elevated:
+		switch {
+		case s.cap > 0 && r > 0 && !s.bound:
+			s.cap, s.sinceCut = 0, 0
+		case s.cap > 0 && s.bound:
+			// Back to the estimated capacity at once after a cut (its
+			// window has refreshed the baseline), then probe above it.
+			s.cap = min(max(s.cap+max(1, s.cap/4), s.knee), s.max)
+			s.knee = 0
+		}
+		s.push(mean)
+	case rose:
+		// More concurrency is buying throughput: not saturated, and too
+		// early to tell more.
+		s.push(mean)
+	case !fell && short && (s.bound || grew):
+		// Slower at a flat completion rate under the rate, with our
+		// in-flight count binding or growing: the upstream queues what we
+		// add, or the calls just got slower and the limit is catching up.
+		// Act on the second such window in a row: back off to under what
+		// the upstream served at baseline latency.
+		if s.suspect {
+			s.knee = int(inFlight * base / mean)
+			s.cap = max(s.min, int(backoff*inFlight*base/mean))
+			s.sinceCut = 1
+			f = finding{kind: foundQueueing, latency: secs(mean), baseline: secs(base), cap: s.cap}
+		}
+		suspect = !s.suspect
+		s.push(mean)
+	default:
+		// Slower at a lower completion rate, at the full rate, or with
+		// nothing of ours piling up: the calls, not a queue of ours. The
+		// window mixes old and new latencies; the next one is the
+		// baseline. With a rate, Little's law alone sizes the lane again.
+		s.means = [baselineWindows]float64{}
+		s.sinceCut = 0
+		if r > 0 {
+			s.cap = 0
+		}
+		f = finding{kind: foundSlower, latency: secs(mean), baseline: secs(base)}
+	}
+	s.prevX, s.prevL, s.suspect = x, inFlight, suspect
+	s.start, s.n, s.done, s.sumW, s.sumL, s.bound = now, 0, 0, 0, 0, false
+	return f
+}
+
+func (s *limiter) push(mean float64) {
+	s.means[s.next] = mean
+	s.next = (s.next + 1) % baselineWindows
+}
+
+// baseline returns the no-load latency estimate in seconds, 0 if unknown.
+func (s *limiter) baseline() float64 {
+	b := 0.0
+	for _, m := range s.means {
+		if m > 0 && (b == 0 || m < b) {
+			b = m
+		}
+	}
+	return b
+}
+
+// fill adds the controller's state to a stats snapshot.
+func (s *limiter) fill(ls *LaneStats) {
+	ls.Latency = secs(s.w)
+	ls.Baseline = secs(s.baseline())
+	ls.Saturated = s.sinceCut > 0 && s.sinceCut <= baselineWindows
+}
+
+func secs(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
