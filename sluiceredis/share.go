@@ -49,18 +49,22 @@ type shares struct {
 	mu      sync.Mutex
 	keys    map[string]*shareKey
 	running bool
-	kick    chan struct{} // capacity 1: a key was added
+	kick    chan struct{} // capacity 1: a key was added, or a refresh brought forward
+	nudges  nudges
 }
 
 // A shareKey is this process's share of one key's budget and the lanes it
 // is divided among. Its fields other than lanes are used by the refresher
 // goroutine only.
 type shareKey struct {
-	key   string
-	redis [2]string // the entries and the cooldown (see share.lua)
-	lanes []*member // guarded by shares.mu
-	fresh bool      // a lane joined since the last refresh; guarded by shares.mu
-	next  time.Time // when to refresh next
+	key     string
+	redis   [2]string // the entries and the cooldown (see share.lua)
+	channel string    // where share.lua names the processes to refresh now
+	lanes   []*member // guarded by shares.mu
+	fresh   bool      // a lane joined since the last refresh; guarded by shares.mu
+	next    time.Time // when to refresh next
+	sent    time.Time // when the last refresh began; guarded by shares.mu
+	nudged  time.Time // when a name brought the next refresh forward to; guarded by shares.mu
 
 	leased   bool      // a share was ever granted by Redis
 	until    time.Time // when the last one ends, on this process's clock
@@ -107,7 +111,7 @@ func (b *Backend) Join(key string, demand func() (sluice.Demand, bool), grant fu
 			s.kick = make(chan struct{}, 1)
 		}
 		k := newKeys(b.cfg.prefix, key)
-		sk = &shareKey{key: key, redis: [2]string{k.shares(), k[1]}, places: -1}
+		sk = &shareKey{key: key, redis: [2]string{k.shares(), k[1]}, channel: k.moved(), places: -1}
 		s.keys[key] = sk
 	}
 	sk.lanes = append(sk.lanes, &member{demand: demand, grant: grant})
@@ -131,6 +135,8 @@ func (b *Backend) Join(key string, demand func() (sluice.Demand, bool), grant fu
 // key has lanes left, or at Close.
 func (b *Backend) refreshLoop() {
 	defer b.wg.Done()
+	b.startNudges()
+	defer b.stopNudges()
 	t := time.NewTimer(time.Hour)
 	defer t.Stop()
 	for {
@@ -155,8 +161,8 @@ func (b *Backend) refreshDue(now time.Time) (time.Time, bool) {
 	s.mu.Lock()
 	var due []*shareKey
 	for _, sk := range s.keys {
-		if sk.fresh || !now.Before(sk.next) {
-			sk.fresh = false
+		if sk.fresh || !now.Before(sk.next) || !sk.nudged.IsZero() && !now.Before(sk.nudged) {
+			sk.fresh, sk.sent, sk.nudged = false, now, time.Time{}
 			due = append(due, sk)
 		}
 	}
@@ -175,20 +181,31 @@ func (b *Backend) refreshDue(now time.Time) (time.Time, bool) {
 	}
 	wg.Wait()
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	var next time.Time
+	var (
+		next time.Time
+		gone []*shareKey
+	)
 	for key, sk := range s.keys {
 		if len(sk.lanes) == 0 {
 			delete(s.keys, key)
+			gone = append(gone, sk)
 			continue
 		}
 		if next.IsZero() || sk.next.Before(next) {
 			next = sk.next
 		}
+		if !sk.nudged.IsZero() && sk.nudged.Before(next) {
+			next = sk.nudged
+		}
 	}
 	if len(s.keys) == 0 {
 		s.running = false
+		s.mu.Unlock()
 		return time.Time{}, false
+	}
+	s.mu.Unlock()
+	for _, sk := range gone {
+		b.unlisten(sk)
 	}
 	return next, true
 }
@@ -206,6 +223,7 @@ func (b *Backend) refresh(sk *shareKey) {
 		cancel()
 		return
 	}
+	b.listen(sk)
 	sent := time.Now()
 	wants := make([][levels]float64, len(lanes))
 	places := make([][levels]int, len(lanes))
@@ -260,7 +278,7 @@ func (b *Backend) refresh(sk *shareKey) {
 	r, err := runShare(ctx, b.client, sk.redis, shareArgs{
 		self: b.self, lease: shareLeases * b.cfg.refresh,
 		rate: rate, burst: burst, cap: b.cfg.leases, inFlight: inFlight,
-		wants: total, places: ptotal, most: sk.fellTo,
+		wants: total, places: ptotal, most: sk.fellTo, channel: sk.channel,
 	})
 	cancel()
 	now := time.Now()
@@ -389,6 +407,7 @@ type shareArgs struct {
 	wants    [levels]float64
 	places   [levels]float64
 	most     float64 // the most rate to take; 0: no bound
+	channel  string  // where to name the processes to refresh now (see nudges)
 }
 
 // shareReply is what share.lua answered.
@@ -408,7 +427,7 @@ func runShare(ctx context.Context, c redis.Scripter, k [2]string, a shareArgs) (
 	f := func(x float64) string { return strconv.FormatFloat(x, 'g', -1, 64) }
 	args := []any{a.self, a.lease.Microseconds(), f(a.rate), a.burst, a.cap, a.inFlight,
 		f(a.wants[0]), f(a.wants[1]), f(a.wants[2]),
-		f(a.places[0]), f(a.places[1]), f(a.places[2]), f(a.most)}
+		f(a.places[0]), f(a.places[1]), f(a.places[2]), f(a.most), a.channel}
 	v, err := shareScript.Run(ctx, c, k[:], args...).Slice()
 	if err != nil {
 		return shareReply{}, err

@@ -15,12 +15,23 @@
 -- ARGV[5] in-flight cap (0: none)   ARGV[6] attempts in flight now
 -- ARGV[7..9] rate wanted per level   ARGV[10..12] places wanted per level
 -- ARGV[13] the most rate the caller takes (0: no such bound)
+-- ARGV[14] the channel on which to name the processes to refresh now
 --
 -- An entry is "expiry rate burst cap granted-rate granted-places w1 w2 w3
 -- p1 p2 p3". Returns {granted rate, granted places (-1: no cap), live
 -- processes, cooldown left, the budget's rate, its burst, its cap, 1 if
 -- the caller got less than its part (it may refresh sooner)}; rates as
 -- strings, to keep their fractions.
+--
+-- A share that moves would idle between the refreshes of the process that
+-- gives it up and of the one it is owed to. So when the caller is owed rate
+-- that others hold, the script names on the channel the processes holding
+-- more than their part (the most over first, until they cover what the
+-- caller is owed); and when rate is left that nobody holds, it names the
+-- processes owed some (the most owed first, until they cover it). Each
+-- named process refreshes at once (see nudge.go): giving up what it holds
+-- over its part, or taking what it is owed. Moves under a hundredth of the
+-- rate name nobody.
 
 if redis.replicate_commands then redis.replicate_commands() end
 local t = redis.call('TIME')
@@ -46,7 +57,7 @@ for i = 1, #all, 2 do
       dead[#dead + 1] = all[i]
     else
       procs[#procs + 1] = {
-        exp = f[1], rate = f[2], burst = f[3], cap = f[4], gr = f[5], gp = f[6],
+        id = all[i], exp = f[1], rate = f[2], burst = f[3], cap = f[4], gr = f[5], gp = f[6],
         w = {f[7], f[8], f[9]}, p = {f[10], f[11], f[12]},
       }
     end
@@ -111,23 +122,27 @@ local function part(c, f, whole)
   elseif left > 0 then
     for i = 1, n do give[i] = give[i] + left / n end
   end
-  return give[n]
+  return give
 end
 
 local short = 0
 local gr = 0
+local parts
+local owed = 0
 if rate > 0 then
-  local want = part(rate, 'w', false)
+  parts = part(rate, 'w', false)
+  local want = parts[n]
   local held = 0
   for i = 1, n - 1 do held = held + procs[i].gr end
   gr = math.max(0, math.min(want, rate - held))
   if gr < want - 1e-9 then short = 1 end
+  owed = want - gr
   local most = tonumber(ARGV[13])
   if most > 0 then gr = math.min(gr, most) end
 end
 local gp = -1
 if cap > 0 then
-  local want = part(cap, 'p', true)
+  local want = part(cap, 'p', true)[n]
   local held = 0
   for i = 1, n - 1 do held = held + procs[i].gp end
   gp = math.max(0, math.min(want, cap - held))
@@ -140,6 +155,32 @@ self.gr, self.gp = gr, math.max(gp, inflight)
 redis.call('HSET', KEYS[1], me, string.format('%.0f %.17g %d %d %.17g %d %.17g %.17g %.17g %d %d %d',
   self.exp, self.rate, self.burst, self.cap, self.gr, self.gp,
   self.w[1], self.w[2], self.w[3], self.p[1], self.p[2], self.p[3]))
+-- Who to name on the channel (see above): those over their parts when the
+-- caller is owed, those owed when rate is left unheld.
+if parts then
+  local least = rate / 100
+  local function name(amount, owes, ids)
+    if amount < least then return end
+    local cand = {}
+    for i = 1, n - 1 do
+      local d = owes(i)
+      if d > 1e-9 then cand[#cand + 1] = {i, d} end
+    end
+    table.sort(cand, function(a, b) return a[2] > b[2] end)
+    for _, c in ipairs(cand) do
+      if amount <= 1e-9 then break end
+      ids[#ids + 1] = procs[c[1]].id
+      amount = amount - c[2]
+    end
+  end
+  local ids = {}
+  name(owed, function(i) return procs[i].gr - parts[i] end, ids)
+  local free = rate
+  for i = 1, n do free = free - procs[i].gr end
+  name(free, function(i) return parts[i] - procs[i].gr end, ids)
+  if #ids > 0 then redis.call('PUBLISH', ARGV[14], table.concat(ids, ' ')) end
+end
+
 local last = 0
 for _, e in ipairs(procs) do last = math.max(last, e.exp) end
 redis.call('PEXPIRE', KEYS[1], math.max(1, math.ceil((last - now) / 1000)))
