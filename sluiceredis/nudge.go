@@ -2,6 +2,8 @@ package sluiceredis
 
 import (
 	"context"
+	"math"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -123,26 +125,62 @@ func (b *Backend) readNudges(ps *redis.PubSub) {
 			continue
 		}
 		m, ok := msg.(*redis.Message)
-		if !ok || !names(m.Payload, b.self) {
+		if !ok {
+			continue
+		}
+		named, seq, rate := names(m.Payload, b.self)
+		if !named {
 			continue
 		}
 		n.mu.Lock()
 		sk := n.chans[m.Channel]
 		n.mu.Unlock()
-		if sk != nil {
+		switch {
+		case sk == nil:
+		case seq > 0:
+			b.push(sk, seq, rate)
+		default:
 			b.nudge(sk)
 		}
 	}
 }
 
-// names reports whether the space-separated list of ids holds id.
-func names(ids, id string) bool {
-	for f := range strings.FieldsSeq(ids) {
-		if f == id {
-			return true
+// names reads share.lua's message, a space-separated list of process ids
+// to refresh, and of id=seq:rate for a share granted to id: whether it
+// names id, and the share granted if so (seq 0: none).
+func names(msg, id string) (named bool, seq int64, rate float64) {
+	for f := range strings.FieldsSeq(msg) {
+		name, grant, _ := strings.Cut(f, "=")
+		if name != id {
+			continue
 		}
+		if grant == "" {
+			return true, 0, 0
+		}
+		v, r, _ := strings.Cut(grant, ":")
+		s, err1 := strconv.ParseInt(v, 10, 64)
+		x, err2 := strconv.ParseFloat(r, 64)
+		if err1 != nil || err2 != nil || s <= 0 || !(x >= 0) || math.IsInf(x, 0) {
+			return false, 0, 0
+		}
+		return true, s, x
 	}
-	return false
+	return false, 0, 0
+}
+
+// push records a larger share granted to sk by another process's refresh,
+// for the refresher goroutine to apply at once (see applyPushed).
+func (b *Backend) push(sk *shareKey, seq int64, rate float64) {
+	s := &b.shares
+	s.mu.Lock()
+	if seq > sk.pushed.seq {
+		sk.pushed.seq, sk.pushed.rate = seq, rate
+	}
+	s.mu.Unlock()
+	select {
+	case s.kick <- struct{}{}:
+	default:
+	}
 }
 
 // nudge brings sk's next refresh forward to now, or to nudgeGap after its
