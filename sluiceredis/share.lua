@@ -60,14 +60,16 @@ local all = redis.call('HGETALL', KEYS[1])
 for i = 1, #all, 2 do
   local f = {}
   for x in string.gmatch(all[i + 1], '%S+') do f[#f + 1] = tonumber(x) end
+  -- An entry of twelve fields, without a version, is one written before
+  -- versions were: its version is 0.
   if all[i] == me then
     if #f == 13 then self.seq = f[13] end
-  elseif #f ~= 13 or f[1] <= now then
+  elseif (#f ~= 12 and #f ~= 13) or f[1] <= now then
     dead[#dead + 1] = all[i]
   else
     procs[#procs + 1] = {
       id = all[i], exp = f[1], rate = f[2], burst = f[3], cap = f[4], gr = f[5], gp = f[6],
-      w = {f[7], f[8], f[9]}, p = {f[10], f[11], f[12]}, seq = f[13],
+      w = {f[7], f[8], f[9]}, p = {f[10], f[11], f[12]}, seq = f[13] or 0,
     }
   end
 end
