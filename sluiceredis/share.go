@@ -41,6 +41,10 @@ const (
 	// it (see watch).
 	urgentQueue = 0.25
 	urgentDrain = 0.5
+	// urgentLeast: a queue of this many or fewer is never urgent, so that a
+	// lane with few recent arrivals does not ask for its whole queue at
+	// once.
+	urgentLeast = 8
 )
 
 // watchEvery: a key with Interactive demand has its queues looked at
@@ -369,7 +373,7 @@ func (b *Backend) refresh(sk *shareKey) {
 // urgent reports whether a queue of waiting at level l is urgent (see
 // urgentQueue): only an Interactive one can be.
 func (m *member) urgent(l, waiting int, refresh time.Duration) bool {
-	return l == int(sluice.Interactive) && float64(waiting) > max(urgentQueue*m.est[l]*refresh.Seconds(), 1)
+	return l == int(sluice.Interactive) && float64(waiting) > max(urgentQueue*m.est[l]*refresh.Seconds(), urgentLeast)
 }
 
 // watch reads the demand of sk's lanes between refreshes, and brings the
