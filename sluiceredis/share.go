@@ -274,7 +274,6 @@ func (b *Backend) refresh(sk *shareKey) {
 		cancel()
 		return
 	}
-	b.listen(sk)
 	sent := time.Now()
 	wants := make([][levels]float64, len(lanes))
 	places := make([][levels]int, len(lanes))
@@ -336,6 +335,8 @@ func (b *Backend) refresh(sk *shareKey) {
 	})
 	cancel()
 	now := time.Now()
+	// Subscribed after the call, which a key's first request waits for.
+	b.listen(sk)
 	next := b.cfg.refresh
 	if err == nil {
 		if sk.fallen {
