@@ -45,13 +45,10 @@ const (
 	// lane with few recent arrivals does not ask for its whole queue at
 	// once.
 	urgentLeast = 8
-)
+	// watchEvery: a key with Interactive demand has its queues looked at
+	// (locally) this many times a refresh, for an urgent one (see watch).
+	watchEvery = 8
 
-// watchEvery: a key with Interactive demand has its queues looked at
-// (locally) this many times a refresh, for an urgent one (see watch).
-const watchEvery = 8
-
-const (
 	// refreshParallel is how many keys' refreshes run at once.
 	refreshParallel = 16
 )
