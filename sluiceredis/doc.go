@@ -32,11 +32,23 @@
 // budget is apportioned by priority first (a level's wants across the
 // fleet are met before any lower level's), max-min fairly within a level,
 // and what nobody wants is spread evenly. A process is never granted more
-// than the other processes' grants leave: a share that moves is taken from
-// one process at its refresh and given to another at its next, so moving
-// it takes one to two refreshes, and a share granted and not used is idle
-// until its holder's next refresh. Between refreshes the lanes pace
-// themselves locally inside their shares (a lane's share is its part of
+// than the other processes' grants leave. A share moves without waiting
+// for the refreshes at their turn: a process owed a share that others hold
+// has them named on a channel of the key, and they refresh at once and give
+// it up; and a refresh that leaves part of the rate unheld grants it, in
+// the same call, to the processes owed it, and tells them their new rate
+// on the channel (each Backend subscribes to the channels of its keys, on
+// one connection). A process refreshes at most once a quarter of a refresh
+// for such names (about 2.2 calls a second a process, one Interactive and
+// three Batch processes at 100/s). An Interactive queue is asked for on
+// top of its smoothed arrival rate, to be served within two refreshes; one
+// that holds more than a quarter of a refresh's arrivals is urgent, asked
+// for to be served within half a refresh, and its process looks for one
+// eight times a refresh, locally, and refreshes at once when it finds it:
+// so the Interactive grant stays close to its use (what it is granted and
+// does not use is idle until its next refresh), and a burst of its calls
+// waits about a quarter of a refresh, not one. Between refreshes the lanes
+// pace themselves locally inside their shares (a lane's share is its part of
 // its process's, by the same rule), with no Redis call per request, in
 // Done or anywhere on a request's path; a key's first request waits for
 // its first refresh. Several Transports may share one Backend: each of
@@ -47,21 +59,25 @@
 // fraction of the burst rounded down, at least one token (at most one
 // token more than its fraction, per process); and each lane charges a
 // late wake-up's token up to one token's time early (one more). On top of
-// that, a share that moves is cut in the old holder when its reply arrives
-// and granted to the new one only at its own later refresh, so the
-// overlap is at most a round trip of the old holder's share. A refresh
-// whose reply is lost (a Redis stall longer than WithTimeout) may leave its
+// that, a share that moves is cut in the old holder when its reply arrives,
+// and may be granted to the new one as soon as the same call's message
+// reaches it, so the overlap is at most a round trip of the share that
+// moves (a tenth of a token for 10/s moved with Redis 5ms away each way).
+// Moving shares between refreshes changes none of this. A refresh whose
+// reply is lost (a Redis stall longer than WithTimeout) may leave its
 // process sending at its previous share, for at most the rest of its
-// lease, while Redis has recorded a smaller one. A Redis that loses its
-// data (restarted empty) forgets the shares held: see "When Redis is
-// down".
+// lease, while Redis has recorded a smaller one; a message lost costs only
+// the wait for the next refresh. A Redis that loses its data (restarted
+// empty) forgets the shares held: see "When Redis is down".
 //
 // A key is refreshed for as long as a lane on it lives: an idle lane until
 // its Transport forgets it (sluice.WithLaneIdle, 5 minutes by default).
 //
 // Costs: one script call per key per process per refresh (about 1.7 a
 // second a process with the jitter and the early refreshes of a process
-// that is owed a share), whatever the request rate; Redis time for each
+// that is owed a share; at most four a refresh while shares move, see
+// above), whatever the request rate, and one subscription connection per
+// Backend; Redis time for each
 // call grows with the number of live processes on the key (the script
 // reads every entry). A distant Redis costs nothing in throughput.
 //

@@ -87,7 +87,11 @@ func (k keys) lease() string { return k[2] }
 // share.lua), beside the budget's other keys and in their slot.
 func (k keys) shares() string { return k[0][:len(k[0])-len("tat")] + "shares" }
 func (k keys) gone() string   { return k[3] }
-func (k keys) freed() string  { return k[4] }
+
+// moved names the channel on which share.lua names the processes that are
+// to refresh now (see nudges).
+func (k keys) moved() string { return k[0][:len(k[0])-len("tat")] + "moved" }
+func (k keys) freed() string { return k[4] }
 
 // takeArgs are take.lua's arguments other than the releases.
 type takeArgs struct {

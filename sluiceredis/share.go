@@ -29,14 +29,25 @@ const shareLeases = 3
 
 const (
 	// estGain is the weight of the latest refresh in a lane's estimated
-	// arrival rate: a quarter averages over about four refreshes.
+	// arrival rate: a quarter averages over about four refreshes (a
+	// refresh brought forward weighs its part of an interval).
 	estGain = 0.25
 	// backlogRefreshes: a lane asks for its queue to be served within this
 	// many refreshes, on top of its arrival rate.
 	backlogRefreshes = 2
-	// backlogGrowth is what an Interactive level with waiters asks for at
-	// least, as a multiple of its arrival rate.
-	backlogGrowth = 1.25
+	// urgentQueue: an Interactive queue longer than this part of a
+	// refresh's arrivals is urgent: it asks to be served within
+	// urgentDrain refreshes, and its process refreshes as soon as it finds
+	// it (see watch).
+	urgentQueue = 0.25
+	urgentDrain = 0.5
+	// urgentLeast: a queue of this many or fewer is never urgent, so that a
+	// lane with few recent arrivals does not ask for its whole queue at
+	// once.
+	urgentLeast = 8
+	// watchEvery: a key with Interactive demand has its queues looked at
+	// (locally) this many times a refresh, for an urgent one (see watch).
+	watchEvery = 8
 
 	// refreshParallel is how many keys' refreshes run at once.
 	refreshParallel = 16
@@ -49,18 +60,40 @@ type shares struct {
 	mu      sync.Mutex
 	keys    map[string]*shareKey
 	running bool
-	kick    chan struct{} // capacity 1: a key was added
+	kick    chan struct{} // capacity 1: a key was added, or a refresh brought forward
+	nudges  nudges
 }
 
 // A shareKey is this process's share of one key's budget and the lanes it
 // is divided among. Its fields other than lanes are used by the refresher
 // goroutine only.
 type shareKey struct {
-	key   string
-	redis [2]string // the entries and the cooldown (see share.lua)
-	lanes []*member // guarded by shares.mu
-	fresh bool      // a lane joined since the last refresh; guarded by shares.mu
-	next  time.Time // when to refresh next
+	key     string
+	redis   [2]string // the entries and the cooldown (see share.lua)
+	channel string    // where share.lua names the processes to refresh now
+	lanes   []*member // guarded by shares.mu
+	fresh   bool      // a lane joined since the last refresh; guarded by shares.mu
+	next    time.Time // when to refresh next
+	sent    time.Time // when the last refresh began; guarded by shares.mu
+	nudged  time.Time // when a name brought the next refresh forward to; guarded by shares.mu
+	// interactive: the last refresh found Interactive demand, and watched
+	// is when to look at its queue next (see watch).
+	interactive bool
+	watched     time.Time
+	// pushed is a larger share another process's refresh granted this one
+	// (see nudges), not yet applied; guarded by shares.mu.
+	pushed struct {
+		seq  int64
+		rate float64
+	}
+	seq int64 // the entry's version of the share held (see share.lua)
+	// handed is what the last share was divided by, to divide a pushed one.
+	handed struct {
+		lanes  []*member
+		wants  [][levels]float64
+		places [][levels]int
+		cool   time.Time
+	}
 
 	leased   bool      // a share was ever granted by Redis
 	until    time.Time // when the last one ends, on this process's clock
@@ -107,7 +140,7 @@ func (b *Backend) Join(key string, demand func() (sluice.Demand, bool), grant fu
 			s.kick = make(chan struct{}, 1)
 		}
 		k := newKeys(b.cfg.prefix, key)
-		sk = &shareKey{key: key, redis: [2]string{k.shares(), k[1]}, places: -1}
+		sk = &shareKey{key: key, redis: [2]string{k.shares(), k[1]}, channel: k.moved(), places: -1}
 		s.keys[key] = sk
 	}
 	sk.lanes = append(sk.lanes, &member{demand: demand, grant: grant})
@@ -131,6 +164,8 @@ func (b *Backend) Join(key string, demand func() (sluice.Demand, bool), grant fu
 // key has lanes left, or at Close.
 func (b *Backend) refreshLoop() {
 	defer b.wg.Done()
+	b.startNudges()
+	defer b.stopNudges()
 	t := time.NewTimer(time.Hour)
 	defer t.Stop()
 	for {
@@ -153,14 +188,25 @@ func (b *Backend) refreshLoop() {
 func (b *Backend) refreshDue(now time.Time) (time.Time, bool) {
 	s := &b.shares
 	s.mu.Lock()
-	var due []*shareKey
+	var due, watch, pushed []*shareKey
 	for _, sk := range s.keys {
-		if sk.fresh || !now.Before(sk.next) {
-			sk.fresh = false
+		if sk.pushed.seq > 0 {
+			pushed = append(pushed, sk)
+		}
+		if sk.fresh || !now.Before(sk.next) || !sk.nudged.IsZero() && !now.Before(sk.nudged) {
+			sk.fresh, sk.sent, sk.nudged = false, now, time.Time{}
 			due = append(due, sk)
+		} else if sk.interactive && !now.Before(sk.watched) {
+			watch = append(watch, sk)
 		}
 	}
 	s.mu.Unlock()
+	for _, sk := range pushed {
+		b.applyPushed(sk)
+	}
+	for _, sk := range watch {
+		b.watch(sk)
+	}
 	// Keys are refreshed side by side, a few at a time: one after another,
 	// a process with many keys and a Redis a few milliseconds away would
 	// take longer than a refresh to go round them.
@@ -175,20 +221,39 @@ func (b *Backend) refreshDue(now time.Time) (time.Time, bool) {
 	}
 	wg.Wait()
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	var next time.Time
+	var (
+		next time.Time
+		gone []*shareKey
+	)
 	for key, sk := range s.keys {
 		if len(sk.lanes) == 0 {
 			delete(s.keys, key)
+			gone = append(gone, sk)
 			continue
 		}
 		if next.IsZero() || sk.next.Before(next) {
 			next = sk.next
 		}
+		if !sk.nudged.IsZero() && sk.nudged.Before(next) {
+			next = sk.nudged
+		}
+		if sk.interactive {
+			if !now.Before(sk.watched) {
+				sk.watched = now.Add(b.cfg.refresh / watchEvery)
+			}
+			if sk.watched.Before(next) {
+				next = sk.watched
+			}
+		}
 	}
 	if len(s.keys) == 0 {
 		s.running = false
+		s.mu.Unlock()
 		return time.Time{}, false
+	}
+	s.mu.Unlock()
+	for _, sk := range gone {
+		b.unlisten(sk)
 	}
 	return next, true
 }
@@ -226,7 +291,8 @@ func (b *Backend) refresh(sk *shareKey) {
 			// the queue. The rate is smoothed (see estGain); the queue is
 			// asked for on top, to be served within backlogRefreshes.
 			arrived := float64(cur.Granted[l]-d.Granted[l]) + float64(cur.Waiting[l]-d.Waiting[l])
-			m.est[l] += estGain * (max(arrived, 0)/elapsed.Seconds() - m.est[l])
+			gain := 1 - math.Pow(1-estGain, min(elapsed.Seconds()/b.cfg.refresh.Seconds(), 1))
+			m.est[l] += gain * (max(arrived, 0)/elapsed.Seconds() - m.est[l])
 			wants[i][l] = m.est[l] + float64(cur.Waiting[l])/(backlogRefreshes*b.cfg.refresh.Seconds())
 			switch {
 			case cur.Waiting[l] == 0:
@@ -237,12 +303,13 @@ func (b *Backend) refresh(sk *shareKey) {
 				// for the whole rate, and processes with queues at one
 				// level split what is left equally at once.
 				wants[i][l] = max(wants[i][l], cur.Rate)
-			default:
-				// An Interactive queue asks for a quarter more than it
-				// has been let send, to find out what it needs: what it
-				// is granted and does not use is lost to the fleet until
-				// its next refresh.
-				wants[i][l] = max(wants[i][l], backlogGrowth*m.est[l])
+			case m.urgent(l, cur.Waiting[l], b.cfg.refresh):
+				// An Interactive queue is served within backlogRefreshes
+				// while it is short: what it is granted over its arrivals
+				// idles whenever its queue is empty, so the margin is kept
+				// small, at the cost of a queue that its Poisson noise
+				// makes grow and shrink. A long one is drained at once.
+				wants[i][l] = m.est[l] + float64(cur.Waiting[l])/(urgentDrain*b.cfg.refresh.Seconds())
 			}
 			places[i][l] = cur.Waiting[l] + cur.InFlight[l]
 			total[l] += wants[i][l]
@@ -256,14 +323,17 @@ func (b *Backend) refresh(sk *shareKey) {
 		m.prev, m.at = cur, sent
 	}
 
+	sk.interactive = total[sluice.Interactive] > 0
 	ctx, cancel := context.WithTimeout(context.Background(), b.cfg.timeout)
 	r, err := runShare(ctx, b.client, sk.redis, shareArgs{
 		self: b.self, lease: shareLeases * b.cfg.refresh,
 		rate: rate, burst: burst, cap: b.cfg.leases, inFlight: inFlight,
-		wants: total, places: ptotal, most: sk.fellTo,
+		wants: total, places: ptotal, most: sk.fellTo, channel: sk.channel,
 	})
 	cancel()
 	now := time.Now()
+	// Subscribed after the call, which a key's first request waits for.
+	b.listen(sk)
 	next := b.cfg.refresh
 	if err == nil {
 		if sk.fallen {
@@ -271,13 +341,19 @@ func (b *Backend) refresh(sk *shareKey) {
 		}
 		sk.leased, sk.fallen, sk.fellTo = true, false, 0
 		sk.until = sent.Add(shareLeases * b.cfg.refresh)
-		sk.rate, sk.places, sk.procs = r.rate, r.places, r.procs
+		if r.seq >= sk.seq {
+			// Not when a larger share pushed by a later refresh of another
+			// process was applied meanwhile (see applyPushed).
+			sk.rate, sk.seq = r.rate, r.seq
+		}
+		sk.places, sk.procs = r.places, r.procs
 		sk.keyRate, sk.keyBurst = r.keyRate, r.keyBurst
 		var cool time.Time
 		if r.cool > 0 {
 			cool = now.Add(r.cool)
 		}
 		b.hand(lanes, wants, places, sk.rate, sk.places, sk.keyRate, sk.keyBurst, cool)
+		sk.handed.lanes, sk.handed.wants, sk.handed.places, sk.handed.cool = lanes, wants, places, cool
 		if r.short {
 			// Others hold what this process is due: they give it back at
 			// their next refreshes, and this one asks again after them.
@@ -290,6 +366,44 @@ func (b *Backend) refresh(sk *shareKey) {
 	// so that a fleet that starts together does not refresh together.
 	jitter := 0.9 + 0.2*b.rand()
 	sk.next = now.Add(time.Duration(float64(next) * jitter))
+}
+
+// urgent reports whether a queue of waiting at level l is urgent (see
+// urgentQueue): only an Interactive one can be.
+func (m *member) urgent(l, waiting int, refresh time.Duration) bool {
+	return l == int(sluice.Interactive) && float64(waiting) > max(urgentQueue*m.est[l]*refresh.Seconds(), urgentLeast)
+}
+
+// watch reads the demand of sk's lanes between refreshes, and brings the
+// next refresh forward if an Interactive queue is urgent. Called by the
+// refresher goroutine, while no refresh of sk runs.
+func (b *Backend) watch(sk *shareKey) {
+	b.shares.mu.Lock()
+	lanes := append([]*member(nil), sk.lanes...)
+	b.shares.mu.Unlock()
+	for _, m := range lanes {
+		if d, ok := m.demand(); ok && m.urgent(int(sluice.Interactive), d.Waiting[sluice.Interactive], b.cfg.refresh) {
+			b.nudge(sk)
+			return
+		}
+	}
+}
+
+// applyPushed hands sk's lanes the larger share another process's refresh
+// granted this one, unless this process has since refreshed (see
+// share.lua). Called by the refresher goroutine, while no refresh of sk runs.
+func (b *Backend) applyPushed(sk *shareKey) {
+	s := &b.shares
+	s.mu.Lock()
+	p := sk.pushed
+	sk.pushed.seq = 0
+	s.mu.Unlock()
+	if p.seq <= sk.seq || sk.fallen || !sk.leased || sk.handed.lanes == nil || time.Now().After(sk.until) {
+		return
+	}
+	sk.rate, sk.seq = p.rate, p.seq
+	h := &sk.handed
+	b.hand(h.lanes, h.wants, h.places, sk.rate, sk.places, sk.keyRate, sk.keyBurst, h.cool)
 }
 
 // live reads the demand of sk's lanes and drops those that are gone.
@@ -389,6 +503,7 @@ type shareArgs struct {
 	wants    [levels]float64
 	places   [levels]float64
 	most     float64 // the most rate to take; 0: no bound
+	channel  string  // where to name the processes to refresh now (see nudges)
 }
 
 // shareReply is what share.lua answered.
@@ -401,6 +516,7 @@ type shareReply struct {
 	keyBurst int
 	keyCap   int
 	short    bool
+	seq      int64 // the version of the caller's entry
 }
 
 // runShare runs share.lua: one round trip.
@@ -408,13 +524,13 @@ func runShare(ctx context.Context, c redis.Scripter, k [2]string, a shareArgs) (
 	f := func(x float64) string { return strconv.FormatFloat(x, 'g', -1, 64) }
 	args := []any{a.self, a.lease.Microseconds(), f(a.rate), a.burst, a.cap, a.inFlight,
 		f(a.wants[0]), f(a.wants[1]), f(a.wants[2]),
-		f(a.places[0]), f(a.places[1]), f(a.places[2]), f(a.most)}
+		f(a.places[0]), f(a.places[1]), f(a.places[2]), f(a.most), a.channel}
 	v, err := shareScript.Run(ctx, c, k[:], args...).Slice()
 	if err != nil {
 		return shareReply{}, err
 	}
 	bad := func() (shareReply, error) { return shareReply{}, fmt.Errorf("sluiceredis: share.lua returned %v", v) }
-	if len(v) != 8 {
+	if len(v) != 9 {
 		return bad()
 	}
 	var r shareReply
@@ -428,7 +544,7 @@ func runShare(ctx context.Context, c redis.Scripter, k [2]string, a shareArgs) (
 		}
 		return 0, false
 	}
-	var vals [8]float64
+	var vals [9]float64
 	for i, x := range v {
 		f, ok := num(x)
 		if !ok || math.IsNaN(f) {
@@ -439,6 +555,7 @@ func runShare(ctx context.Context, c redis.Scripter, k [2]string, a shareArgs) (
 	r.rate, r.places, r.procs = vals[0], int(vals[1]), int(vals[2])
 	r.cool = micros(int64(vals[3]))
 	r.keyRate, r.keyBurst, r.keyCap, r.short = vals[4], int(vals[5]), int(vals[6]), vals[7] != 0
+	r.seq = int64(vals[8])
 	if r.rate < 0 || r.procs < 1 {
 		return bad()
 	}

@@ -15,12 +15,30 @@
 -- ARGV[5] in-flight cap (0: none)   ARGV[6] attempts in flight now
 -- ARGV[7..9] rate wanted per level   ARGV[10..12] places wanted per level
 -- ARGV[13] the most rate the caller takes (0: no such bound)
+-- ARGV[14] the channel on which to name processes (see below)
 --
 -- An entry is "expiry rate burst cap granted-rate granted-places w1 w2 w3
--- p1 p2 p3". Returns {granted rate, granted places (-1: no cap), live
--- processes, cooldown left, the budget's rate, its burst, its cap, 1 if
--- the caller got less than its part (it may refresh sooner)}; rates as
--- strings, to keep their fractions.
+-- p1 p2 p3 version"; the version grows with each write of the entry.
+-- Returns {granted rate, granted places (-1: no cap), live processes,
+-- cooldown left, the budget's rate, its burst, its cap, 1 if the caller
+-- got less than its part (it may refresh sooner), the caller's entry's
+-- version}; rates as strings, to keep their fractions.
+--
+-- A share that moves would idle between the refresh of the process that
+-- gives it up and that of the one it is owed to, and the owed process
+-- would wait as long. So, on the channel (see nudge.go):
+--  * when the caller is owed rate that others hold, the script names the
+--    processes holding more than their part (the most over first, until
+--    they cover what the caller is owed), which refresh at once and give
+--    it up;
+--  * when rate is left that nobody holds (the caller gave some up, or a
+--    process is gone), it grants it at once to the processes owed some,
+--    the most owed first, in their entries, and sends each its new rate
+--    and entry version as id=version:rate. A process takes such a rate
+--    unless it has refreshed since (its entry's version is higher): the
+--    entries never hold more than the rate, and a process never sends at
+--    more than its entry holds.
+-- Moves under a hundredth of the rate are left to the refreshes.
 
 if redis.replicate_commands then redis.replicate_commands() end
 local t = redis.call('TIME')
@@ -33,23 +51,26 @@ local self = {
   gr = 0, gp = 0,
   w = {tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])},
   p = {tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12])},
+  seq = 0,
 }
 local inflight = tonumber(ARGV[6])
 
 local procs, dead = {}, {}
 local all = redis.call('HGETALL', KEYS[1])
 for i = 1, #all, 2 do
-  if all[i] ~= me then
-    local f = {}
-    for x in string.gmatch(all[i + 1], '%S+') do f[#f + 1] = tonumber(x) end
-    if #f ~= 12 or f[1] <= now then
-      dead[#dead + 1] = all[i]
-    else
-      procs[#procs + 1] = {
-        exp = f[1], rate = f[2], burst = f[3], cap = f[4], gr = f[5], gp = f[6],
-        w = {f[7], f[8], f[9]}, p = {f[10], f[11], f[12]},
-      }
-    end
+  local f = {}
+  for x in string.gmatch(all[i + 1], '%S+') do f[#f + 1] = tonumber(x) end
+  -- An entry of twelve fields, without a version, is one written before
+  -- versions were: its version is 0.
+  if all[i] == me then
+    if #f == 13 then self.seq = f[13] end
+  elseif (#f ~= 12 and #f ~= 13) or f[1] <= now then
+    dead[#dead + 1] = all[i]
+  else
+    procs[#procs + 1] = {
+      id = all[i], exp = f[1], rate = f[2], burst = f[3], cap = f[4], gr = f[5], gp = f[6],
+      w = {f[7], f[8], f[9]}, p = {f[10], f[11], f[12]}, seq = f[13] or 0,
+    }
   end
 end
 if #dead > 0 then redis.call('HDEL', KEYS[1], unpack(dead)) end
@@ -111,23 +132,27 @@ local function part(c, f, whole)
   elseif left > 0 then
     for i = 1, n do give[i] = give[i] + left / n end
   end
-  return give[n]
+  return give
 end
 
 local short = 0
 local gr = 0
+local parts
+local owed = 0
 if rate > 0 then
-  local want = part(rate, 'w', false)
+  parts = part(rate, 'w', false)
+  local want = parts[n]
   local held = 0
   for i = 1, n - 1 do held = held + procs[i].gr end
   gr = math.max(0, math.min(want, rate - held))
   if gr < want - 1e-9 then short = 1 end
+  owed = want - gr
   local most = tonumber(ARGV[13])
   if most > 0 then gr = math.min(gr, most) end
 end
 local gp = -1
 if cap > 0 then
-  local want = part(cap, 'p', true)
+  local want = part(cap, 'p', true)[n]
   local held = 0
   for i = 1, n - 1 do held = held + procs[i].gp end
   gp = math.max(0, math.min(want, cap - held))
@@ -137,9 +162,57 @@ end
 -- What the caller holds counts its attempts in flight, which outlive a
 -- smaller grant.
 self.gr, self.gp = gr, math.max(gp, inflight)
-redis.call('HSET', KEYS[1], me, string.format('%.0f %.17g %d %d %.17g %d %.17g %.17g %.17g %d %d %d',
-  self.exp, self.rate, self.burst, self.cap, self.gr, self.gp,
-  self.w[1], self.w[2], self.w[3], self.p[1], self.p[2], self.p[3]))
+local function put(e)
+  e.seq = e.seq + 1
+  redis.call('HSET', KEYS[1], e.id, string.format('%.0f %.17g %d %d %.17g %d %.17g %.17g %.17g %d %d %d %d',
+    e.exp, e.rate, e.burst, e.cap, e.gr, e.gp,
+    e.w[1], e.w[2], e.w[3], e.p[1], e.p[2], e.p[3], e.seq))
+end
+self.id = me
+put(self)
+-- Who to name on the channel (see above): those over their parts when the
+-- caller is owed, those owed when rate is left unheld.
+if parts then
+  local least = rate / 100
+  local function name(amount, owes, ids)
+    if amount < least then return end
+    local cand = {}
+    for i = 1, n - 1 do
+      local d = owes(i)
+      if d > 1e-9 then cand[#cand + 1] = {i, d} end
+    end
+    table.sort(cand, function(a, b) return a[2] > b[2] end)
+    for _, c in ipairs(cand) do
+      if amount <= 1e-9 then break end
+      ids[#ids + 1] = procs[c[1]].id
+      amount = amount - c[2]
+    end
+  end
+  local ids = {}
+  name(owed, function(i) return procs[i].gr - parts[i] end, ids)
+  -- Rate nobody holds goes at once to those owed it, the most owed first:
+  -- their entries hold it from now, and the message tells them.
+  local free = rate
+  for i = 1, n do free = free - procs[i].gr end
+  if free >= least then
+    local cand = {}
+    for i = 1, n - 1 do
+      if parts[i] - procs[i].gr > 1e-9 then cand[#cand + 1] = i end
+    end
+    table.sort(cand, function(a, b) return parts[a] - procs[a].gr > parts[b] - procs[b].gr end)
+    for _, i in ipairs(cand) do
+      if free <= 1e-9 then break end
+      local e = procs[i]
+      local g = math.min(parts[i] - e.gr, free)
+      e.gr = e.gr + g
+      free = free - g
+      put(e)
+      ids[#ids + 1] = string.format('%s=%d:%.17g', e.id, e.seq, e.gr)
+    end
+  end
+  if #ids > 0 then redis.call('PUBLISH', ARGV[14], table.concat(ids, ' ')) end
+end
+
 local last = 0
 for _, e in ipairs(procs) do last = math.max(last, e.exp) end
 redis.call('PEXPIRE', KEYS[1], math.max(1, math.ceil((last - now) / 1000)))
@@ -148,4 +221,4 @@ local cool = tonumber(redis.call('GET', KEYS[2]))
 local coolLeft = 0
 if cool and cool > now then coolLeft = math.ceil(cool - now) end
 
-return {string.format('%.17g', gr), gp, n, coolLeft, string.format('%.17g', rate), burst, cap, short}
+return {string.format('%.17g', gr), gp, n, coolLeft, string.format('%.17g', rate), burst, cap, short, self.seq}

@@ -259,11 +259,11 @@ func TestSharesPriority(t *testing.T) {
 			t.Errorf("batch process %d got %.1f/s, not near its fair %.1f/s", i, got, fair)
 		}
 	}
-	// Not 0.97 as when every process is backlogged (TestSharesCalls): what
-	// the Interactive process is granted for the noise of its demand and
-	// does not use is idle until its next refresh (see NOTES.md, shares).
-	if float64(total) < 0.93*rate*secs {
-		t.Errorf("the fleet sent %.1f/s, under 93%% of %d/s", float64(total)/secs, rate)
+	// The target is 0.97 of the rate (measured 0.977-0.982 on two loaded
+	// cores without -race; see NOTES.md, shares); 0.96 here leaves a point
+	// for a runner loaded further, or -race, to delay the lanes' timers.
+	if float64(total) < 0.96*rate*secs {
+		t.Errorf("the fleet sent %.1f/s, under 96%% of %d/s", float64(total)/secs, rate)
 	}
 	if p99(fleet.waits) > p99(alone.waits)+refresh {
 		t.Errorf("Interactive p99 %v in the fleet, more than a refresh (%v) over %v alone", p99(fleet.waits), refresh, p99(alone.waits))
