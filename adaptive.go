@@ -153,7 +153,7 @@ type controller struct {
 
 // init is called once, when the lane is created.
 func (c *controller) init(l *lane) {
-	if l.lim == nil {
+	if !l.pace.paced() {
 		c.cap = max(l.cfg.minConc, min(initialUnpaced, l.cfg.maxConc))
 		l.slot.limit = c.cap // not yet shared: no lock, nothing to wake or log
 	}

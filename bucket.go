@@ -123,3 +123,24 @@ func (b *bucket) setRate(now time.Duration, rate float64) {
 	}
 	b.rate = rate
 }
+
+// tokensDelay returns how long a bucket filling at r per second takes to gain
+// n tokens, rounded up so that the tokens are there when it ends.
+func tokensDelay(n, r float64) time.Duration {
+	if n <= 0 {
+		return 0
+	}
+	if r <= 0 {
+		return math.MaxInt64
+	}
+	s := math.Ceil(n / r * 1e9)
+	if s >= math.MaxInt64 {
+		return math.MaxInt64
+	}
+	return time.Duration(s)
+}
+
+// tokenTime returns one token's time at rate r, rounded down.
+func tokenTime(r float64) time.Duration {
+	return time.Duration(min(1e9/r, math.MaxInt64/2))
+}
