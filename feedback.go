@@ -47,6 +47,11 @@ const longAgo = time.Duration(math.MinInt64)
 // the windows count on the Unix clock from origin, the lane's epoch. It
 // holds no lock; create it with newFeedback.
 type feedback struct {
+	// The latest cooldown: nothing is sent before coolTo (longAgo: none
+	// yet); it began at coolFrom, for coolWhy.
+	coolTo, coolFrom time.Duration
+	coolWhy          string
+
 	ceiling float64 // configured rate after headroom; 0 if none
 	origin  int64   // the lane's epoch, in Unix nanoseconds
 
@@ -65,21 +70,18 @@ type feedback struct {
 	probing   bool          // the last cut was a lane's first estimate: grow fast until the next
 	creep     time.Duration // how long the last cut's creep from plateau to fail takes; 0: no creep
 
-	// The latest cooldown: nothing is sent before coolTo (longAgo: none
-	// yet); it began at coolFrom, for coolWhy.
-	coolFrom, coolTo time.Duration
-	coolWhy          string
-	reported         float64 // the rate last reported to Observers
+	reported float64 // the rate last reported to Observers
 
 	header      float64 // rate from rate-limit headers; 0 if none
 	headerUntil time.Duration
-	quota       quotaModel
 
 	accepted  stats.Window  // accepted responses over acceptWindow
 	refused   *stats.Window // throttled responses over acceptWindow; nil before the first
 	firstSeen time.Duration // the first acceptance; longAgo: none yet
 
 	throttled, cooldowns uint64
+
+	quota quotaModel
 }
 
 func newFeedback(ceiling float64, origin int64) feedback {

@@ -28,10 +28,10 @@ type lane struct {
 	epochNS int64     // epoch.UnixNano()
 
 	mu   sync.Mutex
-	pace pacer         // the bucket, the rate, the cooldown
 	last time.Duration // the latest reading of the clock used; see tick
 	q    waitQueue
 	slot slots
+	pace pacer // the bucket, the rate, the cooldown
 
 	// See timeNext: grants not timed since the last timed one, and when
 	// that one was made, on the lane's clock.

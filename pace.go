@@ -20,14 +20,13 @@ type pacer struct {
 	lim     *bucket       // nil: not paced
 	rate    float64       // lim's rate; 0 if nil or unlimited
 	share   *bucket       // a Leaser's share; nil when no share paces the lane
+	wait    time.Duration // a Backend's wait: nothing is taken from it before
+	shared  time.Duration // the latest cooldown passed to the Backend; longAgo: none
+	maxWait time.Duration // the cap on a wait a server or a Backend names
 	burst   int           // lim's
 	local   bool          // no Backend: the lane's bucket holds its whole budget
-	maxWait time.Duration // the cap on a wait a server or a Backend names
 
 	fb feedback // what the server said, and the cooldown
-
-	wait   time.Duration // a Backend's wait: nothing is taken from it before
-	shared time.Duration // the latest cooldown passed to the Backend; longAgo: none
 }
 
 // newPacer returns the pacer of a lane paced at rate (0: not paced until
