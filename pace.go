@@ -10,9 +10,11 @@ import (
 
 // A pacer decides when a lane may send: it owns the lane's token bucket,
 // the pace the bucket keeps (see feedback), a Leaser's share of the key's
-// rate, and the instants before which nothing is sent. Its methods take
-// times on the lane's clock and what responses said, and return what
-// changed, for the lane to wake its dispatcher, emit events and log.
+// rate, and when sending may resume: the end of the cooldown a server or
+// another process set, and of the wait a Backend named, read as one
+// instant by notBefore. Its methods take times on the lane's clock and
+// what responses said, and return what changed, for the lane to wake its
+// dispatcher, emit events and log.
 //
 // It holds no lock: the lane calls it with its own held. Create it with
 // newPacer.
@@ -53,7 +55,8 @@ func (p *pacer) ready(now time.Duration) bool { return now >= p.fb.coolTo }
 // cooldown returns when the latest cooldown ends (longAgo: none yet).
 func (p *pacer) cooldown() time.Duration { return p.fb.coolTo }
 
-// backendWait returns before when the Backend is not asked for a token.
+// backendWait returns the instant before which the Backend is not asked
+// for a token (see setWait).
 func (p *pacer) backendWait() time.Duration { return p.wait }
 
 // notBefore returns the instant before which nothing is sent: the end of
