@@ -67,6 +67,14 @@ func (p *pacer) notBefore() time.Duration { return max(p.fb.coolTo, p.wait) }
 // have one, and reports whether it did. late says the lane's dispatcher
 // slept until a token was due (see bucket.takeLate).
 func (p *pacer) take(now time.Duration, late bool) bool {
+	if p.share == nil && !late {
+		// The fast path: no share to take from first, no lateness.
+		return p.lim == nil || p.lim.take(now)
+	}
+	return p.takeAll(now, late)
+}
+
+func (p *pacer) takeAll(now time.Duration, late bool) bool {
 	var share bucket
 	if p.share != nil {
 		// Taken from a copy first: the lane's bucket may still refuse.
