@@ -644,7 +644,7 @@ func TestTimeNextSamples(t *testing.T) {
 		{"fast lane, a grant every 200µs", 1e9, 200 * time.Microsecond, 800 / 5},
 		{"fast lane, used little", 1e9, 2 * sampleGap, 800},
 	} {
-		l := &lane{rate: tc.rate}
+		l := &lane{pace: pacer{rate: tc.rate}}
 		got := 0
 		for i := range 800 {
 			if l.timeNext(time.Hour + time.Duration(i)*tc.spacing) {
@@ -706,7 +706,7 @@ func TestSampledLaneStillLearns(t *testing.T) {
 		wg.Wait()
 		l := tr.lane("api.test")
 		l.mu.Lock()
-		accepted := l.fb.accepted.Sum(l.now())
+		accepted := l.pace.accepted(l.tick())
 		l.mu.Unlock()
 		if accepted != workers*each {
 			t.Errorf("feedback counted %d responses, want %d", accepted, workers*each)

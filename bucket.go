@@ -9,9 +9,7 @@ import (
 // full, and gains rate tokens a second. It decides as x/time/rate's Limiter
 // does for the same calls, to the float (bucket_test.go replays random call
 // sequences against a Limiter and compares every answer), but it has no
-// lock: a lane calls it only with its own mutex held, so a Limiter's mutex
-// was a second lock on every grant, and with the Limiter's bookkeeping it
-// was a fifth of what an uncontended request cost sluice.
+// lock: its owner locks (see NOTES.md, "Grants on schedule").
 //
 // It differs from a Limiter in one way: a time earlier than the latest one
 // it was given counts as no time at all, and does not move that latest time
@@ -122,4 +120,25 @@ func (b *bucket) setRate(now time.Duration, rate float64) {
 		b.set(now, b.burst)
 	}
 	b.rate = rate
+}
+
+// tokensDelay returns how long a bucket filling at r per second takes to gain
+// n tokens, rounded up so that the tokens are there when it ends.
+func tokensDelay(n, r float64) time.Duration {
+	if n <= 0 {
+		return 0
+	}
+	if r <= 0 {
+		return math.MaxInt64
+	}
+	s := math.Ceil(n / r * 1e9)
+	if s >= math.MaxInt64 {
+		return math.MaxInt64
+	}
+	return time.Duration(s)
+}
+
+// tokenTime returns one token's time at rate r, rounded down.
+func tokenTime(r float64) time.Duration {
+	return time.Duration(min(1e9/r, math.MaxInt64/2))
 }

@@ -432,45 +432,18 @@ func TestRecoverAfterOutage(t *testing.T) {
 }
 
 // GitHub refuses for its rate with 403 and nothing remaining: that attempt
-// is a 429 to the lane, not an accepted request that would count toward the
-// run marking the next 429 as jitter at the limit.
+// is a 429 to the lane, neither a latency sample nor an accepted request
+// (see TestPacerRefusalIsNotAccepted for the pacer's side).
 func TestGitHub403IsNotAccepted(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		base := &fakeBase{answer: answerWith(1, http.StatusForbidden, "X-RateLimit-Remaining: 0", "X-RateLimit-Reset: 1")}
+		base := &fakeBase{latency: 10 * time.Millisecond, answer: answerWith(1, http.StatusForbidden, "X-RateLimit-Remaining: 0", "X-RateLimit-Reset: 1")}
 		tr := mustNew(t, base, WithRate(10, time.Second), WithRetry(0))
 		if err := get(t.Context(), tr, ""); err != nil {
 			t.Fatal(err)
 		}
-		l := tr.lane("api.test")
-		l.mu.Lock()
-		ok, accepted := l.fb.okRun, l.fb.accepted.Sum(l.now())
-		l.mu.Unlock()
 		s, _ := tr.Stats().Lane("api.test")
-		if s.Throttled != 1 || ok != 0 || accepted != 0 {
-			t.Errorf("after a rate-limit 403: throttled %d, run %d, accepted %d; want 1, 0, 0", s.Throttled, ok, accepted)
+		if s.Throttled != 1 || s.Latency != 0 {
+			t.Errorf("after a rate-limit 403: throttled %d, latency %v; want 1 and no sample", s.Throttled, s.Latency)
 		}
 	})
-}
-
-// Only an attempt sent after the last cut counts toward the run of accepted
-// responses: answers to attempts already on their way say nothing of the
-// new pace.
-func TestRunCountsAttemptsSentAfterCut(t *testing.T) {
-	tr := mustNew(t, nopBase{}, WithRate(10, time.Second))
-	l := tr.lane("api.test")
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	cut := time.Minute
-	l.fb.failAt = l.timeOf(cut)
-	l.settle(cut+time.Second, cut-time.Millisecond, http.StatusOK)
-	if l.fb.okRun != 0 {
-		t.Errorf("an answer to an attempt sent before the cut counted: run %d", l.fb.okRun)
-	}
-	l.settle(cut+time.Second, cut+time.Millisecond, http.StatusOK)
-	if l.fb.okRun != 1 {
-		t.Errorf("an answer to an attempt sent after the cut: run %d, want 1", l.fb.okRun)
-	}
-	if got := l.fb.accepted.Sum(l.timeOf(cut + time.Second)); got != 2 {
-		t.Errorf("accepted %d, want 2: both answers count toward the acceptance rate", got)
-	}
 }

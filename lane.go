@@ -4,15 +4,17 @@ import (
 	"context"
 	"log/slog"
 	"math"
+	"net/http"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/sluice-go/sluice/internal/headers"
 	"github.com/sluice-go/sluice/internal/stats"
 )
 
-// A lane is the state behind one key: the token bucket, the wait queue, the
-// in-flight slots, the cooldown and the counters. Everything in it is guarded
+// A lane is the state behind one key: its pace (see pacer), the wait queue,
+// the in-flight slots and the counters. Everything in it is guarded
 // by mu, which is never held across a wait: waiting happens on channels and
 // timers after mu is released.
 //
@@ -26,16 +28,10 @@ type lane struct {
 	epochNS int64     // epoch.UnixNano()
 
 	mu   sync.Mutex
-	lim  *bucket       // nil: the lane is not paced
-	rate float64       // lim's rate, 0 if nil or unlimited; see currentRate
 	last time.Duration // the latest reading of the clock used; see tick
 	q    waitQueue
 	slot limiter // the in-flight slots and their adaptive limit
-	// cooldown: nothing of this lane is sent before it (Retry-After,
-	// reset); coolTick is the same instant on the lane's clock. Both are
-	// set by coolLocked.
-	cooldown time.Time
-	coolTick time.Duration
+	pace pacer   // the bucket, the rate, the cooldown
 
 	// See timeNext: grants not timed since the last timed one, and when
 	// that one was made, on the lane's clock.
@@ -57,21 +53,16 @@ type lane struct {
 
 	// be, when set, holds the lane's budget (see Backend). perToken: tokens
 	// come from be.Take, the local bucket only keeps the lane's rate, and
-	// notBefore is when be said to ask again. Otherwise be is a Leaser
+	// the pacer keeps when be said to ask again. Otherwise be is a Leaser
 	// (see Leaser) that the lane joins at its first request (join), and
-	// the lane paces itself locally by both its bucket and share, the
-	// part of the key's rate the Leaser grants it (nothing until the
-	// first grant; nil when the share does not pace).
-	be         Backend
-	share      *bucket
-	notBefore  time.Time
-	sharedCool time.Time // the latest cooldown passed to be.Cool
+	// the lane paces itself locally by both its bucket and the share of
+	// the key's rate the Leaser grants it (see pacer.join).
+	be Backend
 
 	budgets budgets // see WithBudget
 
 	levels  [numLevels]levelCounters
 	refused *[numLevels][numReasons]uint64 // early refusals; nil before the first
-	fb      feedback                       // what the server said; see feedback.go
 	budget  retryBudget                    // see retry.go
 }
 
@@ -111,16 +102,11 @@ func newLane(key string, cfg *config) *lane {
 	} else {
 		l.perToken = cfg.backend != nil
 	}
-	if r := cfg.perSecond(); r > 0 {
-		l.lim = newBucket(r, cfg.burst)
-		l.rate = r
-		l.fb.ceiling, l.fb.peak, l.fb.reported = r, r, r
-	}
+	l.pace = newPacer(cfg.perSecond(), cfg.burst, cfg.maxRetryAfter, cfg.backend == nil, l.epochNS)
 	l.q.init(cfg.tenantShare)
 	l.budgets = newBudgets(cfg.budgets)
-	l.fb.accepted = stats.NewWindow(acceptWindow)
 	l.budget = newRetryBudget()
-	l.slot = newLimiter(cfg.minConc, cfg.maxConc, l.lim != nil)
+	l.slot = newLimiter(cfg.minConc, cfg.maxConc, l.pace.paced())
 	return l
 }
 
@@ -167,98 +153,12 @@ func (l *lane) now() time.Time {
 // was due, up to one token's time before now (see bucket.takeLate). mu must
 // be held.
 func (l *lane) tryTake(now time.Duration, late bool, ch *charge) bool {
-	if now < l.coolTick || !l.slot.free() || !l.budgets.canPay(now, ch) {
+	if !l.pace.ready(now) || !l.slot.free() || !l.budgets.canPay(now, ch) || !l.pace.take(now, late) {
 		return false
-	}
-	var share bucket
-	if l.share != nil {
-		// Taken from a copy first: the lane's bucket may still refuse.
-		share = *l.share
-		if late && share.rate > 0 {
-			if !share.takeLate(now, tokenTime(share.rate)) {
-				return false
-			}
-		} else if !share.take(now) {
-			return false
-		}
-	}
-	if l.lim != nil {
-		if late {
-			if !l.lim.takeLate(now, lateLag(l.lim.rate, l.fb.fail)) {
-				return false
-			}
-		} else if !l.lim.take(now) {
-			return false
-		}
-	}
-	if l.share != nil {
-		*l.share = share
 	}
 	l.slot.take()
 	l.budgets.pay(now, ch)
 	return true
-}
-
-// lateLag is how far back a late token of a bucket at rate may be charged
-// (see bucket.takeLate): a token's time, less a token's time at fail, the
-// pace a server last refused (0: none did). Two grants are then never
-// closer together than the spacing the server refused, which a strict
-// (burst 1) server punishes by any margin.
-func lateLag(rate, fail float64) time.Duration {
-	lag := tokenTime(rate)
-	if fail > 0 {
-		lag = max(0, lag-tokenTime(fail))
-	}
-	return lag
-}
-
-// tokenDelay returns how long until a token is due. mu must be held.
-func (l *lane) tokenDelay(now time.Duration) time.Duration {
-	var d time.Duration
-	if l.lim != nil {
-		d = tokensDelay(1-l.lim.tokensAt(now), l.lim.rate)
-	}
-	if l.share != nil {
-		d = max(d, tokensDelay(1-l.share.tokensAt(now), l.share.rate))
-	}
-	return d
-}
-
-// paceRate returns the rate that paces the lane's grants: its own, or its
-// share's if lower; 0 if neither paces. mu must be held.
-func (l *lane) paceRate() float64 {
-	r := math.Inf(1)
-	if l.lim != nil {
-		r = l.lim.rate
-	}
-	if l.share != nil {
-		r = min(r, l.share.rate)
-	}
-	if math.IsInf(r, 1) {
-		return 0
-	}
-	return r
-}
-
-// tokensDelay returns how long a bucket filling at r per second takes to gain
-// n tokens, rounded up so that the tokens are there when it ends.
-func tokensDelay(n, r float64) time.Duration {
-	if n <= 0 {
-		return 0
-	}
-	if r <= 0 {
-		return math.MaxInt64
-	}
-	s := math.Ceil(n / r * 1e9)
-	if s >= math.MaxInt64 {
-		return math.MaxInt64
-	}
-	return time.Duration(s)
-}
-
-// tokenTime returns one token's time at rate r, rounded down.
-func tokenTime(r float64) time.Duration {
-	return time.Duration(min(1e9/r, math.MaxInt64/2))
 }
 
 // estimate returns how long a new waiter of level p is expected to wait for
@@ -270,30 +170,23 @@ func tokenTime(r float64) time.Duration {
 // observed. mu must be held.
 func (l *lane) estimate(now time.Time, p Priority, tn *tenant, ch *charge) time.Duration {
 	var d time.Duration
-	start := now
-	if until := later(l.cooldown, l.notBefore); now.Before(until) {
-		d = until.Sub(now)
+	start := now.Sub(l.epoch)
+	if until := l.pace.notBefore(); start < until {
+		d = until - start
 		start = until
 	}
-	r := l.paceRate()
+	r := l.pace.paceRate()
 	if r == 0 {
-		return d + l.budgets.wait(start.Sub(l.epoch), p, ch)
+		return d + l.budgets.wait(start, p, ch)
 	}
 	need := float64(l.q.ahead(p, tn) + 1)
 	if !l.perToken {
 		// Taking tokens from a Backend the local bucket is not drawn from:
 		// what it holds says nothing of the shared budget, which is taken
 		// as empty.
-		held := math.Inf(1)
-		if l.lim != nil {
-			held = l.lim.tokensAt(start.Sub(l.epoch))
-		}
-		if l.share != nil {
-			held = min(held, l.share.tokensAt(start.Sub(l.epoch)))
-		}
-		need -= held
+		need -= l.pace.held(start)
 	}
-	w := max(tokensDelay(need, r), l.budgets.wait(start.Sub(l.epoch), p, ch))
+	w := max(tokensDelay(need, r), l.budgets.wait(start, p, ch))
 	if w > math.MaxInt64-d {
 		return math.MaxInt64
 	}
@@ -392,7 +285,7 @@ const (
 // paced at 5,000/s that sees a request a minute times every one, so none
 // is counted at a reading a minute old. mu must be held.
 func (l *lane) timeNext(now time.Duration) bool {
-	if l.rate < sampleAbove || now-l.timedAt >= sampleGap || l.untimed+1 >= sampleEvery {
+	if l.pace.rate < sampleAbove || now-l.timedAt >= sampleGap || l.untimed+1 >= sampleEvery {
 		// Including rate 0: an unpaced lane sizes itself by latency alone.
 		l.untimed, l.timedAt = 0, now
 		return true
@@ -553,13 +446,7 @@ func (l *lane) forget(idle time.Duration) bool {
 		return true
 	}
 	d := l.clock()
-	if d-l.last < idle || l.q.len() > 0 || l.slot.inUse > 0 || l.dispatching || d < l.coolTick {
-		return false
-	}
-	if now := l.timeOf(d); now.Before(l.cooldown) || now.Before(l.notBefore) || now.Before(l.fb.headerUntil) {
-		return false
-	}
-	if l.lim != nil && l.lim.tokensAt(d) < l.lim.burst {
+	if d-l.last < idle || l.q.len() > 0 || l.slot.inUse > 0 || l.dispatching || l.pace.pending(d) {
 		return false
 	}
 	if !l.budgets.full(d) {
@@ -596,15 +483,7 @@ func (l *lane) refundLocked(tn *tenant, ch *charge, at time.Duration) {
 		testHookRefund(l, at)
 	}
 	now := l.tick()
-	if l.share != nil {
-		l.share.refund(now)
-	}
-	if l.lim != nil && !l.perToken {
-		// The bucket caps its tokens at burst on its next read, so a
-		// refund can never raise it above a full one: the state is as if
-		// the grant had not been made.
-		l.lim.refund(now)
-	}
+	l.pace.refund(now, !l.perToken)
 	l.budgets.repay(now, ch)
 	l.slot.put()
 	l.q.levels[tn.level].finished(tn, l.slot.limit)
@@ -680,6 +559,82 @@ func (l *lane) release(g grant, status int) {
 	l.backendDone()
 }
 
+// observe reads what a response says, when its headers arrive: the attempt
+// was granted at sent, on the lane's clock. It is called only for responses
+// for which signals is true; the parsing happens before the lane's lock is
+// taken. It reports whether the response refused the attempt for its rate
+// (see pacer.observe).
+func (l *lane) observe(ctx context.Context, resp *http.Response, sent time.Duration, p Priority, ch *charge) (throttled bool) {
+	wall := time.Now()
+	r := readReply(resp, wall, l.cfg.maxRetryAfter)
+	r.sent = sent
+	var left [maxBudgets]int64 // what remains of each budget; -1: not stated
+	for i := range l.budgets.len() {
+		left[i] = -1
+		if bq, ok := headers.ParseTokenBudget(resp.Header, wall, l.budgets.name(i)); ok {
+			left[i] = bq.Remaining
+		}
+	}
+
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	now := l.tick()
+	if l.budgets.observe(now, sent, &left, ch) {
+		r.budgetOut = true // a budget had less left than the attempt cost
+	}
+	c := l.pace.observe(now, r, l.slot.inUse)
+	if c.throttled {
+		l.levels[p].throttled++
+	}
+	ev := l.cfg.events
+	if c.refused && ev != nil {
+		ev.push(ctx, Event{Kind: EventThrottled, Lane: l.key, Priority: p, Tenant: TenantFrom(ctx), Status: r.status})
+	}
+	l.cooled(c.cool)
+	if c.raised && l.q.len() > 0 {
+		l.wake()
+	}
+	if ev != nil {
+		if c.cool.extended {
+			ev.push(ctx, Event{Kind: EventCooldown, Lane: l.key, Until: l.timeOf(c.cool.until),
+				Wait: c.cool.until - l.last, Cause: c.cool.why})
+		}
+		l.rateChanged(ctx, ev, c.cause)
+	}
+	return c.throttled
+}
+
+// cooled logs a cooldown that c began. mu must be held.
+func (l *lane) cooled(c coolChange) {
+	if c.fresh {
+		l.cfg.logger.Info("sluice: lane cooling down", "lane", l.key, "for", (c.until - l.last).Round(time.Millisecond), "why", c.why)
+	}
+}
+
+// settle counts for the lane's pace an attempt sent at sent that finished
+// at now (both on the lane's clock) with status (see pacer.settle). mu must
+// be held.
+func (l *lane) settle(now, sent time.Duration, status int) {
+	moved, raised := l.pace.settle(now, sent, status)
+	if raised && l.q.len() > 0 {
+		l.wake()
+	}
+	if ev := l.cfg.events; moved && ev != nil {
+		l.rateChanged(context.Background(), ev, RateRecovery)
+	}
+}
+
+// rateChanged reports the lane's rate to ev for cause, if it moved enough
+// since the last report (see pacer.report). mu must be held.
+func (l *lane) rateChanged(ctx context.Context, ev *events, cause string) {
+	if from, to, ok := l.pace.report(cause); ok {
+		ev.push(ctx, Event{Kind: EventRateChanged, Lane: l.key, From: from, To: to, Cause: cause})
+	}
+}
+
+// currentRate returns the lane's pace now, 0 if not paced. mu must be held.
+func (l *lane) currentRate() float64 { return l.pace.rate }
+
 // backendDone tells the Backend, if any, that an attempt it granted is done,
 // from a goroutine: it is called from Response.Body.Close and on a
 // cancelled request's way out, and a Backend may talk to its store (see
@@ -695,17 +650,15 @@ func (l *lane) backendDone() {
 // the key pauses with it. It is called after a response is observed.
 func (l *lane) shareCooldown() {
 	l.mu.Lock()
-	until := l.cooldown
-	if !until.After(l.sharedCool) {
-		l.mu.Unlock()
+	d, ok := l.pace.toShare()
+	l.mu.Unlock()
+	if !ok {
 		return
 	}
-	l.sharedCool = until
-	l.mu.Unlock()
-	// until is on the lane's clock, whose wall reading is the lane's
-	// creation plus monotonic time; a Backend may use the wall reading
-	// (other processes only have that), so rebase it on time.Now's.
-	until = time.Now().Add(until.Sub(l.timeOf(l.clock())))
+	// d is on the lane's clock, whose wall reading is the lane's creation
+	// plus monotonic time; a Backend may use the wall reading (other
+	// processes only have that), so rebase it on time.Now's.
+	until := time.Now().Add(d - l.clock())
 	if err := l.be.Cool(context.Background(), l.key, until); err != nil {
 		l.cfg.logger.Warn("sluice: backend could not share a cooldown", "lane", l.key, "until", until, "err", err)
 	}
@@ -789,12 +742,11 @@ func (l *lane) run(ctx context.Context, own *waiter) {
 			return
 		}
 		tick := l.tick()
-		now := l.timeOf(tick)
 		// Nobody the gate may serve (every tenant with waiters is at its
 		// cap): only a release can change that.
 		next := l.q.next(l.slot.limit)
 		servable := next != nil
-		if servable && l.perToken && l.slot.free() && !now.Before(l.cooldown) && !now.Before(l.notBefore) {
+		if servable && l.perToken && l.slot.free() && tick >= l.pace.notBefore() {
 			l.takeShared() // unlocks mu
 			continue
 		}
@@ -811,15 +763,15 @@ func (l *lane) run(ctx context.Context, own *waiter) {
 		late = false
 		switch {
 		case !servable:
-		case now.Before(l.cooldown):
-			d = l.cooldown.Sub(now)
-		case l.perToken && now.Before(l.notBefore) && l.slot.free():
-			d = l.notBefore.Sub(now)
+		case tick < l.pace.cooldown():
+			d = l.pace.cooldown() - tick
+		case l.perToken && tick < l.pace.backendWait() && l.slot.free():
+			d = l.pace.backendWait() - tick
 		case !l.perToken && l.slot.free():
-			d = max(l.tokenDelay(tick), l.budgets.payDelay(tick, next.charge))
-			late = l.paceRate() > 0
+			d = max(l.pace.tokenDelay(tick), l.budgets.payDelay(tick, next.charge))
+			late = l.pace.paceRate() > 0
 		}
-		precise := late && d < timerGrain && tokenTime(l.paceRate()) < preciseLag
+		precise := late && d < timerGrain && tokenTime(l.pace.paceRate()) < preciseLag
 		l.mu.Unlock()
 
 		switch {
@@ -917,7 +869,7 @@ func (l *lane) takeShared() {
 		l.slot.put()
 		// A Backend that names an absurd wait is held to the cap that
 		// applies to a server's Retry-After.
-		l.notBefore = now.Add(min(wait, l.cfg.maxRetryAfter))
+		l.pace.setWait(now.Sub(l.epoch), wait)
 	default:
 		if w := l.q.pop(l.slot.limit); w != nil {
 			l.grantLocked(now.Sub(l.epoch), w, nil)
@@ -945,7 +897,7 @@ func (l *lane) joinLocked() {
 		return
 	}
 	// Nothing is sent before the first grant (see grant).
-	l.share = &bucket{}
+	l.pace.join()
 }
 
 // demand is what the lane wants of its Leaser; false once the lane is gone.
@@ -969,27 +921,17 @@ func (l *lane) demand() (Demand, bool) {
 func (l *lane) grant(s Share) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.closed || l.dead.Load() || l.share == nil {
+	if l.closed || l.dead.Load() || !l.pace.sharing() {
 		return
 	}
 	now := l.tick()
-	burst := float64(max(s.Burst, 1))
-	if l.share.burst == 0 {
-		// The first grant: the share starts full, as a lane's bucket does.
-		*l.share = bucket{rate: max(s.Rate, 0), burst: burst, tokens: burst, last: now}
-	} else {
-		l.share.setRate(now, max(s.Rate, 0))
-	}
-	// A lower burst caps what is held now: tokens of a larger share are not
-	// spent on top of the smaller one.
-	l.share.burst = burst
-	l.share.set(now, min(l.share.tokensAt(now), burst))
+	l.pace.setShare(now, s.Rate, s.Burst)
 	l.slot.leased = 0
 	if s.InFlight >= 0 {
 		l.slot.leased = s.InFlight + 1
 	}
 	if !s.Cool.IsZero() {
-		l.coolLocked(s.Cool, "a cooldown shared by another process")
+		l.cooled(l.pace.cool(now, s.Cool.Sub(l.epoch), "a cooldown shared by another process"))
 	}
 	l.wake()
 }

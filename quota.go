@@ -54,7 +54,8 @@ const resetSlack = 50 * time.Millisecond
 
 // quotaModel learns, from the request quotas a lane's responses state,
 // which kind of limit the server keeps, and turns each quota into a pace.
-// It holds no lock: the lane calls it with its own held.
+// Times are on the lane's clock. It holds no lock; its zero value reads
+// its first quota.
 //
 // The evidence is read from a run of responses that starts at one quota
 // and is compared with the later ones:
@@ -72,15 +73,16 @@ type quotaModel struct {
 	evidence bool // kind comes from evidence, not from the prior
 
 	run      bool
-	runSeen  time.Time // when the run's first quota was seen
-	runReset time.Time // its reset instant
-	runLeft  int64     // its remaining
+	runSeen  time.Duration // when the run's first quota was seen
+	runReset time.Duration // its reset instant
+	runLeft  int64         // its remaining
 
 	// The refill rate counted from the quotas themselves (see count).
-	countFrom time.Time // when the count began; zero: not counting
-	countLeft int64     // remaining then
-	counted   int64     // responses seen since
-	counts    float64   // the refill rate counted, 0 until known
+	counting  bool          // a count is under way
+	countFrom time.Duration // when it began
+	countLeft int64         // remaining then
+	counted   int64         // responses seen since
+	counts    float64       // the refill rate counted, 0 until known
 }
 
 // countSpan is the least time a refill rate is counted over: long enough
@@ -92,10 +94,10 @@ const countSpan = time.Second
 type quotaPace struct {
 	// rate > 0 caps the lane's pace until until.
 	rate  float64
-	until time.Time
+	until time.Duration
 	// stop > now: nothing more may be sent before stop (a window with
 	// nothing left).
-	stop time.Time
+	stop time.Duration
 	// empty: the server's bucket holds no token now; the next is one
 	// token's time away at the lane's pace.
 	empty bool
@@ -104,14 +106,14 @@ type quotaPace struct {
 // observe reads q, stated by a response (not a refusal) seen at now with
 // inFlight attempts of the lane in flight, this one included, and returns
 // the pace it implies.
-func (m *quotaModel) observe(now time.Time, q headers.Quota, inFlight int) quotaPace {
+func (m *quotaModel) observe(now time.Duration, q headers.Quota, inFlight int) quotaPace {
 	if !m.evidence {
 		m.kind = priorKind(q.Source)
 	}
 	if q.Remaining < 0 {
 		if q.Limit > 0 && q.Window > 0 {
 			// A policy without a count: its mean rate, for its window.
-			return quotaPace{rate: float64(q.Limit) / q.Window.Seconds(), until: now.Add(q.Window)}
+			return quotaPace{rate: float64(q.Limit) / q.Window.Seconds(), until: now + q.Window}
 		}
 		return quotaPace{}
 	}
@@ -127,7 +129,7 @@ func (m *quotaModel) observe(now time.Time, q headers.Quota, inFlight int) quota
 		case q.Reset <= 0:
 			return quotaPace{}
 		case left <= 0:
-			return quotaPace{stop: now.Add(q.Reset)}
+			return quotaPace{stop: now + q.Reset}
 		}
 		spread := q.Reset
 		if q.Coarse {
@@ -136,7 +138,7 @@ func (m *quotaModel) observe(now time.Time, q headers.Quota, inFlight int) quota
 			// remains) and does not leave it unused.
 			spread = max(q.Reset-time.Second/2, q.Reset/2)
 		}
-		return quotaPace{rate: float64(left) / spread.Seconds(), until: now.Add(q.Reset)}
+		return quotaPace{rate: float64(left) / spread.Seconds(), until: now + q.Reset}
 	}
 	rho, fill := bucketRate(q)
 	if rho == 0 && m.counts > 0 && q.Limit > 0 {
@@ -148,7 +150,7 @@ func (m *quotaModel) observe(now time.Time, q headers.Quota, inFlight int) quota
 		// fill, besides what it gains meanwhile: the pace falls to the
 		// refill rate as the bucket empties, and never below it.
 		p.rate = rho * (1 + float64(max(left, 0))/float64(q.Limit))
-		p.until = now.Add(max(fill, time.Second))
+		p.until = now + max(fill, time.Second)
 	}
 	return p
 }
@@ -178,19 +180,19 @@ func bucketRate(q headers.Quota) (float64, time.Duration) {
 // what remained then, plus what the requests in between took (one each).
 // A count that may have seen the bucket full (it gains nothing then)
 // starts over.
-func (m *quotaModel) count(now time.Time, q headers.Quota) {
+func (m *quotaModel) count(now time.Duration, q headers.Quota) {
 	// After a request took its token, a bucket that was full holds
 	// Limit-1: only what is below says the bucket gained all it could.
 	if m.kind == kindWindow || q.Limit <= 0 || q.Remaining < 0 || q.Remaining >= q.Limit-1 {
-		m.countFrom = time.Time{}
+		m.counting = false
 		return
 	}
-	if m.countFrom.IsZero() {
-		m.countFrom, m.countLeft, m.counted = now, q.Remaining, 0
+	if !m.counting {
+		m.counting, m.countFrom, m.countLeft, m.counted = true, now, q.Remaining, 0
 		return
 	}
 	m.counted++
-	if d := now.Sub(m.countFrom); d >= countSpan {
+	if d := now - m.countFrom; d >= countSpan {
 		if gained := q.Remaining - m.countLeft + m.counted; gained > 0 {
 			m.counts = float64(gained) / d.Seconds()
 		}
@@ -199,8 +201,8 @@ func (m *quotaModel) count(now time.Time, q headers.Quota) {
 }
 
 // learn compares q, seen at now, with the run's start; see quotaModel.
-func (m *quotaModel) learn(now time.Time, q headers.Quota) {
-	reset := now.Add(q.Reset)
+func (m *quotaModel) learn(now time.Duration, q headers.Quota) {
+	reset := now + q.Reset
 	slack := resetSlack
 	if q.Coarse {
 		slack += time.Second
@@ -212,19 +214,19 @@ func (m *quotaModel) learn(now time.Time, q headers.Quota) {
 	prior := priorKind(q.Source)
 	var kind limitKind
 	switch {
-	case now.After(m.runReset.Add(slack)):
+	case now > m.runReset+slack:
 		// Weak evidence: a short window may have refilled and been drained
 		// again since its reset, which reads the same. It decides only
 		// where the family has no prior.
 		if q.Limit > 0 && 2*q.Remaining < q.Limit && q.Remaining <= m.runLeft && prior == kindUnknown {
 			kind = kindBucket
 		}
-	case reset.After(m.runReset.Add(slack)) && (prior != kindWindow || now.Before(m.runReset)):
+	case reset > m.runReset+slack && (prior != kindWindow || now < m.runReset):
 		// Against a window's prior, only a reset that moved before the
 		// stated one came: a short window's next reset, a window later,
 		// is within a coarse reset's slack.
 		kind = kindBucket
-	case now.Sub(m.runSeen) > 2*slack && q.Remaining < m.runLeft:
+	case now-m.runSeen > 2*slack && q.Remaining < m.runLeft:
 		kind = kindWindow
 	default:
 		return // the run goes on

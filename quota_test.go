@@ -83,7 +83,8 @@ func TestQuotaKinds(t *testing.T) {
 			var m quotaModel
 			now := t0
 			for i := range 400 {
-				m.observe(now, c.at(i, now), 1)
+				// The model sees the time on a lane's clock, its epoch t0.
+				m.observe(now.Sub(t0), c.at(i, now), 1)
 				now = now.Add(c.step)
 			}
 			if m.kind != c.want {
@@ -95,7 +96,7 @@ func TestQuotaKinds(t *testing.T) {
 
 // TestQuotaPace: what a quota says to do, by kind.
 func TestQuotaPace(t *testing.T) {
-	now := time.Unix(1e9, 0)
+	now := time.Hour // on a lane's clock
 	ietf := headers.Quota{Limit: 20, Remaining: 0, Reset: time.Second, Window: time.Second, Source: "ietf", Coarse: true}
 	for _, c := range []struct {
 		name     string
@@ -106,13 +107,13 @@ func TestQuotaPace(t *testing.T) {
 		{"bucket empty, coarse: no pace below the configured rate, wait a token",
 			quotaAt("x-ratelimit", 1, 0, time.Second, true), 1, quotaPace{empty: true}},
 		{"IETF policy with r and t: q/w is the refill rate",
-			ietf, 1, quotaPace{rate: 20, until: now.Add(time.Second), empty: true}},
+			ietf, 1, quotaPace{rate: 20, until: now + time.Second, empty: true}},
 		{"OpenAI bucket half full: the refill rate and more",
-			quotaAt("openai", 600, 300, 30*time.Second, false), 1, quotaPace{rate: 15, until: now.Add(time.Minute)}},
+			quotaAt("openai", 600, 300, 30*time.Second, false), 1, quotaPace{rate: 15, until: now + time.Minute}},
 		{"window: what remains over the time to the reset, less half a rounded second",
-			quotaAt("github", 5000, 101, 100*time.Second+time.Second/2, true), 2, quotaPace{rate: 1, until: now.Add(100*time.Second + time.Second/2)}},
+			quotaAt("github", 5000, 101, 100*time.Second+time.Second/2, true), 2, quotaPace{rate: 1, until: now + 100*time.Second + time.Second/2}},
 		{"window with nothing left stops until the reset",
-			quotaAt("github", 5000, 1, 30*time.Second, true), 3, quotaPace{stop: now.Add(30 * time.Second)}},
+			quotaAt("github", 5000, 1, 30*time.Second, true), 3, quotaPace{stop: now + 30*time.Second}},
 	} {
 		var m quotaModel
 		if got := m.observe(now, c.q, c.inFlight); got != c.want {

@@ -127,13 +127,12 @@ func (l *lane) stats() LaneStats {
 		InFlight: l.slot.inUse,
 		Limit:    l.slot.limit,
 	}
-	ls.Rate, ls.Ceiling = l.currentRate(), l.fb.ceiling
+	l.pace.fill(&ls)
 	tick := now.Sub(l.epoch)
-	if now.Before(l.cooldown) {
-		ls.Cooldown = l.cooldown
+	if until := l.pace.cooldown(); tick < until {
+		ls.Cooldown = l.timeOf(until)
 	}
 	l.slot.fill(&ls)
-	ls.Throttled, ls.Cooldowns = l.fb.throttled, l.fb.cooldowns
 	ls.Retries, ls.RetriesDenied = l.budget.made, l.budget.refused
 	for p := range ls.Levels {
 		c := &l.levels[p]

@@ -293,7 +293,7 @@ func (t *Transport) attempt(l *lane, req *http.Request, p Priority, enq time.Dur
 	// neither accepted nor a latency sample.
 	status := resp.StatusCode
 	if signals(resp) {
-		if l.observe(ctx, resp, l.timeOf(g.at), p, g.ch) {
+		if l.observe(ctx, resp, g.at, p, g.ch) {
 			status = http.StatusTooManyRequests
 		}
 		if l.be != nil {

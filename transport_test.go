@@ -369,12 +369,21 @@ func TestEarlyRefusal(t *testing.T) {
 // TestLanesIndependent: a lane that is stalled never delays another.
 func TestLanesIndependent(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		base := &fakeBase{}
-		tr := mustNew(t, base, WithRate(1, time.Second))
-		slow := tr.lane("slow.test")
-		slow.mu.Lock()
-		slow.coolLocked(time.Now().Add(time.Hour), "test")
-		slow.mu.Unlock()
+		// The slow lane's server asks for an hour's pause.
+		cool := answerWith(1, http.StatusTooManyRequests, "Retry-After: 3600")
+		base := &fakeBase{answer: func(req *http.Request) *http.Response {
+			if req.URL.Host == "slow.test" {
+				return cool(req)
+			}
+			return &http.Response{StatusCode: 200, Header: http.Header{}, Body: io.NopCloser(strings.NewReader("ok"))}
+		}}
+		tr := mustNew(t, base, WithRate(1, time.Second), WithRetry(0))
+		req, _ := http.NewRequestWithContext(t.Context(), "GET", "http://slow.test/", nil)
+		if resp, err := tr.RoundTrip(req); err != nil || resp.StatusCode != http.StatusTooManyRequests {
+			t.Fatalf("slow lane's first request: %v %v", resp, err)
+		} else {
+			resp.Body.Close()
+		}
 		ctx, cancel := context.WithCancel(t.Context())
 		stalled := make(chan error)
 		go func() {
@@ -468,7 +477,7 @@ func TestGrantWinsRaceWithCancel(t *testing.T) {
 		var outcomes [2]int
 		for i := range 200 {
 			l.mu.Lock()
-			l.lim.take(l.tick()) // empty the bucket so the waiter queues
+			l.pace.take(l.tick(), false) // empty the bucket so the waiter queues
 			l.mu.Unlock()
 			ctx, cancel := context.WithCancel(t.Context())
 			errc := make(chan error)
@@ -481,8 +490,8 @@ func TestGrantWinsRaceWithCancel(t *testing.T) {
 			w := l.q.pop(l.slot.limit)
 			w.granted = true
 			l.q.levels[w.level].started(w.tn, l.slot.limit)
-			l.lim.refund(l.tick()) // as if the token had been earned
-			l.lim.take(l.tick())
+			l.pace.refund(l.tick(), true) // as if the token had been earned
+			l.pace.take(l.tick(), false)
 			l.slot.take()
 			if i%2 == 0 {
 				close(w.ready)
@@ -499,7 +508,7 @@ func TestGrantWinsRaceWithCancel(t *testing.T) {
 				outcomes[1]++
 			}
 			l.mu.Lock()
-			inUse, tokens, queued := l.slot.inUse, l.lim.tokensAt(l.tick()), l.q.len()
+			inUse, tokens, queued := l.slot.inUse, l.pace.held(l.tick()), l.q.len()
 			l.mu.Unlock()
 			if inUse != 0 || tokens < 0.999 || queued != 0 {
 				t.Fatalf("after race: in use %d, tokens %.3f, queued %d", inUse, tokens, queued)

@@ -53,7 +53,13 @@ func (w *Window) AddNano(ns int64, n uint64) {
 
 // Sum returns the events counted in the window that ends at now.
 func (w *Window) Sum(now time.Time) uint64 {
-	cur := floorDiv(now.UnixNano(), w.width)
+	return w.SumNano(now.UnixNano())
+}
+
+// SumNano returns the events counted in the window that ends at ns
+// nanoseconds since the Unix epoch.
+func (w *Window) SumNano(ns int64) uint64 {
+	cur := floorDiv(ns, w.width)
 	var n uint64
 	for i, c := range w.counts {
 		// The bucket number slot i holds: the one in (top-windowBuckets, top].

@@ -1,0 +1,244 @@
+package sluice
+
+import (
+	"math"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/sluice-go/sluice/internal/headers"
+)
+
+// TestPacerRefusalIsNotAccepted: GitHub refuses for its rate with 403 and
+// nothing remaining. The pacer counts it as throttled, cools the lane until
+// the reset, and does not cut the rate (a quota explains it); the lane then
+// settles the attempt as a 429 (see TestGitHub403IsNotAccepted), which
+// counts toward neither the run of accepted responses nor the acceptance
+// rate, where a 200 would count toward both.
+func TestPacerRefusalIsNotAccepted(t *testing.T) {
+	p := newPacer(10, 1, time.Minute, true, 0)
+	now := time.Second
+	c := p.observe(now, reply{status: http.StatusForbidden, sent: now, hasQuota: true,
+		quota: headers.Quota{Remaining: 0, Reset: time.Second, Source: "github"}}, 1)
+	if !c.throttled || !c.refused || c.cause != RateHeader {
+		t.Errorf("403 with nothing remaining: %+v, want throttled and refused, no cut", c)
+	}
+	if !c.cool.extended || !c.cool.fresh || c.cool.until != now+time.Second || p.notBefore() != now+time.Second {
+		t.Errorf("cooldown %+v, not before %v; want a new one until %v", c.cool, p.notBefore(), now+time.Second)
+	}
+	if p.fb.throttled != 1 || p.rate != 10 {
+		t.Errorf("throttled %d, rate %v; want 1 and 10", p.fb.throttled, p.rate)
+	}
+	p.settle(now, now, http.StatusTooManyRequests)
+	if p.fb.okRun != 0 || p.accepted(now) != 0 {
+		t.Errorf("after a refusal: run %d, accepted %d; want 0 and 0", p.fb.okRun, p.accepted(now))
+	}
+	p.settle(now, now, http.StatusOK)
+	if p.fb.okRun != 1 || p.accepted(now) != 1 {
+		t.Errorf("after an acceptance: run %d, accepted %d; want 1 and 1", p.fb.okRun, p.accepted(now))
+	}
+}
+
+// TestRunCountsAttemptsSentAfterCut: only an attempt sent after the last
+// cut counts toward the run of accepted responses: answers to attempts
+// already on their way say nothing of the new pace. Both count toward the
+// acceptance rate.
+func TestRunCountsAttemptsSentAfterCut(t *testing.T) {
+	p := newPacer(10, 1, time.Minute, true, 0)
+	cut := time.Minute
+	c := p.observe(cut, reply{status: http.StatusTooManyRequests, sent: cut - time.Millisecond}, 1)
+	if c.cause != RateCut || p.fb.failAt != cut || p.rate >= 10 {
+		t.Fatalf("429 at the configured rate: cause %q, cut at %v, rate %v; want a cut at %v", c.cause, p.fb.failAt, p.rate, cut)
+	}
+	p.settle(cut+time.Second, cut-time.Millisecond, http.StatusOK)
+	if p.fb.okRun != 0 {
+		t.Errorf("an answer to an attempt sent before the cut counted: run %d", p.fb.okRun)
+	}
+	p.settle(cut+time.Second, cut+time.Millisecond, http.StatusOK)
+	if p.fb.okRun != 1 {
+		t.Errorf("an answer to an attempt sent after the cut: run %d, want 1", p.fb.okRun)
+	}
+	if got := p.accepted(cut + time.Second); got != 2 {
+		t.Errorf("accepted %d, want 2: both answers count toward the acceptance rate", got)
+	}
+}
+
+// TestPacerCutIsNotRepeated: a 429 for an attempt sent before the last cut
+// was already on its way, and does not cut again.
+func TestPacerCutIsNotRepeated(t *testing.T) {
+	p := newPacer(50, 1, time.Minute, true, 0)
+	at := 10 * time.Second
+	p.observe(at, reply{status: http.StatusTooManyRequests, sent: at - time.Millisecond}, 1)
+	r := p.rate
+	if r >= 50 {
+		t.Fatalf("rate %v after a 429, want a cut", r)
+	}
+	c := p.observe(at+time.Millisecond, reply{status: http.StatusTooManyRequests, sent: at - time.Millisecond}, 1)
+	if p.rate != r || c.raised {
+		t.Errorf("a 429 sent before the cut moved the rate: %v -> %v", r, p.rate)
+	}
+	p.observe(at+2*time.Millisecond, reply{status: http.StatusTooManyRequests, sent: at + time.Millisecond}, 1)
+	if p.rate >= r {
+		t.Errorf("a 429 sent after the cut: rate %v, want below %v", p.rate, r)
+	}
+}
+
+// TestPacerCooldown: a cooldown holds every token until it ends; a later
+// one extends it, an earlier one does not; one after the last has ended is
+// a new one; the Backend is told each end once.
+func TestPacerCooldown(t *testing.T) {
+	p := newPacer(100, 1, time.Minute, true, 0)
+	if _, ok := p.toShare(); ok {
+		t.Error("a cooldown to share before any")
+	}
+	c := p.cool(time.Second, 3*time.Second, "retry-after")
+	if !c.extended || !c.fresh || c.until != 3*time.Second || c.why != "retry-after" {
+		t.Errorf("first cooldown: %+v", c)
+	}
+	if p.ready(2 * time.Second) {
+		t.Error("ready inside the cooldown")
+	}
+	if !p.ready(3 * time.Second) {
+		t.Error("not ready at the cooldown's end")
+	}
+	if c := p.cool(2*time.Second, 2500*time.Millisecond, "earlier"); c.extended || p.cooldown() != 3*time.Second {
+		t.Errorf("an earlier end moved the cooldown: %+v, ends %v", c, p.cooldown())
+	}
+	if c := p.cool(2*time.Second, 4*time.Second, "later"); !c.extended || c.fresh || c.why != "later" {
+		t.Errorf("an extension: %+v", c)
+	}
+	if d, ok := p.toShare(); !ok || d != 4*time.Second {
+		t.Errorf("to share: %v %v, want 4s", d, ok)
+	}
+	if _, ok := p.toShare(); ok {
+		t.Error("the same cooldown shared twice")
+	}
+	if c := p.cool(5*time.Second, 6*time.Second, "again"); !c.fresh {
+		t.Errorf("a cooldown after the last ended: %+v, want a new one", c)
+	}
+	if p.fb.cooldowns != 2 {
+		t.Errorf("%d cooldowns counted, want 2", p.fb.cooldowns)
+	}
+	var ls LaneStats
+	p.fill(&ls)
+	if ls.Cooldowns != 2 || ls.Rate != 100 || ls.Ceiling != 100 {
+		t.Errorf("stats %+v", ls)
+	}
+}
+
+// TestPacerNotBefore: nothing is sent before the cooldown and the Backend's
+// wait both end; the wait is held to the cap on named waits.
+func TestPacerNotBefore(t *testing.T) {
+	p := newPacer(0, 1, 30*time.Second, false, 0)
+	if p.paced() || p.notBefore() > 0 {
+		t.Fatalf("new unpaced pacer: paced %v, not before %v", p.paced(), p.notBefore())
+	}
+	p.setWait(time.Second, time.Hour)
+	if p.backendWait() != 31*time.Second || p.notBefore() != 31*time.Second {
+		t.Errorf("Backend wait %v, not before %v; want 31s (capped)", p.backendWait(), p.notBefore())
+	}
+	p.cool(time.Second, 40*time.Second, "retry-after")
+	if p.notBefore() != 40*time.Second {
+		t.Errorf("not before %v, want the cooldown's 40s", p.notBefore())
+	}
+	if !p.pending(39*time.Second) || p.pending(40*time.Second) {
+		t.Errorf("pending at 39s %v, at 40s %v; want true, false", p.pending(39*time.Second), p.pending(40*time.Second))
+	}
+}
+
+// TestPacerPending: a lane's pacer loses something if forgotten while its
+// bucket is not full again or a header rate is in force.
+func TestPacerPending(t *testing.T) {
+	p := newPacer(10, 2, time.Minute, true, 0)
+	if p.pending(0) {
+		t.Error("a new pacer has something pending")
+	}
+	p.take(0, false)
+	if !p.pending(0) || p.pending(100*time.Millisecond) {
+		t.Errorf("a token short: pending %v, a token's time later %v; want true, false", p.pending(0), p.pending(100*time.Millisecond))
+	}
+	// A bucket's quota, finer than the second: 5/s, for 2 s.
+	q := headers.Quota{Limit: 10, Remaining: 5, Reset: time.Second, Source: "openai"}
+	p.observe(time.Second, reply{status: http.StatusOK, sent: time.Second, quota: q, hasQuota: true}, 1)
+	if p.fb.header == 0 || !p.pending(2*time.Second) || p.pending(p.fb.headerUntil) {
+		t.Errorf("header rate %v until %v: pending while it holds, not after", p.fb.header, p.fb.headerUntil)
+	}
+}
+
+// TestPacerTakeAndRefund: a token taken and given back leaves the bucket
+// as it was; a Backend's token is not given back to the local bucket.
+func TestPacerTakeAndRefund(t *testing.T) {
+	p := newPacer(1, 1, time.Minute, true, 0)
+	if !p.take(0, false) || p.take(0, false) {
+		t.Fatal("burst 1: want one token, then none")
+	}
+	if d := p.tokenDelay(0); d != time.Second {
+		t.Errorf("token due in %v, want 1s", d)
+	}
+	p.refund(0, false)
+	if p.held(0) != 0 {
+		t.Errorf("a Backend's token refunded to the local bucket: %v held", p.held(0))
+	}
+	p.refund(0, true)
+	if p.held(0) != 1 || !p.take(0, false) {
+		t.Errorf("after a refund: %v held, want 1", p.held(0))
+	}
+	if r := (&pacer{}).held(0); !math.IsInf(r, 1) {
+		t.Errorf("an unpaced pacer holds %v, want +Inf", r)
+	}
+}
+
+// TestPacerShare: a Leaser's share paces the lane with its own bucket:
+// nothing before the first grant, then the lower of the two rates.
+func TestPacerShare(t *testing.T) {
+	p := newPacer(100, 1, time.Minute, true, 0)
+	if p.sharing() {
+		t.Fatal("sharing before join")
+	}
+	p.join()
+	if !p.sharing() || p.take(0, false) {
+		t.Error("a token before the first share")
+	}
+	p.setShare(0, 10, 0)
+	if p.paceRate() != 10 || !p.take(0, false) || p.take(0, false) {
+		t.Errorf("share 10/s burst 1: pace %v", p.paceRate())
+	}
+	if d := p.tokenDelay(0); d != 100*time.Millisecond {
+		t.Errorf("next token in %v, want the share's 100ms", d)
+	}
+	// A larger burst does not fill the share; a take the lane's bucket
+	// refuses leaves the share as it was.
+	p.setShare(time.Second, 1000, 5)
+	p.lim.drain(time.Second)
+	if p.take(time.Second, false) || p.held(time.Second) != 0 || p.share.tokensAt(time.Second) != 1 {
+		t.Errorf("the lane's bucket refused: share holds %v, want 1", p.share.tokensAt(time.Second))
+	}
+	p.refund(time.Second, true)
+	if p.lim.tokensAt(time.Second) != 1 || p.share.tokensAt(time.Second) != 2 {
+		t.Errorf("refund: bucket %v, share %v; want 1 and 2", p.lim.tokensAt(time.Second), p.share.tokensAt(time.Second))
+	}
+}
+
+// TestPacerLearnsARate: an unpaced lane gets a bucket at the first rate it
+// learns, empty (what it sent used it), and reports the change once.
+func TestPacerLearnsARate(t *testing.T) {
+	p := newPacer(0, 1, time.Minute, true, 0)
+	if p.paceRate() != 0 {
+		t.Fatalf("unpaced: %v", p.paceRate())
+	}
+	for i := range 5 {
+		at := time.Duration(i) * 300 * time.Millisecond
+		p.settle(at, at, http.StatusOK)
+	}
+	now := 1500 * time.Millisecond
+	c := p.observe(now, reply{status: http.StatusTooManyRequests, sent: now, hasRA: true, retryAfter: time.Second}, 1)
+	if c.cause != RateCut || !p.paced() || p.rate <= 0 || p.held(now) != 0 {
+		t.Fatalf("first 429 on an unpaced lane: %+v, rate %v, held %v; want a rate, an empty bucket", c, p.rate, p.held(now))
+	}
+	if from, to, ok := p.report(c.cause); !ok || from != 0 || to != p.rate {
+		t.Errorf("report %v -> %v (%v), want 0 -> %v", from, to, ok, p.rate)
+	}
+	if _, _, ok := p.report(RateRecovery); ok {
+		t.Error("an unchanged rate reported twice")
+	}
+}
