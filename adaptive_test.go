@@ -647,7 +647,7 @@ func TestTimeNextSamples(t *testing.T) {
 		l := &lane{pace: pacer{rate: tc.rate}}
 		got := 0
 		for i := range 800 {
-			if l.timeNext(time.Hour + time.Duration(i)*tc.spacing) {
+			if l.timeNextLocked(time.Hour + time.Duration(i)*tc.spacing) {
 				got++
 			}
 		}
@@ -706,7 +706,7 @@ func TestSampledLaneStillLearns(t *testing.T) {
 		wg.Wait()
 		l := tr.lane("api.test")
 		l.mu.Lock()
-		accepted := l.pace.accepted(l.tick())
+		accepted := l.pace.accepted(l.clk.tick())
 		l.mu.Unlock()
 		if accepted != workers*each {
 			t.Errorf("feedback counted %d responses, want %d", accepted, workers*each)

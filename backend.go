@@ -113,3 +113,120 @@ type Share struct {
 	InFlight int       // < 0: no cap from the share
 	Cool     time.Time // a cooldown shared by another process; zero: none
 }
+
+// backendDone tells the Backend, if any, that an attempt it granted is done,
+// from a goroutine: it is called from Response.Body.Close and on a
+// cancelled request's way out, and a Backend may talk to its store (see
+// Backend.Done).
+func (l *lane) backendDone() {
+	if l.perToken {
+		go l.be.Done(l.key)
+	}
+}
+
+// shareCooldown passes the lane's cooldown to its Backend, if it has one and
+// the cooldown is later than the last one shared, so that every process on
+// the key pauses with it. It is called after a response is observed.
+func (l *lane) shareCooldown() {
+	l.mu.Lock()
+	d, ok := l.pace.toShare()
+	l.mu.Unlock()
+	if !ok {
+		return
+	}
+	// d is on the lane's clock, whose wall reading is the lane's creation
+	// plus monotonic time; a Backend may use the wall reading (other
+	// processes only have that), so rebase it on time.Now's.
+	until := time.Now().Add(d - l.clk.read())
+	if err := l.be.Cool(context.Background(), l.key, until); err != nil {
+		l.cfg.logger.Warn("sluice: backend could not share a cooldown", "lane", l.key, "until", until, "err", err)
+	}
+}
+
+// takeShared asks the Backend for a token for the best waiter, holding a
+// slot for it meanwhile so that the token is never taken without a slot to
+// use it. The waiter is chosen after the Backend answers, so a request of a
+// higher level that arrives during the call gets the token. The caller has
+// taken the slot (see run) and does not hold mu; r is the lane's rate.
+func (l *lane) takeShared(r float64) {
+	wait, err := l.be.Take(withTaker(l.cfg), l.key, r, l.cfg.burst)
+	l.mu.Lock()
+	now := l.clk.tick()
+	switch {
+	case err != nil:
+		// The Backend refused to answer: fail one waiter with its error,
+		// and try the next one afresh.
+		l.slot.put()
+		if w := l.q.pop(l.slot.limit); w != nil {
+			l.grantLocked(now, w, err)
+		}
+	case wait > 0:
+		l.slot.put()
+		// A Backend that names an absurd wait is held to the cap that
+		// applies to a server's Retry-After.
+		l.pace.setWait(now, wait)
+	default:
+		if w := l.q.pop(l.slot.limit); w != nil {
+			l.grantLocked(now, w, nil)
+			break
+		}
+		// No waiter may be served now: every one left during the call, or
+		// the limit shrank and their tenants are at the lower cap. The
+		// shared token is spent; the slot and any lease go back.
+		l.slot.put()
+		l.mu.Unlock()
+		l.be.Done(l.key)
+		return
+	}
+	l.mu.Unlock()
+}
+
+// joinLocked joins the lane's Leaser at its first request (see Leaser),
+// when the lane is surely the one in its Transport's map. If the Leaser
+// declines, the lane takes its tokens with Take. The Leaser calls neither
+// function from within Join.
+func (l *lane) joinLocked() {
+	l.join = false
+	if !l.be.(Leaser).Join(l.key, l.demand, l.grant) {
+		l.perToken = true
+		return
+	}
+	// Nothing is sent before the first grant (see grant).
+	l.pace.join()
+}
+
+// demand is what the lane wants of its Leaser; false once the lane is gone.
+func (l *lane) demand() (Demand, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed || l.dead.Load() {
+		return Demand{}, false
+	}
+	d := Demand{Rate: l.currentRateLocked(), Burst: l.cfg.burst}
+	for p := range l.q.levels {
+		lv := &l.q.levels[p]
+		d.Waiting[p] = lv.n
+		lv.each(func(t *tenant) { d.InFlight[p] += t.inFlight })
+		d.Granted[p] = l.levels[p].granted
+	}
+	return d, true
+}
+
+// grant sets the lane's share from its Leaser, and wakes its dispatcher.
+func (l *lane) grant(s Share) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed || l.dead.Load() || !l.pace.sharing() {
+		return
+	}
+	now := l.clk.tick()
+	l.pace.setShare(now, s.Rate, s.Burst)
+	l.slot.leased = 0
+	if s.InFlight >= 0 {
+		l.slot.leased = s.InFlight + 1
+	}
+	if !s.Cool.IsZero() {
+		l.cooledLocked(l.pace.cool(now, l.clk.ticks(s.Cool), "a cooldown shared by another process"))
+	}
+	l.wakeLocked()
+}

@@ -39,7 +39,7 @@ func (l *lane) close() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.closed = true
-	now := l.tick()
+	now := l.clk.tick()
 	// Every waiter, those of tenants at their cap included.
 	var ws []*waiter
 	for p := range l.q.levels {
@@ -49,5 +49,5 @@ func (l *lane) close() {
 		l.q.remove(w)
 		l.grantLocked(now, w, ErrClosed)
 	}
-	l.wake() // the dispatcher finds the queue empty and exits
+	l.wakeLocked() // the dispatcher finds the queue empty and exits
 }

@@ -302,7 +302,7 @@ func BenchmarkControllerOnDone(b *testing.B) {
 			i := 0
 			for b.Loop() {
 				now += 20 * time.Millisecond
-				l.limitMovedLocked(l.slot.onSample(now, 400*time.Millisecond+time.Duration(i%7)*10*time.Millisecond, http.StatusOK, l.q.len() > 0, l.currentRate()))
+				l.limitMovedLocked(l.slot.onSample(now, 400*time.Millisecond+time.Duration(i%7)*10*time.Millisecond, http.StatusOK, l.q.len() > 0, l.currentRateLocked()))
 				i++
 			}
 		})

@@ -338,7 +338,7 @@ func TestBoundRealClock(t *testing.T) {
 			var grants []time.Time
 			for d, n := range granted {
 				for range n {
-					grants = append(grants, l.timeOf(d))
+					grants = append(grants, l.clk.timeOf(d))
 				}
 			}
 			if int(sent.Load()) != len(at) {

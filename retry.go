@@ -56,7 +56,7 @@ func newRetryBudget() retryBudget {
 func (l *lane) allowRetry() bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	now := l.now()
+	now := l.clk.timeOf(l.clk.tick())
 	b := &l.budget
 	limit := l.cfg.retryRatio*float64(b.firsts.Sum(now)) + float64(l.cfg.retryMin)
 	if b.retries == nil {

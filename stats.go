@@ -121,16 +121,15 @@ func (t *Transport) LaneStats(key string) (LaneStats, bool) {
 func (l *lane) stats() LaneStats {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	now := l.now()
+	tick := l.clk.tick()
 	ls := LaneStats{
 		Key:      l.key,
 		InFlight: l.slot.inUse,
 		Limit:    l.slot.limit,
 	}
 	l.pace.fill(&ls)
-	tick := now.Sub(l.epoch)
 	if until := l.pace.cooldown(); tick < until {
-		ls.Cooldown = l.timeOf(until)
+		ls.Cooldown = l.clk.timeOf(until)
 	}
 	l.slot.fill(&ls)
 	ls.Retries, ls.RetriesDenied = l.budget.made, l.budget.refused

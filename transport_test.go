@@ -477,7 +477,7 @@ func TestGrantWinsRaceWithCancel(t *testing.T) {
 		var outcomes [2]int
 		for i := range 200 {
 			l.mu.Lock()
-			l.pace.take(l.tick(), false) // empty the bucket so the waiter queues
+			l.pace.take(l.clk.tick(), false) // empty the bucket so the waiter queues
 			l.mu.Unlock()
 			ctx, cancel := context.WithCancel(t.Context())
 			errc := make(chan error)
@@ -490,8 +490,8 @@ func TestGrantWinsRaceWithCancel(t *testing.T) {
 			w := l.q.pop(l.slot.limit)
 			w.granted = true
 			l.q.levels[w.level].started(w.tn, l.slot.limit)
-			l.pace.refund(l.tick(), true) // as if the token had been earned
-			l.pace.take(l.tick(), false)
+			l.pace.refund(l.clk.tick(), true) // as if the token had been earned
+			l.pace.take(l.clk.tick(), false)
 			l.slot.take()
 			if i%2 == 0 {
 				close(w.ready)
@@ -508,7 +508,7 @@ func TestGrantWinsRaceWithCancel(t *testing.T) {
 				outcomes[1]++
 			}
 			l.mu.Lock()
-			inUse, tokens, queued := l.slot.inUse, l.pace.held(l.tick()), l.q.len()
+			inUse, tokens, queued := l.slot.inUse, l.pace.held(l.clk.tick()), l.q.len()
 			l.mu.Unlock()
 			if inUse != 0 || tokens < 0.999 || queued != 0 {
 				t.Fatalf("after race: in use %d, tokens %.3f, queued %d", inUse, tokens, queued)
@@ -553,7 +553,7 @@ func TestNeverOverRateRealClock(t *testing.T) {
 					runtime.Gosched()
 				}
 				l.mu.Lock()
-				if now := l.tick(); l.tryTake(now, false, nil) {
+				if now := l.clk.tick(); l.tryTakeLocked(now, false, nil) {
 					mine = append(mine, now)
 					l.slot.put()
 				}
@@ -561,7 +561,7 @@ func TestNeverOverRateRealClock(t *testing.T) {
 			}
 			mu.Lock()
 			for _, d := range mine {
-				grants = append(grants, l.timeOf(d))
+				grants = append(grants, l.clk.timeOf(d))
 			}
 			mu.Unlock()
 		})

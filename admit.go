@@ -1,0 +1,81 @@
+package sluice
+
+import (
+	"context"
+	"math"
+	"time"
+)
+
+// estimateLocked returns how long a new waiter of level p is expected to wait for
+// its token: the cooldown left, plus the time for the bucket to yield one
+// token for every waiter ranked ahead of it and one for itself. It counts
+// the waiters at p and above, which is exact for strict priority and an
+// upper bound when aging lets lower levels move ahead only later. Waiting
+// for an in-flight slot is not included: it depends on latencies not yet
+// observed.
+func (l *lane) estimateLocked(now time.Duration, p Priority, tn *tenant, ch *charge) time.Duration {
+	var d time.Duration
+	start := now
+	if until := l.pace.notBefore(); start < until {
+		d = until - start
+		start = until
+	}
+	r := l.pace.paceRate()
+	if r == 0 {
+		return d + l.budgets.wait(start, p, ch)
+	}
+	need := float64(l.q.ahead(p, tn) + 1)
+	if !l.perToken {
+		// Taking tokens from a Backend the local bucket is not drawn from:
+		// what it holds says nothing of the shared budget, which is taken
+		// as empty.
+		need -= l.pace.held(start)
+	}
+	w := max(tokensDelay(need, r), l.budgets.wait(start, p, ch))
+	if w > math.MaxInt64-d {
+		return math.MaxInt64
+	}
+	return d + w
+}
+
+// refuseLocked checks the early-refusal rules for a waiter of level p and tenant
+// tn.
+func (l *lane) refuseLocked(ctx context.Context, now time.Duration, p Priority, tn *tenant, ch *charge) *RejectedError {
+	var rej *RejectedError
+	switch {
+	case l.cfg.maxQueue > 0 && l.q.len() >= l.cfg.maxQueue:
+		rej = &RejectedError{Reason: ReasonQueueFull, Queued: l.q.len()}
+	case l.cfg.tenantQueue > 0 && tn.id != "" && len(tn.waiters) >= l.cfg.tenantQueue:
+		rej = &RejectedError{Reason: ReasonTenantQueue, Queued: len(tn.waiters)}
+	}
+	dl, hasDL := ctx.Deadline()
+	maxWait := l.cfg.maxWait[p]
+	if rej == nil && !hasDL && maxWait == 0 {
+		return nil
+	}
+	est := l.estimateLocked(now, p, tn, ch)
+	switch {
+	case rej != nil:
+	case hasDL && est > l.clk.ticks(dl)-now:
+		rej = &RejectedError{Reason: ReasonDeadline, Limit: l.clk.ticks(dl) - now}
+	case maxWait > 0 && est > maxWait:
+		rej = &RejectedError{Reason: ReasonMaxWait, Limit: maxWait}
+	default:
+		return nil
+	}
+	rej.Key, rej.Priority, rej.Tenant, rej.Wait = l.key, p, tn.id, est
+	// Trying again after the estimated wait finds, if nothing else arrives,
+	// the queue ahead drained; it is a hint, not a promise.
+	rej.RetryAfter = est
+	l.countRefusedLocked(p, rej.Reason)
+	return rej
+}
+
+// countRefusedLocked counts an early refusal of a request of level p. The
+// counters are allocated at the lane's first: most lanes refuse nothing.
+func (l *lane) countRefusedLocked(p Priority, r Reason) {
+	if l.refused == nil {
+		l.refused = new([numLevels][numReasons]uint64)
+	}
+	l.refused[p][r]++
+}
