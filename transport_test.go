@@ -473,32 +473,38 @@ func TestUnpacedLaneBoundsConcurrency(t *testing.T) {
 func TestGrantWinsRaceWithCancel(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		tr := mustNew(t, &fakeBase{}, WithRate(1, time.Hour), WithConcurrency(1, 1))
-		l := tr.lane("k")
+		l := tr.lane("api.test")
 		var outcomes [2]int
 		for i := range 200 {
-			l.mu.Lock()
-			l.pace.take(l.clk.tick(), false) // empty the bucket so the waiter queues
-			l.mu.Unlock()
+			// The bucket's one token goes to a request, so that the next one
+			// queues. It goes at once: the last race gave its token back.
+			start := time.Now()
+			if err := get(t.Context(), tr, ""); err != nil {
+				t.Fatal(err)
+			}
+			if d := time.Since(start); d > 0 {
+				t.Fatalf("race %d: the lane's token was not given back; a request waited %v", i, d)
+			}
 			ctx, cancel := context.WithCancel(t.Context())
 			errc := make(chan error)
 			go func() {
 				_, err := l.acquire(ctx, Normal, firstAttempt)
 				errc <- err
 			}()
-			synctest.Wait() // queued, blocked in select
+			synctest.Wait() // queued, blocked in select; its dispatcher sleeps an hour
 			l.mu.Lock()
+			now := l.clk.tick()
+			l.pace.refund(now, true) // as if the hour's token had come
+			if !l.tryTakeLocked(now, false, nil) {
+				t.Fatal("no token and slot to grant")
+			}
 			w := l.q.pop(l.slot.limit)
-			w.granted = true
-			l.q.levels[w.level].started(w.tn, l.slot.limit)
-			l.pace.refund(l.clk.tick(), true) // as if the token had been earned
-			l.pace.take(l.clk.tick(), false)
-			l.slot.take()
 			if i%2 == 0 {
-				close(w.ready)
+				l.grantLocked(now, w, nil) // closes ready
 				cancel()
 			} else {
 				cancel() // the waiter wakes and blocks on l.mu
-				close(w.ready)
+				l.grantLocked(now, w, nil)
 			}
 			l.mu.Unlock()
 			if err := <-errc; err == nil {
@@ -507,13 +513,13 @@ func TestGrantWinsRaceWithCancel(t *testing.T) {
 			} else {
 				outcomes[1]++
 			}
-			l.mu.Lock()
-			inUse, tokens, queued := l.slot.inUse, l.pace.held(l.clk.tick()), l.q.len()
-			l.mu.Unlock()
-			if inUse != 0 || tokens < 0.999 || queued != 0 {
-				t.Fatalf("after race: in use %d, tokens %.3f, queued %d", inUse, tokens, queued)
-			}
 			synctest.Wait() // the dispatcher exits
+			// Whole again: nothing in flight or queued, and the token back
+			// in the bucket, for the next iteration's request to take.
+			ls, _ := tr.LaneStats("api.test")
+			if ls.InFlight != 0 || ls.Levels[Normal].Queued != 0 {
+				t.Fatalf("after race %d: in flight %d, queued %d", i, ls.InFlight, ls.Levels[Normal].Queued)
+			}
 		}
 		if outcomes[0] == 0 || outcomes[1] == 0 {
 			t.Errorf("only one side of the race ran: %v", outcomes)
