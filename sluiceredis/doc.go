@@ -90,9 +90,13 @@
 // Transports may share one Backend in either mode: tokens taken ahead are
 // kept for the Transport whose lane took them (see sluice.TakerOf).
 //
+// In token mode Redis's health is one for the Backend: on a Redis Cluster a
+// dead master sends every key of the Backend to its local fallback (which
+// keeps each within its bound), not only its own keys.
+//
 // Pick tokens for a small fleet against a strict server, where the exact
 // bound matters more than the round trip; pick shares for a large fleet, a
-// high rate, a distant Redis, or fleet-wide priority.
+// high rate, a distant Redis, fleet-wide priority, or a Redis Cluster.
 //
 // Shares when Redis is down: a process keeps its last share until its
 // lease (three refreshes) ends, trying Redis once a refresh; then it
