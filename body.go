@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // body releases its attempt's slot when it is read to EOF, fails a read or
@@ -21,9 +22,14 @@ type body struct {
 // back to the body, so that a context.AfterFunc or a leakToken holding it
 // does not keep the body reachable.
 type hold struct {
-	t      *Transport
-	ctx    context.Context
-	g      grant
+	t   *Transport
+	ctx context.Context
+	// What giving the slot back needs of the attempt's grant (see
+	// grant.Done): the whole grant would take the hold a size class up.
+	l      *lane
+	start  time.Duration
+	tn     *tenant
+	timed  bool
 	status int
 	done   atomic.Bool
 	stop   func() bool // stops the context.AfterFunc; nil if none
@@ -48,7 +54,7 @@ var leakTokens = sync.Pool{New: func() any {
 // wrap returns rc wrapped so that the slot is released once, when the first
 // of the ways listed at body happens.
 func (t *Transport) wrap(ctx context.Context, rc io.ReadCloser, g grant, status int) *body {
-	h := &hold{t: t, ctx: ctx, g: g, status: status}
+	h := &hold{t: t, ctx: ctx, l: g.l, start: g.start, tn: g.tn, timed: g.timed, status: status}
 	b := &body{rc: rc, h: h}
 	tk := leakTokens.Get().(*leakToken)
 	tk.h.Store(h)
@@ -96,9 +102,9 @@ func (tk *leakToken) collected() {
 	if h.stop != nil {
 		h.stop()
 	}
-	if _, warned := h.t.leaked.LoadOrStore(h.g.l, struct{}{}); !warned {
+	if _, warned := h.t.leaked.LoadOrStore(h.l, struct{}{}); !warned {
 		h.t.cfg.logger.WarnContext(h.ctx, "sluice: response body not closed; its slot was given back when it was collected (close every response body)",
-			"lane", h.g.l.key)
+			"lane", h.l.key)
 	}
 }
 
@@ -113,8 +119,6 @@ func (h *hold) release(sample bool) bool {
 	if !h.done.CompareAndSwap(false, true) {
 		return false
 	}
-	g := h.g
-	g.timed = g.timed && sample
-	g.Done(h.status)
+	grant{l: h.l, start: h.start, tn: h.tn, timed: h.timed && sample}.Done(h.status)
 	return true
 }
