@@ -178,10 +178,6 @@ func (p *pacer) pending(now time.Duration) bool {
 		p.lim != nil && p.lim.tokensAt(now) < p.lim.burst
 }
 
-// accepted returns how many responses the server accepted over the
-// acceptance window that ends at now.
-func (p *pacer) accepted(now time.Duration) uint64 { return p.fb.acceptedAt(now) }
-
 // A coolChange is what setting a cooldown changed.
 type coolChange struct {
 	extended bool          // the cooldown now ends later, at until

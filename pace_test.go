@@ -242,3 +242,7 @@ func TestPacerLearnsARate(t *testing.T) {
 		t.Error("an unchanged rate reported twice")
 	}
 }
+
+// accepted returns how many responses the server accepted over the
+// acceptance window that ends at now.
+func (p *pacer) accepted(now time.Duration) uint64 { return p.fb.acceptedAt(now) }
