@@ -212,15 +212,15 @@ func (r result) String() string {
 	return s
 }
 
-// run measures one client against one model.
+// run measures one client against one model, served by a child process
+// (see startRemote).
 func run(ctx context.Context, cfg config, m model, c client) result {
-	lim := m.make()
-	srv := upstream.NewTCP(upstream.Config{
-		Limiter: lim,
-		Latency: func(int, *http.Request) time.Duration { return cfg.latency },
-	})
-	defer srv.Close()
-	hc, err := c.make(srv.Transport(), m.limit, m.per)
+	srv, err := startRemote(m, cfg.latency)
+	if err != nil {
+		return result{err: err}
+	}
+	defer srv.close()
+	hc, err := c.make(srv.tr, m.limit, m.per)
 	if err != nil {
 		return result{err: err}
 	}
@@ -231,18 +231,22 @@ func run(ctx context.Context, cfg config, m model, c client) result {
 	defer cancel()
 
 	res := result{inPenalty: -1}
-	gh, _ := lim.(*upstream.GitHub)
-	if m.penalty > 0 && gh != nil {
-		res.inPenalty = 0
-		t := time.AfterFunc(time.Until(mid.Add(500*time.Millisecond)), func() { gh.Trigger(m.penalty) })
-		defer t.Stop()
-	}
-
 	var wg sync.WaitGroup
+	var triggerErr error
+	if m.penalty > 0 {
+		res.inPenalty = 0
+		wg.Go(func() {
+			select {
+			case <-time.After(time.Until(mid.Add(500 * time.Millisecond))):
+				triggerErr = srv.trigger(m.penalty)
+			case <-ctx.Done():
+			}
+		})
+	}
 	for range cfg.workers {
 		wg.Go(func() {
 			for ctx.Err() == nil {
-				req, err := http.NewRequestWithContext(ctx, http.MethodGet, srv.URL()+"/v1/thing", nil)
+				req, err := http.NewRequestWithContext(ctx, http.MethodGet, srv.url+"/v1/thing", nil)
 				if err != nil {
 					return
 				}
@@ -263,8 +267,15 @@ func run(ctx context.Context, cfg config, m model, c client) result {
 	}
 	wg.Wait()
 
+	if triggerErr != nil {
+		return result{err: triggerErr}
+	}
+	arrivals, err := srv.arrivals()
+	if err != nil {
+		return result{err: err}
+	}
 	var accepted, total int
-	for _, a := range srv.Arrivals() {
+	for _, a := range arrivals {
 		if a.At.Before(mid) || !a.At.Before(end) {
 			continue
 		}
@@ -274,12 +285,14 @@ func run(ctx context.Context, cfg config, m model, c client) result {
 		}
 	}
 	res.attempts = total
-	res.ratio = float64(accepted) / end.Sub(mid).Seconds() / lim.Rate()
+	res.ratio = float64(accepted) / end.Sub(mid).Seconds() / m.make().Rate()
 	if total > 0 {
 		res.refused = 100 * float64(total-accepted) / float64(total)
 	}
-	if gh != nil && res.inPenalty == 0 {
-		res.inPenalty = gh.PenaltyArrivals()
+	if res.inPenalty == 0 {
+		if res.inPenalty, err = srv.penaltyArrivals(); err != nil {
+			return result{err: err}
+		}
 	}
 	if cl, ok := hc.Transport.(interface{ CloseIdleConnections() }); ok {
 		cl.CloseIdleConnections()

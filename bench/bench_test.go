@@ -3,10 +3,18 @@ package main
 import (
 	"bytes"
 	"io"
+	"os"
 	"strings"
 	"testing"
 	"time"
 )
+
+// TestMain lets the test binary serve a model for run, as the bench's
+// binary does (see startRemote).
+func TestMain(m *testing.M) {
+	serveIfChild()
+	os.Exit(m.Run())
+}
 
 // TestShort is the CI smoke test: one model, every client, about 1.5 s a
 // run over real loopback. It checks that the instrument works (every run

@@ -14,6 +14,7 @@ import (
 )
 
 func main() {
+	serveIfChild()
 	var (
 		d        = flag.Duration("d", 12*time.Second, "length of each run; the second half is measured")
 		workers  = flag.Int("workers", 32, "callers in a closed loop")

@@ -1,0 +1,216 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"strings"
+	"time"
+
+	"github.com/sluice-go/sluice/internal/upstream"
+)
+
+// The server model runs in a child process, as a real API does in its own.
+// In one process, the clients' garbage collections (several a second at
+// these allocation rates) delayed the server's clock reads by up to a few
+// milliseconds, and a strict (burst 1) limiter took requests sent 20 ms
+// apart for requests 17 ms apart: the instrument refused what the client
+// had paced right. NOTES.md, "The bench's server process", has the figures.
+const (
+	serveEnv   = "SLUICE_BENCH_SERVE"   // in the child: the model to serve, by name
+	latencyEnv = "SLUICE_BENCH_LATENCY" // in the child: the service latency
+)
+
+// serveIfChild serves the model that serveEnv names and exits, when this
+// process is a bench server started by startRemote; otherwise it returns.
+// The child prints its API and control URLs on one line, and exits when
+// its standard input ends, so it never outlives the bench.
+func serveIfChild() {
+	name := os.Getenv(serveEnv)
+	if name == "" {
+		return
+	}
+	if err := serve(name, os.Stdin, os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "bench server:", err)
+		os.Exit(1)
+	}
+	os.Exit(0)
+}
+
+func serve(name string, in io.Reader, out io.Writer) error {
+	m, err := modelNamed(name)
+	if err != nil {
+		return err
+	}
+	latency, err := time.ParseDuration(os.Getenv(latencyEnv))
+	if err != nil {
+		return fmt.Errorf("%s: %w", latencyEnv, err)
+	}
+	lim := m.make()
+	srv := upstream.NewTCP(upstream.Config{
+		Limiter: lim,
+		Latency: func(int, *http.Request) time.Duration { return latency },
+	})
+	defer srv.Close()
+	ctl := httptest.NewServer(controlMux(srv, lim))
+	defer ctl.Close()
+	if _, err := fmt.Fprintf(out, "%s %s\n", srv.URL(), ctl.URL); err != nil {
+		return err
+	}
+	_, err = io.Copy(io.Discard, in) // until the parent closes it, or dies
+	return err
+}
+
+// arrival is what the parent needs of an upstream.Arrival.
+type arrival struct {
+	At       time.Time
+	Accepted bool
+}
+
+func controlMux(srv *upstream.Server, lim upstream.Model) *http.ServeMux {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /arrivals", func(w http.ResponseWriter, _ *http.Request) {
+		as := srv.Arrivals()
+		out := make([]arrival, len(as))
+		for i, a := range as {
+			out[i] = arrival{At: a.At, Accepted: a.Accepted}
+		}
+		json.NewEncoder(w).Encode(out)
+	})
+	gh, _ := lim.(*upstream.GitHub)
+	mux.HandleFunc("POST /trigger", func(w http.ResponseWriter, r *http.Request) {
+		d, err := time.ParseDuration(r.FormValue("d"))
+		if gh == nil || err != nil {
+			http.Error(w, "no GitHub model, or a bad duration", http.StatusBadRequest)
+			return
+		}
+		gh.Trigger(d)
+	})
+	mux.HandleFunc("GET /penalty", func(w http.ResponseWriter, _ *http.Request) {
+		if gh == nil {
+			http.Error(w, "no GitHub model", http.StatusBadRequest)
+			return
+		}
+		fmt.Fprint(w, gh.PenaltyArrivals())
+	})
+	return mux
+}
+
+func modelNamed(name string) (model, error) {
+	for _, m := range models() {
+		if m.name == name {
+			return m, nil
+		}
+	}
+	return model{}, fmt.Errorf("no model %q", name)
+}
+
+// remote is a bench server in a child process.
+type remote struct {
+	cmd      *exec.Cmd
+	stdin    io.WriteCloser
+	url, ctl string
+	tr       *http.Transport // to url, with connections enough for every caller
+	ctlc     *http.Client
+}
+
+// startRemote starts a child process serving m with the given latency.
+func startRemote(m model, latency time.Duration) (*remote, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(exe)
+	cmd.Env = append(os.Environ(), serveEnv+"="+m.name, latencyEnv+"="+latency.String())
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	r := &remote{cmd: cmd, stdin: stdin}
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	urls := strings.Fields(line)
+	if err != nil || len(urls) != 2 {
+		r.close()
+		return nil, fmt.Errorf("bench server for %q: read %q: %v", m.name, line, err)
+	}
+	r.url, r.ctl = urls[0], urls[1]
+	r.tr = &http.Transport{
+		DialContext:         (&net.Dialer{}).DialContext,
+		MaxIdleConns:        256,
+		MaxIdleConnsPerHost: 256,
+	}
+	r.ctlc = &http.Client{Timeout: 30 * time.Second}
+	return r, nil
+}
+
+func (r *remote) arrivals() ([]arrival, error) {
+	resp, err := r.ctlc.Get(r.ctl + "/arrivals")
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	var as []arrival
+	if err := json.NewDecoder(resp.Body).Decode(&as); err != nil {
+		return nil, fmt.Errorf("bench server arrivals: %w", err)
+	}
+	return as, nil
+}
+
+func (r *remote) trigger(d time.Duration) error {
+	resp, err := r.ctlc.Post(r.ctl+"/trigger?d="+d.String(), "", nil)
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("bench server trigger: %s", resp.Status)
+	}
+	return nil
+}
+
+func (r *remote) penaltyArrivals() (int, error) {
+	resp, err := r.ctlc.Get(r.ctl + "/penalty")
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	var n int
+	if _, err := fmt.Fscan(resp.Body, &n); err != nil || resp.StatusCode != http.StatusOK {
+		return 0, errors.Join(fmt.Errorf("bench server penalty: %s", resp.Status), err)
+	}
+	return n, nil
+}
+
+// close ends the child and waits for it.
+func (r *remote) close() {
+	if r.tr != nil {
+		r.tr.CloseIdleConnections()
+	}
+	r.stdin.Close()
+	done := make(chan struct{})
+	go func() {
+		r.cmd.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		r.cmd.Process.Kill()
+		<-done
+	}
+}
