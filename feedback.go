@@ -30,8 +30,11 @@ const (
 	edgeCreep      = 4 * time.Minute  // the first creep period from the plateau to r_f
 	maxCreep       = 32 * time.Minute // bound on the creep period's doubling
 	throttleProbe  = 0.2              // growth per second beyond r_f
+	firstProbe     = 4                // growth per second from a guess, until the next 429
 	throttleFloor  = 0.05             // share of the highest known rate the throttle rate keeps
 	minRate        = 0.01             // per second: one request per 100 s, whatever is known
+
+	refillSlack = 0.05 // a counted refill rate's error: rates within it are one
 
 	acceptWindow = 2 * time.Second
 	minFirstSpan = time.Second // shortest span firstRate counts acceptances over
@@ -66,9 +69,12 @@ type feedback struct {
 	// sustained: fail is a pace the server took for edgeRun responses or
 	// more, so a 429 at or under it is jitter, not a pace far too high.
 	sustained bool
-	edge      bool          // the last cut was at the edge: a 429 after a run the server took
-	probing   bool          // the last cut was a lane's first estimate: grow fast until the next
-	creep     time.Duration // how long the last cut's creep from plateau to fail takes; 0: no creep
+	edge      bool // the last cut was at the edge: a 429 after a run the server took
+	probing   bool // the last cut was a lane's first estimate: grow fast until the next
+	// firstRA >= 0: a 429 (which said to retry after firstRA) came before
+	// any acceptance, and the first will make the lane's first estimate.
+	firstRA time.Duration
+	creep   time.Duration // how long the last cut's creep from plateau to fail takes; 0: no creep
 
 	reported float64 // the rate last reported to Observers
 
@@ -87,7 +93,7 @@ type feedback struct {
 func newFeedback(ceiling float64, origin int64) feedback {
 	return feedback{
 		ceiling: ceiling, peak: ceiling, reported: ceiling, origin: origin,
-		failAt: longAgo, coolTo: longAgo, firstSeen: longAgo,
+		failAt: longAgo, coolTo: longAgo, firstSeen: longAgo, firstRA: -1,
 		accepted: stats.NewWindow(acceptWindow),
 	}
 }
@@ -146,14 +152,46 @@ func (f *feedback) firstRate(now, ra time.Duration) float64 {
 	return max(r, float64(n)/max(f.countSpan(now), minFirstSpan).Seconds())
 }
 
+// firstAccepted makes the lane's first estimate at now, from the first
+// acceptance after a 429 that found nothing accepted to estimate from, and
+// reports whether it did: a strict server refuses all but one of a
+// lane's first burst, and its Retry-After would otherwise cost another
+// cooldown and burst before the lane is paced.
+func (f *feedback) firstAccepted(now, sent time.Duration) bool {
+	if f.firstRA < 0 {
+		return false
+	}
+	f.cut(now, sent, 0, f.firstRA, 0)
+	return f.throttle > 0
+}
+
+// paceBefore returns the pace half a token's time before the pace current,
+// when the throttle rate grows beyond what failed: the server took the
+// request a token before the one it refused, so its limit lies between
+// the two paces (2.8% apart at 50/s when probing), and the middle is off by
+// less than the margin under the plateau.
+func (f *feedback) paceBefore(current float64) float64 {
+	switch {
+	case f.throttle == 0 || current <= 0:
+		return current
+	case f.probing:
+		return current * math.Pow(firstProbe, -0.5/current)
+	case f.throttle > f.fail:
+		return current / (1 + 0.5*throttleProbe/current)
+	}
+	return current
+}
+
 // floor is the lowest throttle rate.
 func (f *feedback) floor() float64 {
 	return max(minRate, throttleFloor*f.peak)
 }
 
 // cut lowers the throttle rate, from current, after a 429 for an attempt
-// sent at sent, which said to retry after ra (0 if it did not say).
-func (f *feedback) cut(now, sent time.Duration, current float64, ra time.Duration) {
+// sent at sent, which said to retry after ra (0 if it did not say). refill,
+// if > 0, is the server's refill rate counted from its quotas: a pace above
+// it failed for being over the rate, whatever the run before.
+func (f *feedback) cut(now, sent time.Duration, current float64, ra time.Duration, refill float64) {
 	if sent <= f.failAt {
 		return // sent before the last cut took effect: not news
 	}
@@ -175,17 +213,30 @@ func (f *feedback) cut(now, sent time.Duration, current float64, ra time.Duratio
 		// (many were in flight): the lane is well over, whatever came
 		// before.
 		rf, cut = current*share, throttleCutKnown
-	case atCeiling || f.okRun >= edgeRun || (f.sustained && current <= f.fail*(1+same)):
-		rf, cut, edge = current, throttleCutKnown, true
+	case atCeiling || f.okRun >= edgeRun || (f.sustained && current <= f.fail*(1+same)) ||
+		f.probing && f.okRun > 0:
+		// At the edge, or past it on the way up from a guess: a probe
+		// that the server took until now crossed the limit just now.
+		rf, cut, edge = f.paceBefore(current), throttleCutKnown, true
 	case acc > 0 && acc+thr >= ratioSamples:
 		rf, cut = current*share, throttleCutKnown
 	}
+	if refill > 0 && current > 0 && rf > refill*(1+refillSlack) {
+		// A bucket with a burst takes a pace over its rate for as long as
+		// the burst lasts, a run that reads as the edge: cut to the rate
+		// it refills at, the limit a pace can keep.
+		rf, cut, edge = refill, throttleCutKnown, true
+	}
 	if rf <= 0 {
 		if current == 0 {
-			return // nothing known to cut from: the cooldown alone applies
+			// Nothing accepted yet to estimate from: the first acceptance
+			// will (see firstAccepted); the cooldown alone applies till then.
+			f.firstRA = ra
+			return
 		}
 		rf = f.floor()
 	}
+	f.firstRA = -1
 	plateau := (1 - f.margin) * f.fail
 	switch {
 	case edge && f.edge && rf > plateau*(1+same) && rf <= f.fail*(1+same):
@@ -201,7 +252,9 @@ func (f *feedback) cut(now, sent time.Duration, current float64, ra time.Duratio
 		f.margin, f.creep = throttleMargin, 0
 	}
 	f.edge, f.sustained, f.okRun = edge, edge && f.okRun >= edgeRun, 0
-	f.probing = current == 0
+	// A first estimate, or one from the share of a handful of answers,
+	// is a guess: the lane probes up from it fast (see grow).
+	f.probing = current == 0 || !edge && acc+thr < ratioTrusted
 	f.peak = max(f.peak, rf)
 	f.fail, f.failAt, f.grown = rf, now, now
 	f.throttle = max(f.floor(), min(cut, 1-f.margin)*rf)
@@ -222,13 +275,13 @@ func (f *feedback) grow(now time.Duration) {
 	}
 	plateau := (1 - f.margin) * f.fail
 	switch {
-	case f.throttle < plateau:
+	case f.throttle < plateau && !f.probing:
 		step := (plateau - f.cutTo) / throttleRamp.Seconds()
 		f.throttle = min(plateau, f.throttle+step*dt)
 	case f.throttle < f.fail && f.creep > 0:
 		f.throttle = min(f.fail, f.throttle+throttleMargin*f.fail/f.creep.Seconds()*dt)
 	case f.probing:
-		f.throttle *= math.Pow(2, dt)
+		f.throttle *= math.Pow(firstProbe, dt)
 	default:
 		f.throttle *= 1 + throttleProbe*dt
 	}

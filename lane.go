@@ -491,8 +491,8 @@ func (l *lane) settleLocked(now, sent time.Duration, status int) {
 	if raised && l.q.len() > 0 {
 		l.wakeLocked()
 	}
-	if ev := l.cfg.events; moved && ev != nil {
-		l.rateChangedLocked(context.Background(), ev, RateRecovery)
+	if ev := l.cfg.events; moved != "" && ev != nil {
+		l.rateChangedLocked(context.Background(), ev, moved)
 	}
 }
 

@@ -289,7 +289,7 @@ func (p *pacer) observe(now time.Duration, r reply, inFlight int) paceChange {
 	}
 	if !c.refused {
 		if r.hasQuota {
-			c.cool = p.pace(now, r.sent, f.quota.observe(now, r.quota, inFlight))
+			c.cool = p.pace(now, r.sent, f.quota.observe(now, r.sent, r.quota, inFlight))
 		}
 		c.raised = p.applyRate(now)
 		return c
@@ -308,7 +308,10 @@ func (p *pacer) observe(now time.Duration, r reply, inFlight int) paceChange {
 	// rate is what was exceeded. A 403 that is not a quota (GitHub's
 	// secondary limits) is a penalty, not a pace.
 	if r.status == http.StatusTooManyRequests && !tokensOut && !(exhausted && f.quota.kind == kindWindow) {
-		f.cut(now, r.sent, p.rate, r.retryAfter)
+		if r.hasQuota {
+			f.quota.refused(r.sent, r.quota, inFlight-1)
+		}
+		f.cut(now, r.sent, p.rate, r.retryAfter, f.quota.counts)
 		c.cause = RateCut
 	}
 	c.raised = p.applyRate(now)
@@ -336,11 +339,11 @@ func (p *pacer) pace(now, sent time.Duration, qp quotaPace) coolChange {
 
 // settle counts an attempt sent at sent that finished at now with status
 // (0: the base transport failed): an accepted one feeds the acceptance rate
-// and the throttle rate's recovery. It reports whether the rate may have
-// moved, and whether the bucket now fills faster.
-func (p *pacer) settle(now, sent time.Duration, status int) (moved, raised bool) {
+// and the throttle rate's recovery. It returns why the rate may have moved
+// ("": it did not), and whether the bucket now fills faster.
+func (p *pacer) settle(now, sent time.Duration, status int) (moved string, raised bool) {
 	if status == 0 || status == http.StatusTooManyRequests || status >= 500 {
-		return false, false
+		return "", false
 	}
 	f := &p.fb
 	// Only an attempt sent after the last cut says the new pace is
@@ -353,12 +356,15 @@ func (p *pacer) settle(now, sent time.Duration, status int) (moved, raised bool)
 		f.firstSeen = now
 	}
 	f.accepted.AddNano(f.origin+int64(now), 1)
+	if p.lim == nil && f.firstAccepted(now, sent) {
+		return RateCut, p.applyRate(now)
+	}
 	if f.throttle > 0 || f.header > 0 {
 		f.peak = max(f.peak, f.acceptedRate(now))
 		f.grow(now)
-		return true, p.applyRate(now)
+		return RateRecovery, p.applyRate(now)
 	}
-	return false, false
+	return "", false
 }
 
 // applyRate sets the bucket to the pace feedback asks for at now, and

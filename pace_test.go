@@ -246,3 +246,80 @@ func TestPacerLearnsARate(t *testing.T) {
 // accepted returns how many responses the server accepted over the
 // acceptance window that ends at now.
 func (p *pacer) accepted(now time.Duration) uint64 { return p.fb.acceptedAt(now) }
+
+// TestPacerFirstEstimateOnFirstAcceptance: a strict server refuses all but
+// one of an unpaced lane's first burst, and the refusals come back before
+// the acceptance. The lane makes its first estimate when that acceptance
+// arrives, not after a second cooldown and burst.
+func TestPacerFirstEstimateOnFirstAcceptance(t *testing.T) {
+	p := newPacer(0, 1, time.Minute, true, 0)
+	now := time.Millisecond
+	c := p.observe(now, reply{status: http.StatusTooManyRequests, sent: 0, hasRA: true, retryAfter: time.Second}, 4)
+	if p.paced() || c.cause != RateCut || !c.cool.extended {
+		t.Fatalf("429 before any acceptance: paced %v, %+v; want a cooldown and no pace yet", p.paced(), c)
+	}
+	moved, _ := p.settle(20*time.Millisecond, 0, http.StatusOK)
+	// One acceptance over the least span counted (a second), at least one
+	// per Retry-After: 1/s, less the margin.
+	if want := 1 - throttleMargin; moved != RateCut || !p.paced() || math.Abs(p.rate-want) > 1e-9 {
+		t.Fatalf("first acceptance after the 429: moved %q, paced %v, rate %v; want paced at %v", moved, p.paced(), p.rate, want)
+	}
+	if !p.fb.probing {
+		t.Error("the first estimate is not probed upward")
+	}
+	// Later acceptances do not estimate again.
+	p.settle(30*time.Millisecond, 0, http.StatusOK)
+	if p.fb.failAt != 20*time.Millisecond {
+		t.Errorf("cut again at %v", p.fb.failAt)
+	}
+}
+
+// TestPacerProbeCrossingIsTheEdge: a lane probing up from a guess that the
+// server took until a 429 crossed the limit just then: the failed rate is
+// the middle of the last two paces' step, whatever the run's length, and the
+// lane creeps from under it rather than probing on.
+func TestPacerProbeCrossingIsTheEdge(t *testing.T) {
+	var f feedback = newFeedback(0, 0)
+	f.throttle, f.fail, f.probing, f.okRun, f.failAt = 50, 20, true, 3, 0
+	f.cut(time.Second, time.Second, 50, time.Second, 0)
+	want := 50 * math.Pow(firstProbe, -0.5/50)
+	if math.Abs(f.fail-want) > 1e-9 || !f.edge || f.probing || f.creep == 0 {
+		t.Errorf("fail %v edge %v probing %v creep %v; want fail %v at the edge, creeping", f.fail, f.edge, f.probing, f.creep, want)
+	}
+	if f.throttle >= want || f.throttle < 0.85*want {
+		t.Errorf("throttle %v, want a cut under %v", f.throttle, want)
+	}
+}
+
+// TestPacerCutsToCountedRefill: a bucket with a burst takes a pace over its
+// rate until the burst is gone, a run that reads as the edge. A refusal
+// that ends a count of its quotas cuts to the refill rate counted, not to
+// 90% of the pace.
+func TestPacerCutsToCountedRefill(t *testing.T) {
+	p := newPacer(100, 1, time.Minute, true, 0)
+	q := func(rem int64) headers.Quota {
+		return headers.Quota{Limit: 10, Remaining: rem, Reset: time.Second, Coarse: true, Source: "x-ratelimit"}
+	}
+	// At 100/s, a bucket of 10 refilled at 50/s loses 1 token every 20 ms:
+	// remaining 8 at 0, 7 at 20 ms, ..., 0 at 160 ms, refused at 180 ms.
+	for i := range 9 {
+		sent := time.Duration(i) * 20 * time.Millisecond
+		for j := range 2 {
+			s := sent + time.Duration(j)*10*time.Millisecond
+			p.settle(s+20*time.Millisecond, s, http.StatusOK)
+			p.observe(s+20*time.Millisecond, reply{status: http.StatusOK, sent: s, hasQuota: true, quota: q(int64(8 - i))}, 1)
+		}
+	}
+	at := 180 * time.Millisecond
+	c := p.observe(at, reply{status: http.StatusTooManyRequests, sent: at, hasRA: true, retryAfter: time.Second,
+		hasQuota: true, quota: q(0)}, 1)
+	if c.cause != RateCut {
+		t.Fatalf("429: %+v, want a cut", c)
+	}
+	if p.fb.fail < 45 || p.fb.fail > 56 {
+		t.Errorf("failed rate %v, want the refill counted, about 50", p.fb.fail)
+	}
+	if p.rate > 0.9*p.fb.fail*1.001 {
+		t.Errorf("rate %v, want at most 0.9 x %v", p.rate, p.fb.fail)
+	}
+}

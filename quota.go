@@ -87,8 +87,14 @@ type quotaModel struct {
 
 // countSpan is the least time a refill rate is counted over: long enough
 // that a few responses out of order (they leave the server in another
-// order than they reach it) are a few percent of the count.
-const countSpan = time.Second
+// order than they reach it) are a few percent of the count. A refusal ends
+// a count sooner, at refusedSpan or more: the bucket is known empty then,
+// and a lane far over the rate empties a small bucket in a fraction of a
+// second.
+const (
+	countSpan   = time.Second
+	refusedSpan = countSpan / 8
+)
 
 // A quotaPace is what one response's quota says to do.
 type quotaPace struct {
@@ -103,10 +109,10 @@ type quotaPace struct {
 	empty bool
 }
 
-// observe reads q, stated by a response (not a refusal) seen at now with
-// inFlight attempts of the lane in flight, this one included, and returns
-// the pace it implies.
-func (m *quotaModel) observe(now time.Duration, q headers.Quota, inFlight int) quotaPace {
+// observe reads q, stated by a response (not a refusal) seen at now to an
+// attempt sent at sent, with inFlight attempts of the lane in flight, this
+// one included, and returns the pace it implies.
+func (m *quotaModel) observe(now, sent time.Duration, q headers.Quota, inFlight int) quotaPace {
 	if !m.evidence {
 		m.kind = priorKind(q.Source)
 	}
@@ -120,7 +126,7 @@ func (m *quotaModel) observe(now time.Duration, q headers.Quota, inFlight int) q
 	if q.Reset > 0 {
 		m.learn(now, q)
 	}
-	m.count(now, q)
+	m.count(sent, q)
 	// Attempts in flight other than this one may not be counted by the
 	// server yet: count them as used.
 	left := q.Remaining - int64(inFlight-1)
@@ -179,7 +185,9 @@ func bucketRate(q headers.Quota) (float64, time.Duration) {
 // quotas a second or more apart, the bucket gained what remains now, less
 // what remained then, plus what the requests in between took (one each).
 // A count that may have seen the bucket full (it gains nothing then)
-// starts over.
+// starts over. Its instants are when the attempts were sent, near when the
+// server counted them (a response comes a latency later, a refusal at
+// once).
 func (m *quotaModel) count(now time.Duration, q headers.Quota) {
 	// After a request took its token, a bucket that was full holds
 	// Limit-1: only what is below says the bucket gained all it could.
@@ -198,6 +206,27 @@ func (m *quotaModel) count(now time.Duration, q headers.Quota) {
 		}
 		m.countFrom, m.countLeft, m.counted = now, q.Remaining, 0
 	}
+}
+
+// refused ends the count under way at a refusal seen at now that states q,
+// with inFlight other attempts of the lane in flight: the bucket was empty
+// (nothing the refused attempt took). Over refusedSpan
+// or more, what it gained over that time is its refill rate, rougher than
+// a count over countSpan (whole tokens over a shorter time), so it is
+// taken only while none is known. A new count starts from the empty bucket.
+func (m *quotaModel) refused(now time.Duration, q headers.Quota, inFlight int) {
+	if m.kind == kindWindow || q.Limit <= 0 || q.Remaining != 0 {
+		m.counting = false
+		return
+	}
+	if d := now - m.countFrom; m.counting && d >= refusedSpan && m.counts == 0 {
+		// A refusal is answered at once, before the attempts in flight,
+		// which the bucket may have paid for: they count as taken.
+		if gained := q.Remaining - m.countLeft + m.counted + int64(inFlight); gained > 0 {
+			m.counts = float64(gained) / d.Seconds()
+		}
+	}
+	m.counting, m.countFrom, m.countLeft, m.counted = true, now, 0, 0
 }
 
 // learn compares q, seen at now, with the run's start; see quotaModel.

@@ -84,7 +84,7 @@ func TestQuotaKinds(t *testing.T) {
 			now := t0
 			for i := range 400 {
 				// The model sees the time on a lane's clock, its epoch t0.
-				m.observe(now.Sub(t0), c.at(i, now), 1)
+				m.observe(now.Sub(t0), now.Sub(t0), c.at(i, now), 1)
 				now = now.Add(c.step)
 			}
 			if m.kind != c.want {
@@ -116,7 +116,7 @@ func TestQuotaPace(t *testing.T) {
 			quotaAt("github", 5000, 1, 30*time.Second, true), 3, quotaPace{stop: now + 30*time.Second}},
 	} {
 		var m quotaModel
-		if got := m.observe(now, c.q, c.inFlight); got != c.want {
+		if got := m.observe(now, now, c.q, c.inFlight); got != c.want {
 			t.Errorf("%s: %+v, want %+v", c.name, got, c.want)
 		}
 	}
