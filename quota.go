@@ -154,8 +154,10 @@ func (m *quotaModel) observe(now, sent time.Duration, q headers.Quota, inFlight 
 	if rho > 0 {
 		// What the bucket holds may go out over the time it takes to
 		// fill, besides what it gains meanwhile: the pace falls to the
-		// refill rate as the bucket empties, and never below it.
-		p.rate = rho * (1 + float64(max(left, 0))/float64(q.Limit))
+		// refill rate as the bucket empties, and never below it. The last
+		// token is kept: paced over the rate with one left, a lane whose
+		// responses lag empties the bucket before it hears so.
+		p.rate = rho * (1 + float64(max(left-1, 0))/float64(q.Limit))
 		p.until = now + max(fill, time.Second)
 	}
 	return p
@@ -210,23 +212,25 @@ func (m *quotaModel) count(now time.Duration, q headers.Quota) {
 
 // refused ends the count under way at a refusal seen at now that states q,
 // with inFlight other attempts of the lane in flight: the bucket was empty
-// (nothing the refused attempt took). Over refusedSpan
-// or more, what it gained over that time is its refill rate, rougher than
-// a count over countSpan (whole tokens over a shorter time), so it is
-// taken only while none is known. A new count starts from the empty bucket.
+// (nothing the refused attempt took). Over refusedSpan or more, what it
+// gained over that time is its refill rate, rougher than a count over
+// countSpan (whole tokens over a shorter time), so it is taken only while
+// none is known. No count starts at a refusal: the cooldown it brings lets
+// the bucket fill, and a count across it would miss what overflowed (a
+// burst-1 GCRA read as one request per cooldown).
 func (m *quotaModel) refused(now time.Duration, q headers.Quota, inFlight int) {
-	if m.kind == kindWindow || q.Limit <= 0 || q.Remaining != 0 {
-		m.counting = false
+	counting := m.counting
+	m.counting = false
+	if m.kind == kindWindow || q.Limit <= 0 || q.Remaining != 0 || !counting || m.counts > 0 {
 		return
 	}
-	if d := now - m.countFrom; m.counting && d >= refusedSpan && m.counts == 0 {
+	if d := now - m.countFrom; d >= refusedSpan {
 		// A refusal is answered at once, before the attempts in flight,
 		// which the bucket may have paid for: they count as taken.
 		if gained := q.Remaining - m.countLeft + m.counted + int64(inFlight); gained > 0 {
 			m.counts = float64(gained) / d.Seconds()
 		}
 	}
-	m.counting, m.countFrom, m.countLeft, m.counted = true, now, 0, 0
 }
 
 // learn compares q, seen at now, with the run's start; see quotaModel.

@@ -109,7 +109,7 @@ func TestQuotaPace(t *testing.T) {
 		{"IETF policy with r and t: q/w is the refill rate",
 			ietf, 1, quotaPace{rate: 20, until: now + time.Second, empty: true}},
 		{"OpenAI bucket half full: the refill rate and more",
-			quotaAt("openai", 600, 300, 30*time.Second, false), 1, quotaPace{rate: 15, until: now + time.Minute}},
+			quotaAt("openai", 600, 300, 30*time.Second, false), 1, quotaPace{rate: 10 * (1 + 299.0/600), until: now + time.Minute}},
 		{"window: what remains over the time to the reset, less half a rounded second",
 			quotaAt("github", 5000, 101, 100*time.Second+time.Second/2, true), 2, quotaPace{rate: 1, until: now + 100*time.Second + time.Second/2}},
 		{"window with nothing left stops until the reset",
@@ -118,6 +118,55 @@ func TestQuotaPace(t *testing.T) {
 		var m quotaModel
 		if got := m.observe(now, now, c.q, c.inFlight); got != c.want {
 			t.Errorf("%s: %+v, want %+v", c.name, got, c.want)
+		}
+	}
+}
+
+// TestQuotaCountAtRefusal: a refusal ends a count of the refill rate begun
+// at an acceptance, and starts none: the cooldown after it lets the bucket
+// fill, and a count across that would read a burst-1 GCRA as one request a
+// cooldown (before: a lane at R fell to 1/s for good).
+func TestQuotaCountAtRefusal(t *testing.T) {
+	const ms = time.Millisecond
+	strict := quotaAt("x-ratelimit", 1, 0, time.Second, true)
+	empty := quotaAt("x-ratelimit", 10, 0, time.Second, true)
+	for _, c := range []struct {
+		name string
+		run  func(m *quotaModel)
+		want float64
+	}{
+		{"burst 1: two refusals a cooldown apart count nothing", func(m *quotaModel) {
+			m.refused(0, strict, 0)
+			// The request accepted after the cooldown is answered a
+			// latency later than the next one's refusal.
+			m.refused(1010*ms, strict, 1)
+			m.observe(1020*ms, 1000*ms, strict, 1)
+		}, 0},
+		{"burst 10: two refusals a cooldown apart count nothing", func(m *quotaModel) {
+			m.refused(0, empty, 3)
+			m.refused(1000*ms, empty, 3)
+		}, 0},
+		{"a count from acceptances ends at the refusal", func(m *quotaModel) {
+			for i := range 5 { // 5 left at 0 ms, then 4 more taken
+				m.observe(time.Duration(i)*50*ms, time.Duration(i)*50*ms, quotaAt("x-ratelimit", 10, int64(5-i), time.Second, true), 1)
+			}
+			// At 250 ms the bucket is empty with one more in flight: it
+			// gained 0 - 5 + 4 + 1 = 0, no rate to take.
+			m.refused(250*ms, empty, 1)
+		}, 0},
+		{"a count from acceptances ends at the refusal, with refill", func(m *quotaModel) {
+			for i := range 5 {
+				m.observe(time.Duration(i)*50*ms, time.Duration(i)*50*ms, quotaAt("x-ratelimit", 10, 5, time.Second, true), 1)
+			}
+			// Remaining held at 5 while 4 were taken, and 5 more were in
+			// flight at 250 ms: it gained 0 - 5 + 4 + 5 = 4 in 0.25 s.
+			m.refused(250*ms, empty, 5)
+		}, 16},
+	} {
+		var m quotaModel
+		c.run(&m)
+		if m.counts != c.want {
+			t.Errorf("%s: counted %v/s, want %v/s", c.name, m.counts, c.want)
 		}
 	}
 }
