@@ -28,6 +28,10 @@ type pacer struct {
 	burst   int           // lim's
 	local   bool          // no Backend: the lane's bucket holds its whole budget
 
+	// cold: a cooldown was set, and the first grant after it spaces the
+	// next by two tokens' time (see take).
+	cold bool
+
 	fb feedback // what the server said, and the cooldown
 }
 
@@ -67,11 +71,23 @@ func (p *pacer) notBefore() time.Duration { return max(p.fb.coolTo, p.wait) }
 // have one, and reports whether it did. late says the lane's dispatcher
 // slept until a token was due (see bucket.takeLate).
 func (p *pacer) take(now time.Duration, late bool) bool {
-	if p.share == nil && !late {
+	if p.share == nil && !late && !p.cold {
 		// The fast path: no share to take from first, no lateness.
 		return p.lim == nil || p.lim.take(now)
 	}
-	return p.takeAll(now, late)
+	if !p.takeAll(now, late) {
+		return false
+	}
+	if p.cold && p.lim != nil {
+		// The first request after a cooldown finds the server idle, and
+		// an idle server reads it late (by milliseconds on a busy host):
+		// a strict one then counts the next, paced right, as early, and
+		// refuses it with another cooldown. One token's time once per
+		// cooldown is cheap insurance.
+		p.lim.set(now, p.lim.advance(now)-1)
+	}
+	p.cold = false
+	return true
 }
 
 func (p *pacer) takeAll(now time.Duration, late bool) bool {
@@ -189,6 +205,7 @@ type coolChange struct {
 // cool extends the cooldown to until, at now, for why.
 func (p *pacer) cool(now, until time.Duration, why string) coolChange {
 	ext, fresh := p.fb.cool(now, until, why)
+	p.cold = p.cold || ext
 	return coolChange{extended: ext, fresh: fresh, until: p.fb.coolTo, why: p.fb.coolWhy}
 }
 

@@ -323,3 +323,34 @@ func TestPacerCutsToCountedRefill(t *testing.T) {
 		t.Errorf("rate %v, want at most 0.9 x %v", p.rate, p.fb.fail)
 	}
 }
+
+// TestPacerSpacesTheGrantAfterACooldown: the grant after a cooldown's first
+// waits two tokens' time, once: an idle server reads the first request late
+// and a strict one then refuses the next, paced right, with another
+// cooldown (real loopback: a lane at 47/s refused after every 1 s cooldown,
+// the two requests 12-15 ms apart at the server).
+func TestPacerSpacesTheGrantAfterACooldown(t *testing.T) {
+	p := newPacer(50, 1, time.Minute, true, 0)
+	now := time.Second
+	p.observe(now, reply{status: http.StatusTooManyRequests, sent: now, hasRA: true, retryAfter: time.Second}, 1)
+	end := p.notBefore()
+	if end != now+time.Second {
+		t.Fatalf("cooldown until %v, want %v", end, now+time.Second)
+	}
+	r := p.rate
+	one := time.Duration(float64(time.Second) / r)
+	if !p.take(end, false) {
+		t.Fatal("no token at the cooldown's end")
+	}
+	if p.take(end+2*one-time.Millisecond, true) {
+		t.Errorf("a second grant %v after the first; want it two tokens (%v) after", 2*one-time.Millisecond, 2*one)
+	}
+	if !p.take(end+2*one+time.Microsecond, true) {
+		t.Errorf("no grant two tokens after the first")
+	}
+	// Once per cooldown: the next comes a token later.
+	next := end + 2*one + time.Microsecond + one + time.Microsecond
+	if !p.take(next, true) {
+		t.Errorf("no grant one token after the second")
+	}
+}
