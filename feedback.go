@@ -161,7 +161,7 @@ func (f *feedback) firstAccepted(now, sent time.Duration) bool {
 	if f.firstRA < 0 {
 		return false
 	}
-	f.cut(now, sent, 0, f.firstRA, 0)
+	f.cut(now, sent, 0, f.firstRA, 0, false)
 	return f.throttle > 0
 }
 
@@ -190,8 +190,9 @@ func (f *feedback) floor() float64 {
 // cut lowers the throttle rate, from current, after a 429 for an attempt
 // sent at sent, which said to retry after ra (0 if it did not say). refill,
 // if > 0, is the server's refill rate counted from its quotas: a pace above
-// it failed for being over the rate, whatever the run before.
-func (f *feedback) cut(now, sent time.Duration, current float64, ra time.Duration, refill float64) {
+// it failed for being over the rate, whatever the run before. rough says
+// refill was counted over a fraction of a second, to a refusal.
+func (f *feedback) cut(now, sent time.Duration, current float64, ra time.Duration, refill float64, rough bool) {
 	if sent <= f.failAt {
 		return // sent before the last cut took effect: not news
 	}
@@ -225,7 +226,7 @@ func (f *feedback) cut(now, sent time.Duration, current float64, ra time.Duratio
 		// A bucket with a burst takes a pace over its rate for as long as
 		// the burst lasts, a run that reads as the edge: cut to the rate
 		// it refills at, the limit a pace can keep.
-		rf, cut, edge = refill, throttleCutKnown, true
+		rf, cut, edge = refill, throttleCutKnown, !rough
 	}
 	if rf <= 0 {
 		if current == 0 {
@@ -254,7 +255,9 @@ func (f *feedback) cut(now, sent time.Duration, current float64, ra time.Duratio
 	f.edge, f.sustained, f.okRun = edge, edge && f.okRun >= edgeRun, 0
 	// A first estimate, or one from the share of a handful of answers,
 	// is a guess: the lane probes up from it fast (see grow).
-	f.probing = current == 0 || !edge && acc+thr < ratioTrusted
+	// A rough count is a guess too: a window's first fill, spent fast,
+	// reads as a bucket that refills at a fraction of the window's rate.
+	f.probing = current == 0 || !edge && (acc+thr < ratioTrusted || rough && rf == refill)
 	f.peak = max(f.peak, rf)
 	f.fail, f.failAt, f.grown = rf, now, now
 	f.throttle = max(f.floor(), min(cut, 1-f.margin)*rf)

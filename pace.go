@@ -328,7 +328,7 @@ func (p *pacer) observe(now time.Duration, r reply, inFlight int) paceChange {
 		if r.hasQuota {
 			f.quota.refused(r.sent, r.quota, inFlight-1)
 		}
-		f.cut(now, r.sent, p.rate, r.retryAfter, f.quota.counts)
+		f.cut(now, r.sent, p.rate, r.retryAfter, f.quota.counts, f.quota.rough)
 		c.cause = RateCut
 	}
 	c.raised = p.applyRate(now)

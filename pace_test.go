@@ -281,7 +281,7 @@ func TestPacerFirstEstimateOnFirstAcceptance(t *testing.T) {
 func TestPacerProbeCrossingIsTheEdge(t *testing.T) {
 	var f feedback = newFeedback(0, 0)
 	f.throttle, f.fail, f.probing, f.okRun, f.failAt = 50, 20, true, 3, 0
-	f.cut(time.Second, time.Second, 50, time.Second, 0)
+	f.cut(time.Second, time.Second, 50, time.Second, 0, false)
 	want := 50 * math.Pow(firstProbe, -0.5/50)
 	if math.Abs(f.fail-want) > 1e-9 || !f.edge || f.probing || f.creep == 0 {
 		t.Errorf("fail %v edge %v probing %v creep %v; want fail %v at the edge, creeping", f.fail, f.edge, f.probing, f.creep, want)
@@ -321,6 +321,18 @@ func TestPacerCutsToCountedRefill(t *testing.T) {
 	}
 	if p.rate > 0.9*p.fb.fail*1.001 {
 		t.Errorf("rate %v, want at most 0.9 x %v", p.rate, p.fb.fail)
+	}
+	// Counted over 180 ms to a refusal, the refill is rough: a window's
+	// first fill spent fast reads the same. The lane probes up from it
+	// rather than creeping for minutes (before: a sliding window at 2R
+	// held at 0.18 of R, nothing refused).
+	if !p.fb.probing || p.fb.edge {
+		t.Errorf("probing %v, edge %v after a cut to a rough count; want a probe, not an edge", p.fb.probing, p.fb.edge)
+	}
+	before := p.rate
+	p.settle(at+2*time.Second, at+1500*time.Millisecond, http.StatusOK)
+	if p.rate < 2*before {
+		t.Errorf("a second after the cooldown: rate %v, want at least twice %v", p.rate, before)
 	}
 }
 

@@ -83,6 +83,9 @@ type quotaModel struct {
 	countLeft int64         // remaining then
 	counted   int64         // responses seen since
 	counts    float64       // the refill rate counted, 0 until known
+	// rough: counts is from a count a refusal ended, over less than
+	// countSpan (see refused).
+	rough bool
 }
 
 // countSpan is the least time a refill rate is counted over: long enough
@@ -204,7 +207,7 @@ func (m *quotaModel) count(now time.Duration, q headers.Quota) {
 	m.counted++
 	if d := now - m.countFrom; d >= countSpan {
 		if gained := q.Remaining - m.countLeft + m.counted; gained > 0 {
-			m.counts = float64(gained) / d.Seconds()
+			m.counts, m.rough = float64(gained)/d.Seconds(), false
 		}
 		m.countFrom, m.countLeft, m.counted = now, q.Remaining, 0
 	}
@@ -228,7 +231,7 @@ func (m *quotaModel) refused(now time.Duration, q headers.Quota, inFlight int) {
 		// A refusal is answered at once, before the attempts in flight,
 		// which the bucket may have paid for: they count as taken.
 		if gained := q.Remaining - m.countLeft + m.counted + int64(inFlight); gained > 0 {
-			m.counts = float64(gained) / d.Seconds()
+			m.counts, m.rough = float64(gained)/d.Seconds(), true
 		}
 	}
 }
