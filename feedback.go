@@ -204,6 +204,7 @@ func (f *feedback) cut(now, sent time.Duration, current float64, ra time.Duratio
 	share := float64(acc) / float64(max(1, acc+thr))
 	atCeiling := f.throttle == 0 && f.ceiling > 0 && current >= f.ceiling*(1-1e-9)
 	rf, cut, edge := current, throttleCut, false
+	guess := false // rf is a rough refill count: probe up from it
 	switch {
 	case current == 0:
 		// Not paced yet: the first estimate of the server's limit, from
@@ -226,7 +227,7 @@ func (f *feedback) cut(now, sent time.Duration, current float64, ra time.Duratio
 		// A bucket with a burst takes a pace over its rate for as long as
 		// the burst lasts, a run that reads as the edge: cut to the rate
 		// it refills at, the limit a pace can keep.
-		rf, cut, edge = refill, throttleCutKnown, !rough
+		rf, cut, edge, guess = refill, throttleCutKnown, !rough, rough
 	}
 	if rf <= 0 {
 		if current == 0 {
@@ -257,7 +258,7 @@ func (f *feedback) cut(now, sent time.Duration, current float64, ra time.Duratio
 	// is a guess: the lane probes up from it fast (see grow).
 	// A rough count is a guess too: a window's first fill, spent fast,
 	// reads as a bucket that refills at a fraction of the window's rate.
-	f.probing = current == 0 || !edge && (acc+thr < ratioTrusted || rough && rf == refill)
+	f.probing = current == 0 || guess || !edge && acc+thr < ratioTrusted
 	f.peak = max(f.peak, rf)
 	f.fail, f.failAt, f.grown = rf, now, now
 	f.throttle = max(f.floor(), min(cut, 1-f.margin)*rf)
