@@ -243,18 +243,18 @@ func FuzzTakeLateBound(f *testing.F) {
 
 func TestLateLag(t *testing.T) {
 	for _, c := range []struct {
-		rate, fail float64
+		rate, safe float64
 		want       time.Duration
 	}{
 		{50, 0, 20 * time.Millisecond}, // no refusal yet: a whole token
 		{40, 50, 5 * time.Millisecond}, // 25 ms a token, never closer than 20 ms
-		{45, 45, 0},                    // refused at this very pace: no catch-up
-		{60, 50, 0},                    // above the refused pace: none either
+		{45, 45, 0},                    // at the plateau: no catch-up
+		{60, 50, 0},                    // above it: none either
 		{1000, 0, time.Millisecond},    // fast lanes keep their token's time
 		{1000, 1250, 200 * time.Microsecond},
 	} {
-		if got := lateLag(c.rate, c.fail); got != c.want {
-			t.Errorf("lateLag(%v, %v) = %v, want %v", c.rate, c.fail, got, c.want)
+		if got := lateLag(c.rate, c.safe); got != c.want {
+			t.Errorf("lateLag(%v, %v) = %v, want %v", c.rate, c.safe, got, c.want)
 		}
 	}
 }

@@ -144,6 +144,7 @@ func (l *lane) grantLocked(now time.Duration, w *waiter, err error) {
 		w.granted = true
 		w.at = now
 		w.timed = l.timeNextLocked(now)
+		w.spaced = l.pace.spaces()
 		if testHookGrant != nil {
 			testHookGrant(l, now)
 		}

@@ -182,6 +182,12 @@ func (f *feedback) paceBefore(current float64) float64 {
 	return current
 }
 
+// plateau is the pace the throttle rate settles at after a cut: the margin
+// under the rate that failed; 0 before any cut.
+func (f *feedback) plateau() float64 {
+	return (1 - f.margin) * f.fail
+}
+
 // floor is the lowest throttle rate.
 func (f *feedback) floor() float64 {
 	return max(minRate, throttleFloor*f.peak)
@@ -239,7 +245,7 @@ func (f *feedback) cut(now, sent time.Duration, current float64, ra time.Duratio
 		rf = f.floor()
 	}
 	f.firstRA = -1
-	plateau := (1 - f.margin) * f.fail
+	plateau := f.plateau()
 	switch {
 	case edge && f.edge && rf > plateau*(1+same) && rf <= f.fail*(1+same):
 		// Failed again while creeping back: creep more slowly.
@@ -277,7 +283,7 @@ func (f *feedback) grow(now time.Duration) {
 	if dt <= 0 {
 		return
 	}
-	plateau := (1 - f.margin) * f.fail
+	plateau := f.plateau()
 	switch {
 	case f.throttle < plateau && !f.probing:
 		step := (plateau - f.cutTo) / throttleRamp.Seconds()

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"math"
 	"net/http"
+	"net/http/httptrace"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -114,6 +115,7 @@ type grant struct {
 	ch         *charge       // what it cost the lane's budgets
 	at         time.Duration // when it was handed out, on the lane's clock
 	wait       time.Duration // how long this attempt queued for it
+	spaced     bool          // the lane wants to know when it is written (see lane.traceWrite)
 }
 
 // Done gives back the slot of an attempt that was sent and is finished, with
@@ -214,11 +216,11 @@ func (l *lane) acquire(ctx context.Context, p Priority, enq time.Duration) (gran
 			testHookGrant(l, now)
 		}
 		l.levels[p].wait.Record(now, waitPeriod, 0)
-		timed := l.timeNextLocked(now)
+		timed, spaced := l.timeNextLocked(now), l.pace.spaces()
 		l.mu.Unlock()
 		// The grant time is the send time, give or take the few
 		// nanoseconds until the caller sends: no clock read is needed.
-		return grant{l, enq, now, tn, timed, ch, now, 0}, nil
+		return grant{l, enq, now, tn, timed, ch, now, 0, spaced}, nil
 	}
 	if err := ctx.Err(); err != nil {
 		lv.forget(tn)
@@ -269,7 +271,7 @@ func (l *lane) acquire(ctx context.Context, p Priority, enq time.Duration) (gran
 		if w.err != nil {
 			return grant{enq: enq}, w.err
 		}
-		return grant{l, enq, l.clk.read(), tn, w.timed, ch, w.at, w.at - now}, nil
+		return grant{l, enq, l.clk.read(), tn, w.timed, ch, w.at, w.at - now, w.spaced}, nil
 	case <-ctx.Done():
 		l.mu.Lock()
 		refunded, failed := false, false
@@ -482,6 +484,25 @@ func (l *lane) cooledLocked(c coolChange) {
 	if c.fresh {
 		l.cfg.logger.Info("sluice: lane cooling down", "lane", l.key, "for", (c.until - l.clk.last).Round(time.Millisecond), "why", c.why)
 	}
+}
+
+// traceWrite returns req, for an attempt granted at at, with a trace that
+// tells the lane when the request is written to its connection (see
+// pacer.wrote). The caller's request is not changed; a base transport that
+// is not net/http's never calls the trace, and the lane then paces by its
+// grants alone.
+func (l *lane) traceWrite(req *http.Request, at time.Duration) *http.Request {
+	trace := &httptrace.ClientTrace{WroteRequest: func(httptrace.WroteRequestInfo) { l.wrote(at) }}
+	return req.WithContext(httptrace.WithClientTrace(req.Context(), trace))
+}
+
+// wrote records that the request of a grant made at at was written.
+func (l *lane) wrote(at time.Duration) {
+	// Read before the lock: a wait for it is not the request's lateness.
+	now := l.clk.read()
+	l.mu.Lock()
+	l.pace.wrote(now, at)
+	l.mu.Unlock()
 }
 
 // settleLocked counts for the lane's pace an attempt sent at sent that finished

@@ -31,6 +31,9 @@ type pacer struct {
 	// cold: a cooldown was set, and the first grant after it spaces the
 	// next by two tokens' time (see take).
 	cold bool
+	// lagFloor is about the least time a granted request has lately taken
+	// to be written to its connection (see wrote); 0: none seen yet.
+	lagFloor time.Duration
 
 	fb feedback // what the server said, and the cooldown
 }
@@ -105,7 +108,7 @@ func (p *pacer) takeAll(now time.Duration, late bool) bool {
 	}
 	if p.lim != nil {
 		if late {
-			if !p.lim.takeLate(now, lateLag(p.lim.rate, p.fb.fail)) {
+			if !p.lim.takeLate(now, lateLag(p.lim.rate, p.fb.plateau())) {
 				return false
 			}
 		} else if !p.lim.take(now) {
@@ -116,6 +119,36 @@ func (p *pacer) takeAll(now time.Duration, late bool) bool {
 		*p.share = share
 	}
 	return true
+}
+
+// spaces reports whether the lane's grants are spaced from the writes of
+// the requests granted before them (see wrote): once a server refused a
+// pace, and only when the lane's own bucket holds its whole budget.
+func (p *pacer) spaces() bool {
+	return p.fb.fail > 0 && p.local && p.lim != nil && !math.IsInf(p.lim.rate, 1)
+}
+
+// wrote records at now that the request of a grant made at at was written
+// to its connection. Two requests granted a token apart, the first written
+// late and the second on time, reach the server closer together than the
+// pace, and a strict (burst 1) server refuses the second whatever the
+// margin: the next grant is put off by the lateness beyond the least lately
+// seen, by at most a token's time.
+func (p *pacer) wrote(now, at time.Duration) {
+	lag := now - at
+	if lag <= 0 || !p.spaces() {
+		return
+	}
+	if p.lagFloor == 0 {
+		p.lagFloor = lag
+	}
+	late := min(lag-p.lagFloor, tokenTime(p.lim.rate))
+	// The floor drops at once and rises an eighth of the way: the least
+	// lag is what the next request may well take.
+	p.lagFloor = min(lag, p.lagFloor+(lag-p.lagFloor)/8)
+	if late > 0 {
+		p.lim.set(now, p.lim.tokensAt(now)-late.Seconds()*p.lim.rate)
+	}
 }
 
 // refund gives back at now a token taken and not used: to the share, and
@@ -133,14 +166,15 @@ func (p *pacer) refund(now time.Duration, own bool) {
 }
 
 // lateLag is how far back a late token of a bucket at rate may be charged
-// (see bucket.takeLate): a token's time, less a token's time at fail, the
-// pace a server last refused (0: none did). Two grants are then never
-// closer together than the spacing the server refused, which a strict
-// (burst 1) server punishes by any margin.
-func lateLag(rate, fail float64) time.Duration {
+// (see bucket.takeLate): a token's time, less a token's time at safe, the
+// plateau under the pace a server last refused (0: none did). Two grants
+// are then never closer together than the plateau's spacing: a strict
+// (burst 1) server refuses any spacing under its own, and the margin is
+// what absorbs the requests' jitter in transit.
+func lateLag(rate, safe float64) time.Duration {
 	lag := tokenTime(rate)
-	if fail > 0 {
-		lag = max(0, lag-tokenTime(fail))
+	if safe > 0 {
+		lag = max(0, lag-tokenTime(safe))
 	}
 	return lag
 }

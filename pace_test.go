@@ -366,3 +366,76 @@ func TestPacerSpacesTheGrantAfterACooldown(t *testing.T) {
 		t.Errorf("no grant one token after the second")
 	}
 }
+
+// TestPacerSpacesGrantsFromWrites: once a server refused a pace, a request
+// written late puts off the next grant by its lateness beyond the least
+// lately seen, up to a token's time: the two would otherwise reach a strict
+// server closer together than the pace (real loopback: requests written
+// 3-12 ms late, the next on time, refused at 50/s). A lane no server refused
+// ignores writes, as does one whose budget a Backend holds.
+func TestPacerSpacesGrantsFromWrites(t *testing.T) {
+	const lag = 100 * time.Microsecond // the usual time to a write
+	// steady makes n grants a token apart from at, each written lag after
+	// it, and returns the instant of the next.
+	steady := func(p *pacer, at, one time.Duration, n int) time.Duration {
+		t.Helper()
+		for range n {
+			if !p.take(at, false) {
+				t.Fatalf("no token at %v", at)
+			}
+			p.wrote(at+lag, at)
+			at += one
+		}
+		return at
+	}
+	cut := func(local bool) *pacer {
+		p := newPacer(50, 1, time.Minute, local, 0)
+		p.observe(time.Second, reply{status: http.StatusTooManyRequests, sent: time.Second}, 1)
+		if p.fb.fail == 0 {
+			t.Fatal("a 429 at the configured rate made no cut")
+		}
+		return &p
+	}
+
+	p := cut(true)
+	one := tokenTime(p.lim.rate) + time.Microsecond // a token's time, rounded up
+	at := steady(p, 2*time.Second, one, 20)
+	// Written 5 ms later than usual: the next grant waits 5 ms more.
+	if !p.take(at, false) {
+		t.Fatalf("no token at %v", at)
+	}
+	p.wrote(at+lag+5*time.Millisecond, at)
+	if p.take(at+one+5*time.Millisecond-50*time.Microsecond, false) {
+		t.Errorf("a grant less than a token and the write's 5 ms lateness after the late one")
+	}
+	at += one + 5*time.Millisecond
+	at = steady(p, at, one, 5)
+	// Written three tokens late: the next waits one token more, not three.
+	if !p.take(at, false) {
+		t.Fatalf("no token at %v", at)
+	}
+	w := at + lag + 3*one
+	p.wrote(w, at)
+	if p.take(w+one-50*time.Microsecond, false) {
+		t.Errorf("a grant less than a token after a write three tokens late")
+	}
+	if !p.take(w+one+time.Microsecond, false) {
+		t.Errorf("no grant a token after a write three tokens late: the delay is capped at a token")
+	}
+
+	for _, c := range []struct {
+		name string
+		p    *pacer
+	}{
+		{"no server refused", func() *pacer { p := newPacer(50, 1, time.Minute, true, 0); return &p }()},
+		{"a Backend's budget", cut(false)},
+	} {
+		one := tokenTime(c.p.lim.rate) + time.Microsecond
+		at := steady(c.p, 2*time.Second, one, 5)
+		c.p.take(at, false)
+		c.p.wrote(at+lag+5*time.Millisecond, at)
+		if !c.p.take(at+one, false) {
+			t.Errorf("%s: a late write put off the next grant", c.name)
+		}
+	}
+}

@@ -22,6 +22,7 @@ type waiter struct {
 	granted bool          // set under the lane's lock before ready is closed
 	timed   bool          // with granted: its latency is measured; see lane.timeNext
 	at      time.Duration // with granted: when, on the lane's clock
+	spaced  bool          // with granted: see grant.spaced
 	err     error         // set instead of granted when the lane fails the waiter
 	charge  *charge       // what it costs the lane's budgets; nil: nothing
 }

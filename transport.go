@@ -276,7 +276,11 @@ func (t *Transport) attempt(l *lane, req *http.Request, p Priority, enq time.Dur
 		closeBody(req)
 		return nil, enq, err
 	}
-	resp, err := t.send(req, g)
+	sent := req
+	if g.spaced {
+		sent = l.traceWrite(req, g.at)
+	}
+	resp, err := t.send(sent, g)
 	if err != nil || resp == nil {
 		l.dropCharge(g.ch)
 	}

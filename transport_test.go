@@ -5,6 +5,8 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"net/http/httptest"
+	"net/http/httptrace"
 	"runtime"
 	"strings"
 	"sync"
@@ -583,6 +585,53 @@ func TestNeverOverRateRealClock(t *testing.T) {
 		t.Logf("window %v: at most %d of %d grants, limit %d", w, got, len(grants), limit)
 		if got > limit {
 			t.Errorf("window %v: %d grants, limit %d", w, got, limit)
+		}
+	}
+}
+
+// TestTransportTracesWritesOnceRefused: once a server refused a lane's
+// pace, its attempts carry a trace that tells the lane when each request is
+// written (see pacer.wrote), beside the caller's own trace, which still
+// sees every write; the caller's request keeps its context. Before any
+// refusal nothing is traced.
+func TestTransportTracesWritesOnceRefused(t *testing.T) {
+	var n atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if n.Add(1) == 2 {
+			w.WriteHeader(http.StatusTooManyRequests)
+		}
+	}))
+	defer srv.Close()
+	base := &http.Transport{}
+	defer base.CloseIdleConnections()
+	tr := mustNew(t, base, WithRate(50, time.Second), WithRetry(0))
+	var wrote atomic.Int32
+	ctx := httptrace.WithClientTrace(context.Background(), &httptrace.ClientTrace{
+		WroteRequest: func(httptrace.WroteRequestInfo) { wrote.Add(1) },
+	})
+	floor := func() time.Duration {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, srv.URL, nil)
+		l := tr.lane(tr.cfg.key(req))
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		return l.pace.lagFloor
+	}
+	for i := 1; i <= 3; i++ {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, srv.URL, nil)
+		resp, err := tr.RoundTrip(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if req.Context() != ctx {
+			t.Errorf("request %d: the caller's request has another context", i)
+		}
+		if got := wrote.Load(); got != int32(i) {
+			t.Errorf("request %d: the caller's trace saw %d writes, want %d", i, got, i)
+		}
+		if f := floor(); i <= 2 && f != 0 || i == 3 && f <= 0 {
+			t.Errorf("after request %d (the 2nd refused): the lane's write lag %v", i, f)
 		}
 	}
 }
