@@ -31,6 +31,10 @@ type pacer struct {
 	// cold: a cooldown was set, and the first grant after it spaces the
 	// next by two tokens' time (see take).
 	cold bool
+	// grants holds the instants of the last grants, the latest at
+	// (ngrants-1) % len(grants); see kept.
+	grants  [4]time.Duration
+	ngrants int
 	// lagFloor is about the least time a granted request has lately taken
 	// to be written to its connection (see wrote); 0: none seen yet.
 	lagFloor time.Duration
@@ -76,7 +80,14 @@ func (p *pacer) notBefore() time.Duration { return max(p.fb.coolTo, p.wait) }
 func (p *pacer) take(now time.Duration, late bool) bool {
 	if p.share == nil && !late && !p.cold {
 		// The fast path: no share to take from first, no lateness.
-		return p.lim == nil || p.lim.take(now)
+		if p.lim == nil {
+			return true
+		}
+		if !p.lim.take(now) {
+			return false
+		}
+		p.used(now)
+		return true
 	}
 	if !p.takeAll(now, late) {
 		return false
@@ -90,7 +101,34 @@ func (p *pacer) take(now time.Duration, late bool) bool {
 		p.lim.set(now, p.lim.advance(now)-1)
 	}
 	p.cold = false
+	p.used(now)
 	return true
+}
+
+// used records a grant at now (see kept).
+func (p *pacer) used(now time.Duration) {
+	p.grants[p.ngrants%len(p.grants)] = now
+	p.ngrants++
+}
+
+// kept returns the pace at which the lane granted the attempt granted at
+// sent and the one before it, or 0 if it cannot tell: sent is not among
+// the last grants, or a pause (idle, a cooldown) came between them. A
+// lane's grants may keep under its pace (slots, late timers, a share),
+// and a strict server judges the spacing it sees, not the lane's bound.
+func (p *pacer) kept(sent time.Duration) float64 {
+	n := len(p.grants)
+	for i := p.ngrants - 1; i >= max(2, p.ngrants-n); i-- {
+		if p.grants[i%n] != sent {
+			continue
+		}
+		span := (sent - p.grants[(i-2)%n]).Seconds()
+		if span <= 0 || p.rate > 0 && span*p.rate > 2.5 {
+			return 0
+		}
+		return 2 / span
+	}
+	return 0
 }
 
 func (p *pacer) takeAll(now time.Duration, late bool) bool {
@@ -362,7 +400,8 @@ func (p *pacer) observe(now time.Duration, r reply, inFlight int) paceChange {
 		if r.hasQuota {
 			f.quota.refused(r.sent, r.quota, inFlight-1)
 		}
-		f.cut(now, r.sent, p.rate, r.retryAfter, f.quota.counts, f.quota.rough)
+		f.cut(now, refusal{sent: r.sent, pace: p.rate, kept: p.kept(r.sent), ra: r.retryAfter,
+			refill: f.quota.counts, rough: f.quota.rough})
 		c.cause = RateCut
 	}
 	c.raised = p.applyRate(now)

@@ -281,13 +281,23 @@ func TestPacerFirstEstimateOnFirstAcceptance(t *testing.T) {
 func TestPacerProbeCrossingIsTheEdge(t *testing.T) {
 	var f feedback = newFeedback(0, 0)
 	f.throttle, f.fail, f.probing, f.okRun, f.failAt = 50, 20, true, 3, 0
-	f.cut(time.Second, time.Second, 50, time.Second, 0, false)
+	f.cut(time.Second, refusal{sent: time.Second, pace: 50, ra: time.Second})
 	want := 50 * math.Pow(firstProbe, -0.5/50)
 	if math.Abs(f.fail-want) > 1e-9 || !f.edge || f.probing || f.creep == 0 {
 		t.Errorf("fail %v edge %v probing %v creep %v; want fail %v at the edge, creeping", f.fail, f.edge, f.probing, f.creep, want)
 	}
 	if f.throttle >= want || f.throttle < 0.85*want {
 		t.Errorf("throttle %v, want a cut under %v", f.throttle, want)
+	}
+
+	// The refused request was sent 20 ms before its answer: the probe
+	// crossed at the pace then, 2.8% under the pace at the answer.
+	f = newFeedback(0, 0)
+	f.throttle, f.fail, f.probing, f.okRun, f.failAt, f.cutTo = 50, 20, true, 3, 0, 20
+	f.cut(time.Second, refusal{sent: time.Second - 20*time.Millisecond, pace: 50, ra: time.Second})
+	then := 50 * math.Pow(firstProbe, -0.02)
+	if want := then * math.Pow(firstProbe, -0.5/then); math.Abs(f.fail-want) > 1e-9 {
+		t.Errorf("refused 20 ms after it was sent: fail %v, want %v, half a token under the pace then (%v)", f.fail, want, then)
 	}
 }
 
@@ -436,6 +446,43 @@ func TestPacerSpacesGrantsFromWrites(t *testing.T) {
 		c.p.wrote(at+lag+5*time.Millisecond, at)
 		if !c.p.take(at+one, false) {
 			t.Errorf("%s: a late write put off the next grant", c.name)
+		}
+	}
+}
+
+// TestPacerCutsAtTheKeptPace: a lane whose grants came slower than its pace
+// (slots, late timers) and that a server refused at the edge failed at the
+// pace it kept, not at the bound it never reached (real loopback, no
+// WithRate: a probe at 52/s whose grants kept 48/s was refused, the cut
+// took 51.5/s for the limit of 50/s, and a second refusal followed).
+// A pause before the refused grant is not a slower pace.
+func TestPacerCutsAtTheKeptPace(t *testing.T) {
+	for _, c := range []struct {
+		name     string
+		every    time.Duration // grants' spacing
+		n        int           // grants, the last refused
+		pauses   bool          // a second's pause before every 5th
+		min, max float64       // the failed rate
+	}{
+		{"grants at the pace", 20 * time.Millisecond, 40, false, 49.9, 50.1},
+		{"grants a quarter slower", 25 * time.Millisecond, 40, false, 39, 41},
+		{"grants at the pace, with pauses", 20 * time.Millisecond, 40, true, 49.9, 50.1},
+		{"refused right after a pause", 20 * time.Millisecond, 36, true, 49.9, 50.1},
+	} {
+		p := newPacer(50, 1, time.Minute, true, 0)
+		at := time.Second
+		for i := range c.n {
+			if c.pauses && i%5 == 0 {
+				at += time.Second
+			}
+			if !p.take(at, false) {
+				t.Fatalf("%s: no token at %v", c.name, at)
+			}
+			at += c.every
+		}
+		p.observe(at, reply{status: http.StatusTooManyRequests, sent: at - c.every}, 1)
+		if p.fb.fail < c.min || p.fb.fail > c.max {
+			t.Errorf("%s: failed rate %.2f, want %v-%v", c.name, p.fb.fail, c.min, c.max)
 		}
 	}
 }
