@@ -21,7 +21,10 @@
 // A lane learns from the server. Only a refusal stops it: a 429, a 403
 // with Retry-After or nothing remaining, a 503 with Retry-After; it pauses
 // for the Retry-After, else until the exhausted quota (requests or tokens)
-// comes back. A 429 that no quota explains lowers its pace. Rate-limit
+// comes back. A 429 that no quota explains lowers its pace, and from then
+// on the lane also spaces each grant from when the request before it was
+// written (an httptrace hook on the attempt), so that a request delayed on
+// its way does not reach the server bunched with the next. Rate-limit
 // headers pace it by the kind of limit they describe, read from how they
 // move: a fixed window (its reset instant stays put; what remains is spread
 // until it) or a bucket (its reset moves later; it is paced at its refill
