@@ -117,8 +117,9 @@ func (p *pacer) used(now time.Duration) {
 // lane's grants may keep under its pace (slots, late timers, a share),
 // and a strict server judges the spacing it sees, not the lane's bound.
 func (p *pacer) kept(sent time.Duration) float64 {
+	// i runs over the grants whose second predecessor is still held.
 	n := len(p.grants)
-	for i := p.ngrants - 1; i >= max(2, p.ngrants-n); i-- {
+	for i := p.ngrants - 1; i >= max(2, p.ngrants-n+2); i-- {
 		if p.grants[i%n] != sent {
 			continue
 		}

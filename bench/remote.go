@@ -72,10 +72,6 @@ func serve(name string, in io.Reader, out io.Writer) error {
 type arrival struct {
 	At       time.Time
 	Accepted bool
-	// Mono is At after the first arrival, on the server's monotonic
-	// clock: the wall clock a JSON time carries may step by a fraction of
-	// a millisecond, a strict limiter's whole tolerance.
-	Mono time.Duration
 }
 
 func controlMux(srv *upstream.Server, lim upstream.Model) *http.ServeMux {
@@ -84,7 +80,7 @@ func controlMux(srv *upstream.Server, lim upstream.Model) *http.ServeMux {
 		as := srv.Arrivals()
 		out := make([]arrival, len(as))
 		for i, a := range as {
-			out[i] = arrival{At: a.At, Accepted: a.Accepted, Mono: a.At.Sub(as[0].At)}
+			out[i] = arrival{At: a.At, Accepted: a.Accepted}
 		}
 		json.NewEncoder(w).Encode(out)
 	})
