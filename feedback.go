@@ -80,6 +80,10 @@ type feedback struct {
 
 	header      float64 // rate from rate-limit headers; 0 if none
 	headerUntil time.Duration
+	spare       bool // header spends tokens the server's bucket holds to spare
+	// counted: the last cut took the server's refill rate counted from its
+	// quotas (see recount).
+	counted bool
 
 	accepted  stats.Window  // accepted responses over acceptWindow
 	refused   *stats.Window // throttled responses over acceptWindow; nil before the first
@@ -262,6 +266,7 @@ func (f *feedback) cut(now time.Duration, r refusal) {
 		// it refills at, the limit a pace can keep.
 		rf, cut, edge, guess = refill, throttleCutKnown, !r.rough, r.rough
 	}
+	f.counted = r.refill > 0 && rf == r.refill
 	if rf <= 0 {
 		if current == 0 {
 			// Nothing accepted yet to estimate from: the first acceptance
@@ -298,6 +303,19 @@ func (f *feedback) cut(now time.Duration, r refusal) {
 	f.cutTo = f.throttle
 }
 
+// recount follows the refill rate counted from the server's quotas up,
+// when the last cut took an earlier count: a sliding window's count is
+// what the lane sent a window before, low after a climb. While the quotas
+// show tokens to spare, their pace governs the lane (see rate), and the
+// count rises with what it sends.
+func (f *feedback) recount() {
+	if !f.counted || !f.spare || f.quota.counts <= f.fail*(1+refillSlack) {
+		return
+	}
+	f.fail, f.peak = f.quota.counts, max(f.peak, f.quota.counts)
+	f.throttle = max(f.throttle, f.plateau())
+}
+
 // grow advances the throttle rate's recovery to now.
 func (f *feedback) grow(now time.Duration) {
 	if f.throttle == 0 {
@@ -331,11 +349,14 @@ func (f *feedback) grow(now time.Duration) {
 // bound, or 0 if none applies (not paced).
 func (f *feedback) rate(now time.Duration) float64 {
 	r := f.ceiling
-	if b := f.throttle; b > 0 && (r == 0 || b < r) {
+	h := f.headerRate(now)
+	// A throttle rate cut to a counted refill rate yields to the quotas
+	// while they show tokens to spare: the count they come from is theirs.
+	if b := f.throttle; b > 0 && (r == 0 || b < r) && !(f.counted && f.spare && h > 0) {
 		r = b
 	}
-	if b := f.headerRate(now); b > 0 && (r == 0 || b < r) {
-		r = b
+	if h > 0 && (r == 0 || h < r) {
+		r = h
 	}
 	return r
 }

@@ -417,7 +417,8 @@ func (p *pacer) pace(now, sent time.Duration, qp quotaPace) coolChange {
 	case qp.stop > now:
 		c = p.cool(now, min(qp.stop, now+p.maxWait), "remaining 0 until the window resets")
 	case qp.rate > 0:
-		p.fb.header, p.fb.headerUntil = qp.rate, qp.until
+		p.fb.header, p.fb.headerUntil, p.fb.spare = qp.rate, qp.until, qp.spare
+		p.fb.recount()
 	}
 	if qp.empty && p.lim != nil && p.local {
 		// The server's bucket was empty when the attempt reached it: its

@@ -346,6 +346,49 @@ func TestPacerCutsToCountedRefill(t *testing.T) {
 	}
 }
 
+// TestPacerFollowsARecountedRefill: a sliding window counts what a lane
+// sent a window before, so a count taken while the lane climbed is low, and
+// a refusal cut to it (real loopback: a lane at 2R held at 17/s of 50 for
+// the rest of the run, nothing refused). While the quotas show tokens to
+// spare, their pace governs the lane, and the failed rate follows the
+// count up.
+func TestPacerFollowsARecountedRefill(t *testing.T) {
+	p := newPacer(100, 1, time.Minute, true, 0)
+	q := func(rem int64) headers.Quota {
+		return headers.Quota{Limit: 50, Remaining: rem, Reset: time.Second, Coarse: true, Source: "x-ratelimit"}
+	}
+	now := time.Duration(0)
+	// accept sends at rate for d, the server's quota holding at rem.
+	accept := func(rate float64, d time.Duration, rem int64) {
+		step := time.Duration(float64(time.Second) / rate)
+		for end := now + d; now < end; now += step {
+			p.settle(now+20*time.Millisecond, now, http.StatusOK)
+			p.observe(now+20*time.Millisecond, reply{status: http.StatusOK, sent: now, hasQuota: true, quota: q(rem)}, 1)
+		}
+	}
+	accept(20, 1200*time.Millisecond, 30)
+	p.observe(now, reply{status: http.StatusTooManyRequests, sent: now, hasRA: true, retryAfter: time.Second,
+		hasQuota: true, quota: q(0)}, 1)
+	if f := p.fb.fail; f < 19 || f > 21 || !p.fb.counted {
+		t.Fatalf("429: failed rate %v (counted %v), want the refill counted, 20", f, p.fb.counted)
+	}
+	now += time.Second // the cooldown
+	accept(20, 100*time.Millisecond, 30)
+	if want := p.fb.header; p.rate != want || want <= p.fb.fail {
+		t.Errorf("29 tokens to spare: rate %v, want the quotas' pace %v, over the failed rate %v (throttle %v)",
+			p.rate, want, p.fb.fail, p.fb.throttle)
+	}
+	// The window's count falls by what the faster pace holds, then counts it.
+	accept(30, 2200*time.Millisecond, 20)
+	if f := p.fb.fail; f < 29 || f > 31 {
+		t.Errorf("counted 30/s with tokens to spare: failed rate %v, want 30", f)
+	}
+	accept(30, 100*time.Millisecond, 1)
+	if p.fb.spare || p.rate < 0.97*30 {
+		t.Errorf("no token to spare: rate %v (spare %v), want the plateau under 30", p.rate, p.fb.spare)
+	}
+}
+
 // TestPacerSpacesTheGrantAfterACooldown: the grant after a cooldown's first
 // waits two tokens' time, once: an idle server reads the first request late
 // and a strict one then refuses the next, paced right, with another
