@@ -24,6 +24,10 @@ type modelRun struct {
 func runModel(t *testing.T, m func() upstream.Model, dur time.Duration, hdr http.Header, opts ...Option) modelRun {
 	var res modelRun
 	synctest.Test(t, func(t *testing.T) {
+		// A bubble's clock starts in 2000, before the 1e9 seconds that
+		// tell a Unix time from a delay in a reset header: move past it
+		// (at once, in virtual time).
+		time.Sleep(time.Until(time.Unix(1_700_000_000, 0)))
 		mod := m()
 		srv := upstream.New(upstream.Config{Limiter: mod, Latency: func(int, *http.Request) time.Duration { return 20 * time.Millisecond }})
 		defer srv.Close()
@@ -96,6 +100,12 @@ func TestServerModels(t *testing.T) {
 			return upstream.NewIETF(upstream.IETFConfig{Quota: 50, Window: time.Second, Burst: 10})
 		}, 50, time.Second, nil, false},
 		{"GCRA burst 10", func() upstream.Model { return upstream.NewGCRA(upstream.GCRAConfig{Rate: 50, Burst: 10}) }, 50, time.Second, nil, false},
+		{"sliding window 50/s", func() upstream.Model {
+			return upstream.NewSlidingWindow(upstream.SlidingWindowConfig{Limit: 50, Window: time.Second})
+		}, 50, time.Second, nil, false},
+		{"GitHub primary 50/s", func() upstream.Model {
+			return upstream.NewGitHub(upstream.GitHubConfig{Limit: 50, Window: time.Second})
+		}, 50, time.Second, nil, false},
 		{"strict GCRA", func() upstream.Model { return upstream.NewGCRA(upstream.GCRAConfig{Rate: 50, Burst: 1}) }, 50, time.Second, nil, true},
 		{"strict GCRA, no headers", func() upstream.Model {
 			return upstream.NewGCRA(upstream.GCRAConfig{Rate: 50, Burst: 1, NoHeaders: true})

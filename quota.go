@@ -86,6 +86,11 @@ type quotaModel struct {
 	// rough: counts is from a count a refusal ended, over less than
 	// countSpan (see refused).
 	rough bool
+
+	// What the server gave back after its last refusal (see regained).
+	emptied bool          // a refusal said the server was empty, at emptyAt
+	emptyAt time.Duration // when the refused attempt was sent
+	regain  float64       // tokens a second it regained since, at least; 0 until known
 }
 
 // countSpan is the least time a refill rate is counted over: long enough
@@ -110,6 +115,9 @@ type quotaPace struct {
 	// empty: the server's bucket holds no token now; the next is one
 	// token's time away at the lane's pace.
 	empty bool
+	// spare: the bucket holds tokens beyond the last one kept, and rate
+	// spends them over its refill rate.
+	spare bool
 }
 
 // observe reads q, stated by a response (not a refusal) seen at now to an
@@ -130,6 +138,7 @@ func (m *quotaModel) observe(now, sent time.Duration, q headers.Quota, inFlight 
 		m.learn(now, q)
 	}
 	m.count(sent, q)
+	m.regained(sent, q)
 	// Attempts in flight other than this one may not be counted by the
 	// server yet: count them as used.
 	left := q.Remaining - int64(inFlight-1)
@@ -155,12 +164,15 @@ func (m *quotaModel) observe(now, sent time.Duration, q headers.Quota, inFlight 
 	}
 	p := quotaPace{empty: left <= 0}
 	if rho > 0 {
+		p.spare = left > 1
 		// What the bucket holds may go out over the time it takes to
-		// fill, besides what it gains meanwhile: the pace falls to the
-		// refill rate as the bucket empties, and never below it. The last
-		// token is kept: paced over the rate with one left, a lane whose
-		// responses lag empties the bucket before it hears so.
-		p.rate = rho * (1 + float64(max(left-1, 0))/float64(q.Limit))
+		// fill (or as fast as it was seen to come back: a count of a
+		// sliding window reads the lane's own past pace), besides what it
+		// gains meanwhile: the pace falls to the refill rate as the
+		// bucket empties, and never below it. The last token is kept:
+		// paced over the rate with one left, a lane whose responses lag
+		// empties the bucket before it hears so.
+		p.rate = rho * (1 + max(1, m.regain/rho)*float64(max(left-1, 0))/float64(q.Limit))
 		p.until = now + max(fill, time.Second)
 	}
 	return p
@@ -224,6 +236,9 @@ func (m *quotaModel) count(now time.Duration, q headers.Quota) {
 func (m *quotaModel) refused(now time.Duration, q headers.Quota, inFlight int) {
 	counting := m.counting
 	m.counting = false
+	if q.Remaining == 0 {
+		m.emptied, m.emptyAt = true, now
+	}
 	if m.kind == kindWindow || q.Limit <= 0 || q.Remaining != 0 || !counting || m.counts > 0 {
 		return
 	}
@@ -234,6 +249,23 @@ func (m *quotaModel) refused(now time.Duration, q headers.Quota, inFlight int) {
 			m.counts, m.rough = float64(gained)/d.Seconds(), true
 		}
 	}
+}
+
+// regained measures, from the first quota stated to an attempt sent at
+// sent after the server's last refusal, how fast the server gives quota
+// back: it was empty then, and holds what q says remains and what the
+// attempt took now. That is a bound from below: the bucket may have filled
+// and overflowed meanwhile. A bucket's is at most its refill rate; a
+// sliding window's is its whole limit in a window, where a count of its
+// quotas reads the lane's own pace of a window before.
+func (m *quotaModel) regained(sent time.Duration, q headers.Quota) {
+	if !m.emptied || sent <= m.emptyAt || q.Remaining < 0 {
+		return
+	}
+	if d := sent - m.emptyAt; d >= refusedSpan {
+		m.regain = float64(q.Remaining+1) / d.Seconds()
+	}
+	m.emptied = false
 }
 
 // learn compares q, seen at now, with the run's start; see quotaModel.

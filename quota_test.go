@@ -2,6 +2,7 @@ package sluice
 
 import (
 	"fmt"
+	"math"
 	"net/http"
 	"strings"
 	"testing"
@@ -109,7 +110,7 @@ func TestQuotaPace(t *testing.T) {
 		{"IETF policy with r and t: q/w is the refill rate",
 			ietf, 1, quotaPace{rate: 20, until: now + time.Second, empty: true}},
 		{"OpenAI bucket half full: the refill rate and more",
-			quotaAt("openai", 600, 300, 30*time.Second, false), 1, quotaPace{rate: 10 * (1 + 299.0/600), until: now + time.Minute}},
+			quotaAt("openai", 600, 300, 30*time.Second, false), 1, quotaPace{rate: 10 * (1 + 299.0/600), until: now + time.Minute, spare: true}},
 		{"window: what remains over the time to the reset, less half a rounded second",
 			quotaAt("github", 5000, 101, 100*time.Second+time.Second/2, true), 2, quotaPace{rate: 1, until: now + 100*time.Second + time.Second/2}},
 		{"window with nothing left stops until the reset",
@@ -118,6 +119,18 @@ func TestQuotaPace(t *testing.T) {
 		var m quotaModel
 		if got := m.observe(now, now, c.q, c.inFlight); got != c.want {
 			t.Errorf("%s: %+v, want %+v", c.name, got, c.want)
+		}
+	}
+	// The last token beyond those in flight is kept, not spare.
+	var m quotaModel
+	for _, c := range []struct {
+		remaining int64
+		inFlight  int
+		spare     bool
+	}{{3, 2, true}, {3, 3, false}, {1, 1, false}, {2, 1, true}} {
+		got := m.observe(now, now, quotaAt("openai", 600, c.remaining, 30*time.Second, false), c.inFlight)
+		if got.spare != c.spare || got.rate <= 0 {
+			t.Errorf("remaining %d, %d in flight: %+v, want spare %v", c.remaining, c.inFlight, got, c.spare)
 		}
 	}
 }
@@ -167,6 +180,39 @@ func TestQuotaCountAtRefusal(t *testing.T) {
 		c.run(&m)
 		if m.counts != c.want {
 			t.Errorf("%s: counted %v/s, want %v/s", c.name, m.counts, c.want)
+		}
+	}
+}
+
+// TestQuotaRegain: after a refusal that found the server empty, the first
+// quota stated to an attempt sent a cooldown later bounds how fast quota
+// comes back, and spare tokens go out that fast. A sliding window of 50 a
+// second is whole again after a second of quiet, where a count of its
+// quotas reads the lane's own pace (before: a lane at R climbed from 2/s
+// for 20 s, 0.91 of R in virtual time).
+func TestQuotaRegain(t *testing.T) {
+	const ms = time.Millisecond
+	q := func(limit, rem int64) headers.Quota { return quotaAt("x-ratelimit", limit, rem, time.Second, true) }
+	for _, c := range []struct {
+		name        string
+		limit, back int64 // the limit, and what remains after the cooldown
+		at          time.Duration
+		want        float64
+	}{
+		{"sliding window, whole again", 50, 49, 1000 * ms, 50},
+		{"bucket of 10 at 50/s: full, and no faster than its rate", 10, 9, 1000 * ms, 10},
+		{"strict: one a cooldown", 1, 0, 1000 * ms, 1},
+		{"too soon to tell", 50, 49, 100 * ms, 0},
+	} {
+		var m quotaModel
+		m.counts = 2 // the refill counted, as the lane's own pace of a window before
+		m.refused(0, q(c.limit, 0), 0)
+		p := m.observe(c.at+20*ms, c.at, q(c.limit, c.back), 1)
+		if m.regain != c.want {
+			t.Errorf("%s: regained %v/s, want %v/s", c.name, m.regain, c.want)
+		}
+		if want := 2 + max(2, c.want)*float64(max(c.back-1, 0))/float64(c.limit); math.Abs(p.rate-want) > 1e-9 {
+			t.Errorf("%s: pace %v, want %v", c.name, p.rate, want)
 		}
 	}
 }
