@@ -75,10 +75,7 @@ func runModel(t *testing.T, m func() upstream.Model, dur time.Duration, hdr http
 // server model, with sluice at the published rate R, with no rate, and at
 // 2R: at least 0.95 of the published rate in the steady state with at most
 // 1% of attempts refused (strict GCRA: 0.90 at R, 0.85 otherwise, 2%).
-// The models that state their reset as a Unix time (GitHub, the sliding
-// window) are left to the bench module, which measures every model on real
-// loopback beside the peers: a synctest bubble's clock starts in 2000,
-// before the 1e9 that tells a Unix time from a delay.
+// The bench module measures every model on real loopback beside the peers.
 func TestServerModels(t *testing.T) {
 	costs := http.Header{upstream.CostTokensHeader: {"100"}, upstream.CostInputTokensHeader: {"100"}, upstream.CostOutputTokensHeader: {"50"}}
 	type model struct {
