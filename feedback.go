@@ -35,6 +35,7 @@ const (
 	minRate        = 0.01             // per second: one request per 100 s, whatever is known
 
 	refillSlack = 0.05 // a counted refill rate's error: rates within it are one
+	recountStep = 0.1  // how far over a counted failed rate spare tokens may pace (see rate)
 
 	acceptWindow = 2 * time.Second
 	minFirstSpan = time.Second // shortest span firstRate counts acceptances over
@@ -216,6 +217,7 @@ type refusal struct {
 	ra     time.Duration // the Retry-After it named; 0 if none
 	refill float64       // the server's refill rate counted from its quotas; 0 if none
 	rough  bool          // refill was counted over a fraction of a second, to the refusal
+	empty  bool          // it stated nothing remains, with a reset rounded to the second
 }
 
 // cut lowers the throttle rate after a 429 at now for r. A refill rate
@@ -260,13 +262,15 @@ func (f *feedback) cut(now time.Duration, r refusal) {
 	case acc > 0 && acc+thr >= ratioSamples:
 		rf, cut = current*share, throttleCutKnown
 	}
-	if refill := r.refill; refill > 0 && current > 0 && rf > refill*(1+refillSlack) {
+	if refill := r.refill; refill > 0 && current > 0 && (rf > refill*(1+refillSlack) || r.empty && !r.rough) {
 		// A bucket with a burst takes a pace over its rate for as long as
 		// the burst lasts, a run that reads as the edge: cut to the rate
-		// it refills at, the limit a pace can keep.
-		rf, cut, edge, guess = refill, throttleCutKnown, !r.rough, r.rough
+		// it refills at, the limit a pace can keep. One that says it is
+		// empty refused for what it held, not for the pace: a sliding
+		// window refuses under its rate after a window that held more.
+		rf, cut, edge, guess = min(refill, current), throttleCutKnown, !r.rough, r.rough
 	}
-	f.counted = r.refill > 0 && rf == r.refill
+	f.counted = r.refill > 0 && (rf == r.refill || r.empty && !r.rough && rf == current)
 	if rf <= 0 {
 		if current == 0 {
 			// Nothing accepted yet to estimate from: the first acceptance
@@ -306,8 +310,8 @@ func (f *feedback) cut(now time.Duration, r refusal) {
 // recount follows the refill rate counted from the server's quotas up,
 // when the last cut took an earlier count: a sliding window's count is
 // what the lane sent a window before, low after a climb. While the quotas
-// show tokens to spare, their pace governs the lane (see rate), and the
-// count rises with what it sends.
+// show tokens to spare, the lane may pace a step over the failed rate (see
+// rate), and the count rises with what it sends.
 func (f *feedback) recount() {
 	if !f.counted || !f.spare || f.quota.counts <= f.fail*(1+refillSlack) {
 		return
@@ -350,9 +354,15 @@ func (f *feedback) grow(now time.Duration) {
 func (f *feedback) rate(now time.Duration) float64 {
 	r := f.ceiling
 	h := f.headerRate(now)
-	// A throttle rate cut to a counted refill rate yields to the quotas
-	// while they show tokens to spare: the count they come from is theirs.
-	if b := f.throttle; b > 0 && (r == 0 || b < r) && !(f.counted && f.spare && h > 0) {
+	b := f.throttle
+	if f.counted && f.spare && h > 0 && b > 0 {
+		// A throttle rate cut to a counted refill rate lets the quotas'
+		// pace past it, by a step over the failed rate, while they show
+		// tokens to spare: the next count follows (see recount). More
+		// would spend a window's carry as a burst after each cooldown.
+		b = max(b, min(h, f.fail*(1+recountStep)))
+	}
+	if b > 0 && (r == 0 || b < r) {
 		r = b
 	}
 	if h > 0 && (r == 0 || h < r) {

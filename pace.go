@@ -162,9 +162,11 @@ func (p *pacer) takeAll(now time.Duration, late bool) bool {
 
 // spaces reports whether the lane's grants are spaced from the writes of
 // the requests granted before them (see wrote): once a server refused a
-// pace, and only when the lane's own bucket holds its whole budget.
+// pace, unless its quotas state a limit of two or more (a burst, which
+// takes a request early by a token's time), and only when the lane's own
+// bucket holds its whole budget.
 func (p *pacer) spaces() bool {
-	return p.fb.fail > 0 && p.local && p.lim != nil && !math.IsInf(p.lim.rate, 1)
+	return p.fb.fail > 0 && p.fb.quota.limit < 2 && p.local && p.lim != nil && !math.IsInf(p.lim.rate, 1)
 }
 
 // wrote records at now that the request of a grant made at at was written
@@ -402,7 +404,7 @@ func (p *pacer) observe(now time.Duration, r reply, inFlight int) paceChange {
 			f.quota.refused(r.sent, r.quota, inFlight-1)
 		}
 		f.cut(now, refusal{sent: r.sent, pace: p.rate, kept: p.kept(r.sent), ra: r.retryAfter,
-			refill: f.quota.counts, rough: f.quota.rough})
+			refill: f.quota.counts, rough: f.quota.rough, empty: exhausted && r.quota.Coarse})
 		c.cause = RateCut
 	}
 	c.raised = p.applyRate(now)

@@ -70,7 +70,8 @@ const resetSlack = 50 * time.Millisecond
 // Evidence overrides the family's prior (see priorKind).
 type quotaModel struct {
 	kind     limitKind
-	evidence bool // kind comes from evidence, not from the prior
+	evidence bool  // kind comes from evidence, not from the prior
+	limit    int64 // the last limit stated (a bucket's burst); 0: none yet
 
 	run      bool
 	runSeen  time.Duration // when the run's first quota was seen
@@ -86,11 +87,6 @@ type quotaModel struct {
 	// rough: counts is from a count a refusal ended, over less than
 	// countSpan (see refused).
 	rough bool
-
-	// What the server gave back after its last refusal (see regained).
-	emptied bool          // a refusal said the server was empty, at emptyAt
-	emptyAt time.Duration // when the refused attempt was sent
-	regain  float64       // tokens a second it regained since, at least; 0 until known
 }
 
 // countSpan is the least time a refill rate is counted over: long enough
@@ -127,6 +123,9 @@ func (m *quotaModel) observe(now, sent time.Duration, q headers.Quota, inFlight 
 	if !m.evidence {
 		m.kind = priorKind(q.Source)
 	}
+	if q.Limit > 0 {
+		m.limit = q.Limit
+	}
 	if q.Remaining < 0 {
 		if q.Limit > 0 && q.Window > 0 {
 			// A policy without a count: its mean rate, for its window.
@@ -138,7 +137,6 @@ func (m *quotaModel) observe(now, sent time.Duration, q headers.Quota, inFlight 
 		m.learn(now, q)
 	}
 	m.count(sent, q)
-	m.regained(sent, q)
 	// Attempts in flight other than this one may not be counted by the
 	// server yet: count them as used.
 	left := q.Remaining - int64(inFlight-1)
@@ -166,13 +164,11 @@ func (m *quotaModel) observe(now, sent time.Duration, q headers.Quota, inFlight 
 	if rho > 0 {
 		p.spare = left > 1
 		// What the bucket holds may go out over the time it takes to
-		// fill (or as fast as it was seen to come back: a count of a
-		// sliding window reads the lane's own past pace), besides what it
-		// gains meanwhile: the pace falls to the refill rate as the
-		// bucket empties, and never below it. The last token is kept:
-		// paced over the rate with one left, a lane whose responses lag
-		// empties the bucket before it hears so.
-		p.rate = rho * (1 + max(1, m.regain/rho)*float64(max(left-1, 0))/float64(q.Limit))
+		// fill, besides what it gains meanwhile: the pace falls to the
+		// refill rate as the bucket empties, and never below it. The last
+		// token is kept: paced over the rate with one left, a lane whose
+		// responses lag empties the bucket before it hears so.
+		p.rate = rho * (1 + float64(max(left-1, 0))/float64(q.Limit))
 		p.until = now + max(fill, time.Second)
 	}
 	return p
@@ -236,9 +232,6 @@ func (m *quotaModel) count(now time.Duration, q headers.Quota) {
 func (m *quotaModel) refused(now time.Duration, q headers.Quota, inFlight int) {
 	counting := m.counting
 	m.counting = false
-	if q.Remaining == 0 {
-		m.emptied, m.emptyAt = true, now
-	}
 	if m.kind == kindWindow || q.Limit <= 0 || q.Remaining != 0 || !counting || m.counts > 0 {
 		return
 	}
@@ -249,23 +242,6 @@ func (m *quotaModel) refused(now time.Duration, q headers.Quota, inFlight int) {
 			m.counts, m.rough = float64(gained)/d.Seconds(), true
 		}
 	}
-}
-
-// regained measures, from the first quota stated to an attempt sent at
-// sent after the server's last refusal, how fast the server gives quota
-// back: it was empty then, and holds what q says remains and what the
-// attempt took now. That is a bound from below: the bucket may have filled
-// and overflowed meanwhile. A bucket's is at most its refill rate; a
-// sliding window's is its whole limit in a window, where a count of its
-// quotas reads the lane's own pace of a window before.
-func (m *quotaModel) regained(sent time.Duration, q headers.Quota) {
-	if !m.emptied || sent <= m.emptyAt || q.Remaining < 0 {
-		return
-	}
-	if d := sent - m.emptyAt; d >= refusedSpan {
-		m.regain = float64(q.Remaining+1) / d.Seconds()
-	}
-	m.emptied = false
 }
 
 // learn compares q, seen at now, with the run's start; see quotaModel.

@@ -2,7 +2,6 @@ package sluice
 
 import (
 	"fmt"
-	"math"
 	"net/http"
 	"strings"
 	"testing"
@@ -180,39 +179,6 @@ func TestQuotaCountAtRefusal(t *testing.T) {
 		c.run(&m)
 		if m.counts != c.want {
 			t.Errorf("%s: counted %v/s, want %v/s", c.name, m.counts, c.want)
-		}
-	}
-}
-
-// TestQuotaRegain: after a refusal that found the server empty, the first
-// quota stated to an attempt sent a cooldown later bounds how fast quota
-// comes back, and spare tokens go out that fast. A sliding window of 50 a
-// second is whole again after a second of quiet, where a count of its
-// quotas reads the lane's own pace (before: a lane at R climbed from 2/s
-// for 20 s, 0.91 of R in virtual time).
-func TestQuotaRegain(t *testing.T) {
-	const ms = time.Millisecond
-	q := func(limit, rem int64) headers.Quota { return quotaAt("x-ratelimit", limit, rem, time.Second, true) }
-	for _, c := range []struct {
-		name        string
-		limit, back int64 // the limit, and what remains after the cooldown
-		at          time.Duration
-		want        float64
-	}{
-		{"sliding window, whole again", 50, 49, 1000 * ms, 50},
-		{"bucket of 10 at 50/s: full, and no faster than its rate", 10, 9, 1000 * ms, 10},
-		{"strict: one a cooldown", 1, 0, 1000 * ms, 1},
-		{"too soon to tell", 50, 49, 100 * ms, 0},
-	} {
-		var m quotaModel
-		m.counts = 2 // the refill counted, as the lane's own pace of a window before
-		m.refused(0, q(c.limit, 0), 0)
-		p := m.observe(c.at+20*ms, c.at, q(c.limit, c.back), 1)
-		if m.regain != c.want {
-			t.Errorf("%s: regained %v/s, want %v/s", c.name, m.regain, c.want)
-		}
-		if want := 2 + max(2, c.want)*float64(max(c.back-1, 0))/float64(c.limit); math.Abs(p.rate-want) > 1e-9 {
-			t.Errorf("%s: pace %v, want %v", c.name, p.rate, want)
 		}
 	}
 }
