@@ -22,13 +22,16 @@
 // with Retry-After or nothing remaining, a 503 with Retry-After; it pauses
 // for the Retry-After, else until the exhausted quota (requests or tokens)
 // comes back. A 429 that no quota explains lowers its pace, and from then
-// on the lane also spaces each grant from when the request before it was
-// written (an httptrace hook on the attempt), so that a request delayed on
-// its way does not reach the server bunched with the next. Rate-limit
+// on, unless the server's quotas state a burst, the lane also spaces each
+// grant from when the request before it was written (an httptrace hook on
+// the attempt), so that a request delayed on its way does not reach a
+// strict server bunched with the next. Rate-limit
 // headers pace it by the kind of limit they describe, read from how they
 // move: a fixed window (its reset instant stays put; what remains is spread
 // until it) or a bucket (its reset moves later; it is paced at its refill
-// rate, and "remaining 0" means no burst left, not "stop"). A reset rounded
+// rate, spending what it holds beyond that, and "remaining 0" means no
+// burst left, not "stop"). A sliding-window counter reads as a bucket that
+// refills at the lane's own past pace. A reset rounded
 // to the second never slows a lane below its configured rate.
 //
 // Budgets beyond requests, such as tokens per minute, are named with
