@@ -88,7 +88,8 @@ func TestServerModels(t *testing.T) {
 		// atR, if set, is the bound at R in place of 0.95: a sliding
 		// window spent at exactly R in its first second reads as a bucket
 		// refilling at about 1/s, and the lane climbs back over seconds
-		// (0.91 of R in 3 runs of 6, 0.96 in the others; 0.94-0.96 on real loopback, once 0.56).
+		// (0.91 of R in 3 runs of 6, 0.96 in the others; on real
+		// loopback 0.94-0.96, once 0.56).
 		atR float64
 	}
 	models := []model{
