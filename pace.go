@@ -415,11 +415,12 @@ func (p *pacer) observe(now time.Duration, r reply, inFlight int) paceChange {
 // sent says.
 func (p *pacer) pace(now, sent time.Duration, qp quotaPace) coolChange {
 	var c coolChange
+	p.fb.spare = qp.spare
 	switch {
 	case qp.stop > now:
 		c = p.cool(now, min(qp.stop, now+p.maxWait), "remaining 0 until the window resets")
 	case qp.rate > 0:
-		p.fb.header, p.fb.headerUntil, p.fb.spare = qp.rate, qp.until, qp.spare
+		p.fb.header, p.fb.headerUntil = qp.rate, qp.until
 		p.fb.recount()
 	}
 	if qp.empty && p.lim != nil && p.local {
