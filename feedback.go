@@ -10,7 +10,9 @@ import (
 
 // Three rates bound a lane's pace, and it paces to the smallest that
 // applies: the configured rate (the ceiling), the throttle rate learned from
-// 429s, and the header rate the quota headers state (see quotaModel). A 429
+// 429s, and the header rate the quota headers state (see quotaModel); a
+// throttle rate cut to a counted refill rate gives way by a step while the
+// quotas show tokens to spare (see feedback.rate). A 429
 // cuts the throttle rate (see feedback.cut), which then climbs back over
 // time (see feedback.grow); a refusal also sets a cooldown, before which
 // nothing is sent. The rules and the measurements behind them: NOTES.md,
@@ -243,7 +245,8 @@ func (f *feedback) cut(now time.Duration, r refusal) {
 		kept = min(kept, r.kept)
 	}
 	rf, cut, edge := current, throttleCut, false
-	guess := false // rf is a rough refill count: probe up from it
+	guess := false   // rf is a rough refill count: probe up from it
+	counted := false // rf is the refill count (see recount)
 	switch {
 	case current == 0:
 		// Not paced yet: the first estimate of the server's limit, from
@@ -268,9 +271,9 @@ func (f *feedback) cut(now time.Duration, r refusal) {
 		// it refills at, the limit a pace can keep. One that says it is
 		// empty refused for what it held, not for the pace: a sliding
 		// window refuses under its rate after a window that held more.
-		rf, cut, edge, guess = min(refill, current), throttleCutKnown, !r.rough, r.rough
+		rf, cut, edge, guess, counted = min(refill, current), throttleCutKnown, !r.rough, r.rough, true
 	}
-	f.counted = r.refill > 0 && (rf == r.refill || r.empty && !r.rough && rf == current)
+	f.counted = counted
 	if rf <= 0 {
 		if current == 0 {
 			// Nothing accepted yet to estimate from: the first acceptance
