@@ -219,7 +219,6 @@ type refusal struct {
 	ra     time.Duration // the Retry-After it named; 0 if none
 	refill float64       // the server's refill rate counted from its quotas; 0 if none
 	rough  bool          // refill was counted over a fraction of a second, to the refusal
-	empty  bool          // it stated nothing remains, with a reset rounded to the second
 }
 
 // cut lowers the throttle rate after a 429 at now for r. A refill rate
@@ -265,13 +264,11 @@ func (f *feedback) cut(now time.Duration, r refusal) {
 	case acc > 0 && acc+thr >= ratioSamples:
 		rf, cut = current*share, throttleCutKnown
 	}
-	if refill := r.refill; refill > 0 && current > 0 && (rf > refill*(1+refillSlack) || r.empty && !r.rough) {
+	if refill := r.refill; refill > 0 && current > 0 && rf > refill*(1+refillSlack) {
 		// A bucket with a burst takes a pace over its rate for as long as
 		// the burst lasts, a run that reads as the edge: cut to the rate
-		// it refills at, the limit a pace can keep. One that says it is
-		// empty refused for what it held, not for the pace: a sliding
-		// window refuses under its rate after a window that held more.
-		rf, cut, edge, guess, counted = min(refill, current), throttleCutKnown, !r.rough, r.rough, true
+		// it refills at, the limit a pace can keep.
+		rf, cut, edge, guess, counted = refill, throttleCutKnown, !r.rough, r.rough, true
 	}
 	f.counted = counted
 	if rf <= 0 {

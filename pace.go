@@ -404,7 +404,7 @@ func (p *pacer) observe(now time.Duration, r reply, inFlight int) paceChange {
 			f.quota.refused(r.sent, r.quota, inFlight-1)
 		}
 		f.cut(now, refusal{sent: r.sent, pace: p.rate, kept: p.kept(r.sent), ra: r.retryAfter,
-			refill: f.quota.counts, rough: f.quota.rough, empty: exhausted && r.quota.Coarse})
+			refill: f.quota.counts, rough: f.quota.rough})
 		c.cause = RateCut
 	}
 	c.raised = p.applyRate(now)

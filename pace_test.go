@@ -390,26 +390,6 @@ func TestPacerFollowsARecountedRefill(t *testing.T) {
 		t.Errorf("no token to spare: rate %v (spare %v), want the plateau under 30", p.rate, p.fb.spare)
 	}
 
-	// A refusal that says the window is empty, at a pace it took for a
-	// while (within the count's slack), was for what the window held,
-	// not for the pace (real loopback at 2R: a window refused at 46.5/s
-	// during a climb, and the edge's plateau held the lane at 0.86 of R).
-	p = newPacer(100, 1, time.Minute, true, 0)
-	now = 0
-	accept(47, 1200*time.Millisecond, 2)
-	accept(47, 1200*time.Millisecond, 2)
-	p.observe(now, reply{status: http.StatusTooManyRequests, sent: now, hasRA: true, retryAfter: time.Second,
-		hasQuota: true, quota: q(0)}, 1)
-	if !p.fb.counted || p.fb.fail > p.fb.quota.counts*1.001 {
-		t.Fatalf("429 stating nothing remains: failed rate %v (counted %v), want the count %v",
-			p.fb.fail, p.fb.counted, p.fb.quota.counts)
-	}
-	now += time.Second
-	accept(47, 100*time.Millisecond, 20)
-	if want := p.fb.fail * (1 + recountStep); math.Abs(p.rate-want) > 1e-6 {
-		t.Errorf("after the cooldown, 19 to spare: rate %v, want a step over the failed rate %v",
-			p.rate, want)
-	}
 }
 
 // TestPacerSpacesTheGrantAfterACooldown: the grant after a cooldown's first
