@@ -111,10 +111,19 @@ func (b *bucket) tokensAt(now time.Duration) float64 {
 	return b.advance(now)
 }
 
-// setRate changes the rate from now on.
+// setRate changes the rate from now on. A bucket that filled before now
+// keeps the instant it filled as its latest time: a dispatcher late for a
+// token due then may still charge it then (see takeLate). A lane whose
+// responses change its rate as often as it sends would otherwise lose the
+// lateness of every grant a response comes just before.
 func (b *bucket) setRate(now time.Duration, rate float64) {
 	if !math.IsInf(b.rate, 1) {
-		b.set(now, b.advance(now))
+		at := now
+		if t := b.tokens; t < b.burst && now > b.last {
+			full := b.last + time.Duration(math.Ceil((b.burst-t)/b.rate*1e9))
+			at = min(at, max(full, b.last))
+		}
+		b.set(at, b.advance(at))
 	} else {
 		// An unlimited bucket did not count its tokens: it is full.
 		b.set(now, b.burst)

@@ -152,8 +152,11 @@ func TestBucketWaitBeyondDuration(t *testing.T) {
 // dispatchLate plays a dispatcher against b with a backlog that never
 // empties: it sleeps until a token is due, wakes late by the next of
 // lateness (cycled), and grants as many tokens as takeLate allows at that
-// wake-up, for the time span. It returns the hand-off time of every grant.
-func dispatchLate(b *bucket, lateness []time.Duration, span time.Duration, late bool) []time.Duration {
+// wake-up, for the time span. With sets, the rate is set again (to the
+// same) halfway between each token's due time and the wake-up, as a
+// response that restates a lane's pace does. It returns the hand-off time
+// of every grant.
+func dispatchLate(b *bucket, lateness []time.Duration, span time.Duration, late, sets bool) []time.Duration {
 	var out []time.Duration
 	lag := tokenTime(b.rate)
 	now := time.Duration(0)
@@ -163,7 +166,11 @@ func dispatchLate(b *bucket, lateness []time.Duration, span time.Duration, late 
 		}
 		now += tokensDelay(1-b.tokensAt(now), b.rate)
 		if len(lateness) > 0 {
-			now += lateness[i%len(lateness)]
+			d := lateness[i%len(lateness)]
+			if sets {
+				b.setRate(now+d/2, b.rate)
+			}
+			now += d
 		}
 	}
 	return out
@@ -196,14 +203,21 @@ func TestTakeLateKeepsTheSchedule(t *testing.T) {
 			// Lateness up to one token's time, in an irregular cycle.
 			step := tokensDelay(1, r)
 			lateness := []time.Duration{0, step / 3, step, step / 7, step * 9 / 10, 1}
-			late := dispatchLate(newBucket(r, burst), lateness, span, true)
-			now := dispatchLate(newBucket(r, burst), lateness, span, false)
+			late := dispatchLate(newBucket(r, burst), lateness, span, true, false)
+			now := dispatchLate(newBucket(r, burst), lateness, span, false, false)
+			set := dispatchLate(newBucket(r, burst), lateness, span, true, true)
 			want := r*span.Seconds() + float64(burst)
-			t.Logf("R %v burst %d: %d grants charged when due, %d charged at wake-up, schedule %v", r, burst, len(late), len(now), want)
-			if float64(len(late)) < want-2 {
-				t.Errorf("R %v burst %d: %d grants in %v, want %v", r, burst, len(late), span, want)
+			t.Logf("R %v burst %d: %d grants charged when due (%d with the rate set between), %d charged at wake-up, schedule %v",
+				r, burst, len(late), len(set), len(now), want)
+			// A rate set between a token's due time and the wake-up
+			// (a response) keeps the lateness too: a bucket that filled
+			// keeps the instant it did.
+			for _, g := range [][]time.Duration{late, set} {
+				if float64(len(g)) < want-2 {
+					t.Errorf("R %v burst %d: %d grants in %v, want %v", r, burst, len(g), span, want)
+				}
 			}
-			for _, g := range [][]time.Duration{late, now} {
+			for _, g := range [][]time.Duration{late, now, set} {
 				if i := overBound(g, r, float64(burst)); i >= 0 {
 					t.Errorf("R %v burst %d: grant %d at %v breaks rate x T + burst + 1", r, burst, i, g[i])
 				}
@@ -223,6 +237,9 @@ func FuzzTakeLateBound(f *testing.F) {
 		if r == 0 || burst == 0 || len(raw) == 0 {
 			return
 		}
+		// The low bit of burst's byte sets the rate again before each
+		// wake-up (see dispatchLate).
+		sets := burst&1 == 1
 		// Each byte is a lateness: its low six bits in a unit its top two
 		// bits choose (ns, µs, ms or 100 ms).
 		lateness := make([]time.Duration, len(raw))
@@ -231,7 +248,7 @@ func FuzzTakeLateBound(f *testing.F) {
 			lateness[i] = time.Duration(c&0x3f) * unit
 		}
 		span := time.Duration(min(2000/float64(r), 20) * float64(time.Second))
-		g := dispatchLate(newBucket(float64(r), int(burst)), lateness, span, true)
+		g := dispatchLate(newBucket(float64(r), int(burst)), lateness, span, true, sets)
 		if i := overBound(g, float64(r), float64(burst)); i >= 0 {
 			t.Fatalf("grant %d at %v breaks rate x T + burst + 1", i, g[i])
 		}

@@ -147,7 +147,7 @@ func (p *pacer) takeAll(now time.Duration, late bool) bool {
 	}
 	if p.lim != nil {
 		if late {
-			if !p.lim.takeLate(now, lateLag(p.lim.rate, p.fb.plateau())) {
+			if !p.lim.takeLate(now, lateLag(p.lim.rate, p.strictPlateau())) {
 				return false
 			}
 		} else if !p.lim.take(now) {
@@ -218,6 +218,16 @@ func lateLag(rate, safe float64) time.Duration {
 		lag = max(0, lag-tokenTime(safe))
 	}
 	return lag
+}
+
+// strictPlateau returns the plateau a late grant keeps its spacing from
+// (see lateLag), or 0 where the server states a burst: its bucket or
+// window takes two requests closer than its rate.
+func (p *pacer) strictPlateau() float64 {
+	if p.fb.quota.limit >= 2 {
+		return 0
+	}
+	return p.fb.plateau()
 }
 
 // tokenDelay returns how long after now a token is due.
@@ -317,9 +327,10 @@ func (p *pacer) setShare(now time.Duration, rate float64, burst int) {
 		p.share.setRate(now, max(rate, 0))
 	}
 	// A lower burst caps what is held now: tokens of a larger share are not
-	// spent on top of the smaller one.
+	// spent on top of the smaller one; a larger one holds no more yet.
+	held := p.share.tokensAt(now)
 	p.share.burst = b
-	p.share.set(now, min(p.share.tokensAt(now), b))
+	p.share.set(now, min(held, b))
 }
 
 // A reply is what a response says of the lane's pace: its status and the
