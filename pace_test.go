@@ -392,6 +392,51 @@ func TestPacerFollowsARecountedRefill(t *testing.T) {
 
 }
 
+// TestPacerPacesASlidingWindowAtItsLimit: once the quotas show a sliding
+// window (a reset stated as the end of each second, replaced when it
+// comes, little remaining), the lane paces at its limit a window less two,
+// and a cut that took a count of its quotas (the lane's own past sends)
+// goes (before: a lane with no rate cut to 13/s of 50 by the first
+// window's count, 0.24 of R on real loopback).
+func TestPacerPacesASlidingWindowAtItsLimit(t *testing.T) {
+	p := newPacer(100, 1, time.Minute, true, 0)
+	sliding := func(now time.Duration, rem int64) headers.Quota {
+		end := now.Truncate(time.Second) + time.Second
+		return headers.Quota{Limit: 50, Remaining: rem, Reset: end - now, Coarse: true, Instant: true, Source: "x-ratelimit"}
+	}
+	now := time.Duration(0)
+	accept := func(rate float64, d time.Duration, rem int64) {
+		step := time.Duration(float64(time.Second) / rate)
+		for end := now + d; now < end; now += step {
+			at := now + 20*time.Millisecond
+			p.settle(at, now, http.StatusOK)
+			p.observe(at, reply{status: http.StatusOK, sent: now, hasQuota: true, quota: sliding(at, rem)}, 1)
+		}
+	}
+	// The first window's count: remaining falls from 40 to 20 while 24
+	// were sent over 1.2 s, a refill of 4 over 1.2 s.
+	step := 50 * time.Millisecond
+	for i := range 25 {
+		at := now + 20*time.Millisecond
+		p.settle(at, now, http.StatusOK)
+		p.observe(at, reply{status: http.StatusOK, sent: now, hasQuota: true, quota: sliding(at, int64(40-i*20/24))}, 1)
+		now += step
+	}
+	p.observe(now, reply{status: http.StatusTooManyRequests, sent: now, hasRA: true, retryAfter: time.Second,
+		hasQuota: true, quota: sliding(now, 0)}, 1)
+	if !p.fb.counted || p.fb.fail > 10 {
+		t.Fatalf("429: failed rate %v (counted %v), want a cut to the count, about 3", p.fb.fail, p.fb.counted)
+	}
+	now += time.Second
+	accept(20, 3500*time.Millisecond, 20)
+	if p.fb.quota.kind != kindSliding || p.fb.quota.window != time.Second {
+		t.Fatalf("kind %v, window %v; want a sliding window of 1s", p.fb.quota.kind, p.fb.quota.window)
+	}
+	if p.fb.counted || p.fb.throttle != 0 || math.Abs(p.rate-48) > 1e-9 {
+		t.Errorf("rate %v (throttle %v, counted %v), want the window's 48/s, the count's cut gone", p.rate, p.fb.throttle, p.fb.counted)
+	}
+}
+
 // TestPacerSpacesTheGrantAfterACooldown: the grant after a cooldown's first
 // waits two tokens' time, once: an idle server reads the first request late
 // and a strict one then refuses the next, paced right, with another
@@ -536,6 +581,25 @@ func TestPacerCutsAtTheKeptPace(t *testing.T) {
 		p.observe(at, reply{status: http.StatusTooManyRequests, sent: at - c.every}, 1)
 		if p.fb.fail < c.min || p.fb.fail > c.max {
 			t.Errorf("%s: failed rate %.2f, want %v-%v", c.name, p.fb.fail, c.min, c.max)
+		}
+	}
+}
+
+// TestPacerStrictPlateau: a late grant keeps its spacing from the plateau
+// only where the server states no burst (a strict server refuses two
+// requests closer than its rate); a bucket or window of two or more takes
+// them, and holding the lateness back there cost a sliding window at 48/s
+// 2% of its pace on real loopback.
+func TestPacerStrictPlateau(t *testing.T) {
+	for _, c := range []struct {
+		limit int64
+		want  float64
+	}{{0, 49}, {1, 49}, {2, 0}, {50, 0}} {
+		p := newPacer(100, 1, time.Minute, true, 0)
+		p.fb.fail, p.fb.margin = 50, 0.02
+		p.fb.quota.limit = c.limit
+		if got := p.strictPlateau(); got != c.want {
+			t.Errorf("limit %d: plateau %v, want %v", c.limit, got, c.want)
 		}
 	}
 }

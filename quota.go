@@ -23,6 +23,13 @@ const (
 	// reset is when it is full again, or when more quota comes, and moves
 	// later with each request. Remaining 0 means "no burst left".
 	kindBucket
+	// kindSliding: a sliding-window counter (go-chi/httprate, Cloudflare).
+	// Its reset is a fixed window's end, replaced by the next window's
+	// when it comes, but remaining does not refill then: it comes back as
+	// the requests of a window before leave the count. It takes about its
+	// limit per window at any pace, and its remaining, refilled by the
+	// lane's own past sends, says nothing of a rate.
+	kindSliding
 )
 
 func (k limitKind) String() string {
@@ -31,6 +38,8 @@ func (k limitKind) String() string {
 		return "window"
 	case kindBucket:
 		return "bucket"
+	case kindSliding:
+		return "sliding"
 	}
 	return "unknown"
 }
@@ -65,7 +74,13 @@ const resetSlack = 50 * time.Millisecond
 //     under half the limit and no higher than at the run's start): a
 //     bucket, whose reset was only when it would be full;
 //   - the reset instant stayed put for longer than the slack allows while
-//     remaining fell: a window.
+//     remaining fell: a window;
+//   - a reset stated as an instant was replaced by one a step later when
+//     it came, twice by the same step, with two or more taken before and
+//     after: a sliding window of that step, where a family has no prior (a
+//     bucket's instant, when it is full, moves as it is spent, and comes
+//     only once it is full). A fixed window, refilled when its instant
+//     comes, is rarely read so, and paced as one it keeps to its limit.
 //
 // Evidence overrides the family's prior (see priorKind).
 type quotaModel struct {
@@ -77,6 +92,13 @@ type quotaModel struct {
 	runSeen  time.Duration // when the run's first quota was seen
 	runReset time.Duration // its reset instant
 	runLeft  int64         // its remaining
+	runMoved bool          // a reset stated as an instant moved before it came
+
+	// A reset stated as an instant and replaced when it came, while little
+	// remained before and after: the step from the instant to the next
+	// (jump), and the window it measures once two steps agree (0 until
+	// then).
+	jump, window time.Duration
 
 	// The refill rate counted from the quotas themselves (see count).
 	counting  bool          // a count is under way
@@ -140,6 +162,13 @@ func (m *quotaModel) observe(now, sent time.Duration, q headers.Quota, inFlight 
 	// Attempts in flight other than this one may not be counted by the
 	// server yet: count them as used.
 	left := q.Remaining - int64(inFlight-1)
+	if m.kind == kindSliding {
+		// The count is rounded and lags the requests in flight: two are
+		// kept, which also holds the count under the limit when grants
+		// come a little early or late.
+		rate := float64(max(q.Limit-2, 1)) / m.window.Seconds()
+		return quotaPace{rate: rate, until: now + m.window}
+	}
 	if m.kind == kindWindow {
 		switch {
 		case q.Reset <= 0:
@@ -204,7 +233,7 @@ func bucketRate(q headers.Quota) (float64, time.Duration) {
 func (m *quotaModel) count(now time.Duration, q headers.Quota) {
 	// After a request took its token, a bucket that was full holds
 	// Limit-1: only what is below says the bucket gained all it could.
-	if m.kind == kindWindow || q.Limit <= 0 || q.Remaining < 0 || q.Remaining >= q.Limit-1 {
+	if m.kind == kindWindow || m.kind == kindSliding || q.Limit <= 0 || q.Remaining < 0 || q.Remaining >= q.Limit-1 {
 		m.counting = false
 		return
 	}
@@ -232,7 +261,7 @@ func (m *quotaModel) count(now time.Duration, q headers.Quota) {
 func (m *quotaModel) refused(now time.Duration, q headers.Quota, inFlight int) {
 	counting := m.counting
 	m.counting = false
-	if m.kind == kindWindow || q.Limit <= 0 || q.Remaining != 0 || !counting || m.counts > 0 {
+	if m.kind == kindWindow || m.kind == kindSliding || q.Limit <= 0 || q.Remaining != 0 || !counting || m.counts > 0 {
 		return
 	}
 	if d := now - m.countFrom; d >= refusedSpan {
@@ -255,9 +284,26 @@ func (m *quotaModel) learn(now time.Duration, q headers.Quota) {
 		m.run, m.runSeen, m.runReset, m.runLeft = true, now, reset, q.Remaining
 		return
 	}
+	if q.Instant && (reset-m.runReset).Abs() > resetSlack && now < m.runReset-resetSlack {
+		// The instant moved before it came: not a window's end.
+		m.runMoved, m.jump = true, 0
+	}
 	prior := priorKind(q.Source)
 	var kind limitKind
 	switch {
+	case q.Instant && !m.runMoved && now >= m.runReset-resetSlack && reset > m.runReset+resetSlack:
+		// The instant came and a later one replaced it.
+		jump := reset - m.runReset
+		busy := q.Limit >= 4 && max(m.runLeft, q.Remaining) <= q.Limit-3
+		if busy && prior == kindUnknown && m.jump > 0 && (jump-m.jump).Abs() <= resetSlack {
+			kind, m.window = kindSliding, jump
+			// What it counted was the lane's own past sends.
+			m.counts, m.rough, m.counting = 0, false, false
+		}
+		m.jump = 0
+		if busy {
+			m.jump = jump
+		}
 	case now > m.runReset+slack:
 		// Weak evidence: a short window may have refilled and been drained
 		// again since its reset, which reads the same. It decides only
@@ -278,7 +324,7 @@ func (m *quotaModel) learn(now time.Duration, q headers.Quota) {
 	if kind != kindUnknown {
 		m.kind, m.evidence = kind, true
 	}
-	m.runSeen, m.runReset, m.runLeft = now, reset, q.Remaining
+	m.runSeen, m.runReset, m.runLeft, m.runMoved = now, reset, q.Remaining, false
 }
 
 // refusalWait returns how long a refusal that states q (nothing remains)

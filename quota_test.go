@@ -39,8 +39,17 @@ func quotaAt(src string, limit, remaining int64, reset time.Duration, coarse boo
 	return headers.Quota{Limit: limit, Remaining: remaining, Reset: reset, Source: src, Coarse: coarse}
 }
 
+// instantAt is a quota of source src with limit and remaining whose reset
+// is stated as the instant end, in whole seconds, seen at now.
+func instantAt(src string, limit, remaining int64, end, now time.Time) headers.Quota {
+	q := quotaAt(src, limit, remaining, max(0, end.Sub(now)), true)
+	q.Instant = true
+	return q
+}
+
 // TestQuotaKinds: the model tells a fixed window from a bucket by how the
-// reset instant moves, whatever the family's prior.
+// reset instant moves, whatever the family's prior, and a sliding window
+// from both.
 func TestQuotaKinds(t *testing.T) {
 	t0 := time.Unix(1e9, 0)
 	for _, c := range []struct {
@@ -78,6 +87,24 @@ func TestQuotaKinds(t *testing.T) {
 		{"OpenAI prior, reset until full in ms", func(i int, _ time.Time) headers.Quota {
 			return quotaAt("openai", 600, 590, 1200*time.Millisecond, false)
 		}, 10 * time.Millisecond, kindBucket},
+		{"sliding window, 50 a second: the end of each second, little left", func(i int, now time.Time) headers.Quota {
+			return instantAt("x-ratelimit", 50, int64(1+i%3), now.Truncate(time.Second).Add(time.Second), now)
+		}, 21 * time.Millisecond, kindSliding},
+		{"sliding window, 100 a minute", func(i int, now time.Time) headers.Quota {
+			return instantAt("x-ratelimit", 100, 2, now.Truncate(time.Minute).Add(time.Minute), now)
+		}, 610 * time.Millisecond, kindSliding},
+		{"fixed 1 s window, instant reset: refilled at each end", func(i int, now time.Time) headers.Quota {
+			used := int64(now.Sub(now.Truncate(time.Second)) / (20 * time.Millisecond))
+			return instantAt("x-ratelimit", 50, 49-used, now.Truncate(time.Second).Add(time.Second), now)
+		}, 21 * time.Millisecond, kindUnknown},
+		{"GCRA burst 10 at 50/s, instant when full, rounded up", func(i int, now time.Time) headers.Quota {
+			rem := int64(i % 3)
+			full := now.Add(time.Duration(10-rem) * 20 * time.Millisecond)
+			return instantAt("x-ratelimit", 10, rem, full.Truncate(time.Second).Add(time.Second), now)
+		}, 20 * time.Millisecond, kindBucket},
+		{"Anthropic prior, instant when full, little left: no sliding window", func(i int, now time.Time) headers.Quota {
+			return instantAt("anthropic", 50, 2, now.Truncate(time.Second).Add(time.Second), now)
+		}, 21 * time.Millisecond, kindBucket},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			var m quotaModel
@@ -90,8 +117,17 @@ func TestQuotaKinds(t *testing.T) {
 			if m.kind != c.want {
 				t.Errorf("kind %v, want %v", m.kind, c.want)
 			}
+			if w := slidingWindows[c.name]; m.window != w {
+				t.Errorf("window %v, want %v", m.window, w)
+			}
 		})
 	}
+}
+
+// slidingWindows are the windows TestQuotaKinds' sliding windows measure.
+var slidingWindows = map[string]time.Duration{
+	"sliding window, 50 a second: the end of each second, little left": time.Second,
+	"sliding window, 100 a minute":                                     time.Minute,
 }
 
 // TestQuotaPace: what a quota says to do, by kind.
@@ -118,6 +154,16 @@ func TestQuotaPace(t *testing.T) {
 		var m quotaModel
 		if got := m.observe(now, now, c.q, c.inFlight); got != c.want {
 			t.Errorf("%s: %+v, want %+v", c.name, got, c.want)
+		}
+	}
+	// A sliding window takes its limit a window, less two, whatever
+	// remains: what remains comes back as the lane's own past sends leave.
+	for _, rem := range []int64{0, 1, 30} {
+		m := quotaModel{kind: kindSliding, evidence: true, window: time.Second}
+		q := quotaAt("x-ratelimit", 50, rem, 300*time.Millisecond, true)
+		q.Instant = true
+		if got, want := m.observe(now, now, q, 2), (quotaPace{rate: 48, until: now + time.Second}); got != want {
+			t.Errorf("sliding window, %d remaining: %+v, want %+v", rem, got, want)
 		}
 	}
 	// The last token beyond those in flight is kept, not spare.

@@ -85,6 +85,10 @@ type Quota struct {
 	// seconds, or an instant in whole seconds): the true reset may be up
 	// to a second earlier, as servers round up.
 	Coarse bool
+	// Instant reports that Reset was stated as an instant (a Unix time or
+	// a date), not as a delay: a window's end, which the server states the
+	// same until it comes.
+	Instant bool
 }
 
 // Parse reads rate-limit fields from h, a response's header received at
@@ -512,7 +516,7 @@ func parseXRateLimit(h http.Header, ref *refClock, p *picker, limitKey, remainin
 		c.Remaining = parseCount(v)
 	}
 	if v, ok := field(h, resetKey); ok {
-		c.Reset, c.Coarse, c.resetKnown = parseReset(v, ref)
+		c.Reset, c.Coarse, c.Instant, c.resetKnown = parseReset(v, ref)
 	}
 	if github {
 		if v, ok := field(h, hdrXRateLimitResource); ok && v != "" {
@@ -532,18 +536,19 @@ func parseXRateLimit(h http.Header, ref *refClock, p *picker, limitKey, remainin
 // parseReset parses an X-RateLimit-Reset value: seconds, possibly
 // fractional, that are a Unix time if at least epochThreshold and a delay
 // otherwise. A Unix time is measured from ref's time and clamped at 0.
-// coarse reports a value in whole seconds.
-func parseReset(s string, ref *refClock) (d time.Duration, coarse, ok bool) {
+// coarse reports a value in whole seconds, instant a Unix time.
+func parseReset(s string, ref *refClock) (d time.Duration, coarse, instant, ok bool) {
 	whole, frac, ok := parseDecimal(s)
 	if !ok {
-		return 0, false, false
+		return 0, false, false, false
 	}
-	if whole < epochThreshold {
-		d, ok = secondsToDuration(whole, frac)
-	} else {
+	instant = whole >= epochThreshold
+	if instant {
 		d, ok = untilTime(time.Unix(whole, frac), ref.get())
+	} else {
+		d, ok = secondsToDuration(whole, frac)
 	}
-	return d, ok && frac == 0, ok
+	return d, ok && frac == 0, ok && instant, ok
 }
 
 // untilTime returns t-ref, clamped at 0 if t is in the past, and fails if
@@ -638,6 +643,7 @@ func parseAnthropic(h http.Header, ref *refClock, p *picker) {
 	}
 	if v, ok := field(h, hdrAnthropicReset); ok {
 		c.Reset, c.Coarse, c.resetKnown = parseRFC3339(v, ref)
+		c.Instant = c.resetKnown
 	}
 	p.offer(c)
 }
@@ -817,6 +823,7 @@ func parseTokens(h http.Header, now time.Time, resource string) (q Quota, ok boo
 				c.Reset, c.Coarse, c.resetKnown = parseGoDuration(v)
 			} else {
 				c.Reset, c.Coarse, c.resetKnown = parseRFC3339(v, &ref)
+				c.Instant = c.resetKnown
 			}
 		}
 		p.offer(c)
