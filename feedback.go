@@ -309,22 +309,22 @@ func (f *feedback) cut(now time.Duration, r refusal) {
 
 // recount follows the refill rate counted from the server's quotas up,
 // when the last cut took an earlier count: a sliding window not yet told
-// apart counts what the lane sent a window before, low after a climb.
-// Once told apart, the cut goes. While the quotas
+// apart counts what the lane sent a window before, low after a climb. While the quotas
 // show tokens to spare, the lane may pace a step over the failed rate (see
 // rate), and the count rises with what it sends.
 func (f *feedback) recount() {
-	if f.counted && f.quota.kind == kindSliding {
-		// The count a cut took was a sliding window's: what the lane sent
-		// a window before, not a refill rate. The window's pace applies.
-		f.throttle, f.counted = 0, false
-		return
-	}
 	if !f.counted || !f.spare || f.quota.counts <= f.fail*(1+refillSlack) {
 		return
 	}
 	f.fail, f.peak = f.quota.counts, max(f.peak, f.quota.counts)
 	f.throttle = max(f.throttle, f.plateau())
+}
+
+// forget drops the throttle rate: what the 429s before now said was read
+// under a wrong model of the server's limit (see quotaPace.told). The
+// next 429 cuts afresh.
+func (f *feedback) forget() {
+	f.throttle, f.counted, f.probing = 0, false, false
 }
 
 // grow advances the throttle rate's recovery to now.

@@ -427,6 +427,9 @@ func (p *pacer) observe(now time.Duration, r reply, inFlight int) paceChange {
 func (p *pacer) pace(now, sent time.Duration, qp quotaPace) coolChange {
 	var c coolChange
 	p.fb.spare = qp.spare
+	if qp.told {
+		p.fb.forget()
+	}
 	switch {
 	case qp.stop > now:
 		c = p.cool(now, min(qp.stop, now+p.maxWait), "remaining 0 until the window resets")

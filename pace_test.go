@@ -394,46 +394,66 @@ func TestPacerFollowsARecountedRefill(t *testing.T) {
 
 // TestPacerPacesASlidingWindowAtItsLimit: once the quotas show a sliding
 // window (a reset stated as the end of each second, replaced when it
-// comes, little remaining), the lane paces at its limit a window less two,
-// and a cut that took a count of its quotas (the lane's own past sends)
-// goes (before: a lane with no rate cut to 13/s of 50 by the first
-// window's count, 0.24 of R on real loopback).
+// comes, requests counted), the lane paces at its limit a window less two,
+// and what refusals taught it before, reading the window as a bucket,
+// goes: a cut to a count of its quotas (the lane's own past sends; before:
+// a lane with no rate cut to 13/s of 50, 0.24 of R on real loopback), or
+// an edge cut during a climb (0.34 of R at 2R, held by the creep).
 func TestPacerPacesASlidingWindowAtItsLimit(t *testing.T) {
-	p := newPacer(100, 1, time.Minute, true, 0)
 	sliding := func(now time.Duration, rem int64) headers.Quota {
 		end := now.Truncate(time.Second) + time.Second
 		return headers.Quota{Limit: 50, Remaining: rem, Reset: end - now, Coarse: true, Instant: true, Source: "x-ratelimit"}
 	}
-	now := time.Duration(0)
-	accept := func(rate float64, d time.Duration, rem int64) {
-		step := time.Duration(float64(time.Second) / rate)
-		for end := now + d; now < end; now += step {
-			at := now + 20*time.Millisecond
-			p.settle(at, now, http.StatusOK)
-			p.observe(at, reply{status: http.StatusOK, sent: now, hasQuota: true, quota: sliding(at, rem)}, 1)
-		}
-	}
-	// The first window's count: remaining falls from 40 to 20 while 24
-	// were sent over 1.2 s, a refill of 4 over 1.2 s.
-	step := 50 * time.Millisecond
-	for i := range 25 {
-		at := now + 20*time.Millisecond
-		p.settle(at, now, http.StatusOK)
-		p.observe(at, reply{status: http.StatusOK, sent: now, hasQuota: true, quota: sliding(at, int64(40-i*20/24))}, 1)
-		now += step
-	}
-	p.observe(now, reply{status: http.StatusTooManyRequests, sent: now, hasRA: true, retryAfter: time.Second,
-		hasQuota: true, quota: sliding(now, 0)}, 1)
-	if !p.fb.counted || p.fb.fail > 10 {
-		t.Fatalf("429: failed rate %v (counted %v), want a cut to the count, about 3", p.fb.fail, p.fb.counted)
-	}
-	now += time.Second
-	accept(20, 3500*time.Millisecond, 20)
-	if p.fb.quota.kind != kindSliding || p.fb.quota.window != time.Second {
-		t.Fatalf("kind %v, window %v; want a sliding window of 1s", p.fb.quota.kind, p.fb.quota.window)
-	}
-	if p.fb.counted || p.fb.throttle != 0 || math.Abs(p.rate-48) > 1e-9 {
-		t.Errorf("rate %v (throttle %v, counted %v), want the window's 48/s, the count's cut gone", p.rate, p.fb.throttle, p.fb.counted)
+	for _, c := range []struct {
+		name string
+		// cut makes the pacer's first cut, and returns when it ended.
+		cut func(p *pacer) time.Duration
+	}{
+		{"a cut to a count", func(p *pacer) time.Duration {
+			// The first window's count: remaining falls from 40 to 20
+			// while 24 were sent over 1.2 s, a refill of 4 over 1.2 s.
+			now := time.Duration(0)
+			for i := range 25 {
+				at := now + 20*time.Millisecond
+				p.settle(at, now, http.StatusOK)
+				p.observe(at, reply{status: http.StatusOK, sent: now, hasQuota: true, quota: sliding(at, int64(40-i*20/24))}, 1)
+				now += 50 * time.Millisecond
+			}
+			p.observe(now, reply{status: http.StatusTooManyRequests, sent: now, hasRA: true, retryAfter: time.Second,
+				hasQuota: true, quota: sliding(now, 0)}, 1)
+			if !p.fb.counted || p.fb.fail > 10 {
+				t.Fatalf("429: failed rate %v (counted %v), want a cut to the count, about 3", p.fb.fail, p.fb.counted)
+			}
+			return now
+		}},
+		{"an edge cut", func(p *pacer) time.Duration {
+			// A refusal at 17/s after a run the server took.
+			now := 2 * time.Second
+			p.fb.okRun = edgeRun
+			p.fb.cut(now, refusal{sent: now, pace: 17})
+			p.applyRate(now)
+			if !p.fb.edge || p.fb.throttle > 17 || p.rate > 17 {
+				t.Fatalf("429: throttle %v (edge %v), want an edge cut under 17", p.fb.throttle, p.fb.edge)
+			}
+			return now
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			p := newPacer(100, 1, time.Minute, true, 0)
+			now := c.cut(&p) + time.Second // the cooldown
+			step := time.Second / 20
+			for end := now + 3500*time.Millisecond; now < end; now += step {
+				at := now + 20*time.Millisecond
+				p.settle(at, now, http.StatusOK)
+				p.observe(at, reply{status: http.StatusOK, sent: now, hasQuota: true, quota: sliding(at, 20)}, 1)
+			}
+			if p.fb.quota.kind != kindSliding || p.fb.quota.window != time.Second {
+				t.Fatalf("kind %v, window %v; want a sliding window of 1s", p.fb.quota.kind, p.fb.quota.window)
+			}
+			if p.fb.throttle != 0 || math.Abs(p.rate-48) > 1e-9 {
+				t.Errorf("rate %v (throttle %v), want the window's 48/s, the cut gone", p.rate, p.fb.throttle)
+			}
+		})
 	}
 }
 

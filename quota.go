@@ -136,6 +136,10 @@ type quotaPace struct {
 	// spare: the bucket holds tokens beyond the last one kept, and rate
 	// spends them over its refill rate.
 	spare bool
+	// told: this quota told a sliding window apart. What the lane learned
+	// of the rate from refusals before it, reading the window as a bucket
+	// (a count, a climb cut short), no longer holds.
+	told bool
 }
 
 // observe reads q, stated by a response (not a refusal) seen at now to an
@@ -155,6 +159,7 @@ func (m *quotaModel) observe(now, sent time.Duration, q headers.Quota, inFlight 
 		}
 		return quotaPace{}
 	}
+	was := m.kind
 	if q.Reset > 0 {
 		m.learn(now, q)
 	}
@@ -167,7 +172,7 @@ func (m *quotaModel) observe(now, sent time.Duration, q headers.Quota, inFlight 
 		// kept, which also holds the count under the limit when grants
 		// come a little early or late.
 		rate := float64(max(q.Limit-2, 1)) / m.window.Seconds()
-		return quotaPace{rate: rate, until: now + m.window}
+		return quotaPace{rate: rate, until: now + m.window, told: was != kindSliding}
 	}
 	if m.kind == kindWindow {
 		switch {

@@ -158,6 +158,10 @@ func FuzzParse(f *testing.F) {
 		if q.Source == "github" && q.Resource == "" {
 			t.Errorf("github quota without Resource: %+v", q)
 		}
+		// Only the families that state a reset as an instant do.
+		if q.Instant && q.Source != "x-ratelimit" && q.Source != "github" && q.Source != "anthropic" {
+			t.Errorf("an instant reset from %q: %+v", q.Source, q)
+		}
 		if q2, ok2 := Parse(h, fuzzNow); q2 != q || !ok2 {
 			t.Errorf("Parse not deterministic: %+v then %+v", q, q2)
 		}
