@@ -30,9 +30,10 @@
 // move: a fixed window (its reset instant stays put; what remains is spread
 // until it) or a bucket (its reset moves later; it is paced at its refill
 // rate, spending what it holds beyond that, and "remaining 0" means no
-// burst left, not "stop"). A sliding-window counter reads as a bucket that
-// refills at the lane's own past pace. A reset rounded
-// to the second never slows a lane below its configured rate.
+// burst left, not "stop") or a sliding-window counter (its reset is the end
+// of each fixed window, yet what remains does not refill when it comes; it
+// is paced at its limit per window, less two). A reset rounded to the
+// second never slows a lane below its configured rate.
 //
 // Budgets beyond requests, such as tokens per minute, are named with
 // WithBudget and drawn on with WithCost. Processes that share an API key
