@@ -94,10 +94,10 @@ type quotaModel struct {
 	runLeft  int64         // its remaining
 	runMoved bool          // a reset stated as an instant moved before it came
 
-	// A reset stated as an instant and replaced when it came, while little
-	// remained before and after: the step from the instant to the next
-	// (jump), and the window it measures once two steps agree (0 until
-	// then).
+	// A reset stated as an instant and replaced when it came, with
+	// requests counted before and after: the step from the instant to the
+	// next (jump), and the window it measures once two steps agree (0
+	// until then).
 	jump, window time.Duration
 
 	// The refill rate counted from the quotas themselves (see count).
@@ -171,7 +171,9 @@ func (m *quotaModel) observe(now, sent time.Duration, q headers.Quota, inFlight 
 		// The count is rounded and lags the requests in flight: two are
 		// kept, which also holds the count under the limit when grants
 		// come a little early or late.
-		rate := float64(max(q.Limit-2, 1)) / m.window.Seconds()
+		// m.limit: the limit stated when the window was told apart, or
+		// since.
+		rate := float64(max(m.limit-2, 1)) / m.window.Seconds()
 		return quotaPace{rate: rate, until: now + m.window, told: was != kindSliding}
 	}
 	if m.kind == kindWindow {

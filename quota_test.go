@@ -158,12 +158,13 @@ func TestQuotaPace(t *testing.T) {
 	}
 	// A sliding window takes its limit a window, less two, whatever
 	// remains: what remains comes back as the lane's own past sends leave.
-	for _, rem := range []int64{0, 1, 30} {
-		m := quotaModel{kind: kindSliding, evidence: true, window: time.Second}
-		q := quotaAt("x-ratelimit", 50, rem, 300*time.Millisecond, true)
+	// A quota that omits the limit keeps the one stated before.
+	sliding := quotaModel{kind: kindSliding, evidence: true, window: time.Second}
+	for _, c := range []struct{ limit, rem int64 }{{50, 0}, {50, 1}, {50, 30}, {-1, 5}} {
+		q := quotaAt("x-ratelimit", c.limit, c.rem, 300*time.Millisecond, true)
 		q.Instant = true
-		if got, want := m.observe(now, now, q, 2), (quotaPace{rate: 48, until: now + time.Second}); got != want {
-			t.Errorf("sliding window, %d remaining: %+v, want %+v", rem, got, want)
+		if got, want := sliding.observe(now, now, q, 2), (quotaPace{rate: 48, until: now + time.Second}); got != want {
+			t.Errorf("sliding window, limit %d, %d remaining: %+v, want %+v", c.limit, c.rem, got, want)
 		}
 	}
 	// The last token beyond those in flight is kept, not spare.
