@@ -223,7 +223,17 @@ func bucketRate(q headers.Quota) (float64, time.Duration) {
 	case q.Window > 0:
 		return float64(q.Limit) / q.Window.Seconds(), q.Window
 	case !q.Coarse && q.Reset > 0 && q.Remaining >= 0 && q.Remaining < q.Limit:
-		rho := float64(q.Limit-q.Remaining) / q.Reset.Seconds()
+		// Remaining is whole tokens, rounded down, and the reset is the
+		// time until the bucket is full from what it truly holds: what is
+		// missing is half a token less than limit - remaining on average.
+		// Read as whole, it overstated a 50/s bucket's rate by 1% (a
+		// refusal in 20 s at 2R on real loopback). Beside a single missing
+		// token, the half would be most of it.
+		missing := float64(q.Limit - q.Remaining)
+		if missing >= 2 {
+			missing -= 0.5
+		}
+		rho := missing / q.Reset.Seconds()
 		return rho, time.Duration(float64(q.Limit) / rho * float64(time.Second))
 	}
 	return 0, 0

@@ -134,6 +134,7 @@ var slidingWindows = map[string]time.Duration{
 func TestQuotaPace(t *testing.T) {
 	now := time.Hour // on a lane's clock
 	ietf := headers.Quota{Limit: 20, Remaining: 0, Reset: time.Second, Window: time.Second, Source: "ietf", Coarse: true}
+	halfFull := 299.5 / 30.0
 	for _, c := range []struct {
 		name     string
 		q        headers.Quota
@@ -144,8 +145,12 @@ func TestQuotaPace(t *testing.T) {
 			quotaAt("x-ratelimit", 1, 0, time.Second, true), 1, quotaPace{empty: true}},
 		{"IETF policy with r and t: q/w is the refill rate",
 			ietf, 1, quotaPace{rate: 20, until: now + time.Second, empty: true}},
-		{"OpenAI bucket half full: the refill rate and more",
-			quotaAt("openai", 600, 300, 30*time.Second, false), 1, quotaPace{rate: 10 * (1 + 299.0/600), until: now + time.Minute, spare: true}},
+		{"OpenAI bucket half full: the refill rate (299.5 missing, remaining rounded down, over 30 s) and more",
+			quotaAt("openai", 600, 300, 30*time.Second, false), 1,
+			quotaPace{rate: halfFull * (1 + 299.0/600), until: now + time.Duration(600/halfFull*float64(time.Second)), spare: true}},
+		{"OpenAI bucket one token short: that token over the reset",
+			quotaAt("openai", 600, 599, 100*time.Millisecond, false), 1,
+			quotaPace{rate: 10 * (1 + 598.0/600), until: now + time.Minute, spare: true}},
 		{"window: what remains over the time to the reset, less half a rounded second",
 			quotaAt("github", 5000, 101, 100*time.Second+time.Second/2, true), 2, quotaPace{rate: 1, until: now + 100*time.Second + time.Second/2}},
 		{"window with nothing left stops until the reset",
