@@ -46,6 +46,54 @@ func TestShort(t *testing.T) {
 	}
 }
 
+// TestModelsBesidePeers guards every server model on real loopback: sluice
+// at R beside x/time/rate + 16 slots at R, one after the other in the same
+// test, 8 s runs with the second half measured. Its bounds are ratios
+// between the two, with slack for a loaded runner, never absolute rates:
+// where the pair keeps the limit, sluice serves at least 0.85 of what it
+// serves and refuses at most 2% of its attempts; against a strict server
+// (the pair refused 10% or more), sluice refuses a quarter of the pair's
+// share at most and serves 0.8 of it at least (one refusal costs a
+// second's Retry-After, a quarter of the measured half); during a
+// secondary limit's penalty it sends one request at most.
+func TestModelsBesidePeers(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real-clock runs")
+	}
+	ms, cs, err := selectRuns("", "^(sluice at R|x/time/rate at R)")
+	if err != nil || len(cs) != 2 {
+		t.Fatalf("selectRuns: %d clients, %v", len(cs), err)
+	}
+	cfg := config{d: 8 * time.Second, workers: 32, latency: 20 * time.Millisecond}
+	for _, m := range ms {
+		t.Run(m.name, func(t *testing.T) {
+			s, x := run(t.Context(), cfg, m, cs[0]), run(t.Context(), cfg, m, cs[1])
+			if s.err != nil || x.err != nil || s.attempts == 0 || x.attempts == 0 {
+				t.Fatalf("sluice %+v, x/time/rate %+v", s, x)
+			}
+			t.Logf("sluice at R %v; x/time/rate at R + 16 slots %v", s, x)
+			switch {
+			case m.penalty > 0:
+				if s.inPenalty > 1 {
+					t.Errorf("sluice sent %d in the penalty, want at most 1", s.inPenalty)
+				}
+				if x.inPenalty <= 1 {
+					t.Errorf("x/time/rate sent %d in the penalty: the penalty did not start", x.inPenalty)
+				}
+			case x.refused >= 10:
+				if s.refused > x.refused/4 || s.ratio < 0.8*x.ratio {
+					t.Errorf("strict server: sluice %.2f of R with %.1f%% refused, x/time/rate %.2f with %.1f%%",
+						s.ratio, s.refused, x.ratio, x.refused)
+				}
+			default:
+				if s.refused > 2 || s.ratio < 0.85*x.ratio {
+					t.Errorf("sluice %.2f of R with %.1f%% refused, x/time/rate %.2f", s.ratio, s.refused, x.ratio)
+				}
+			}
+		})
+	}
+}
+
 func TestSelectRuns(t *testing.T) {
 	if _, _, err := selectRuns("no such model", ""); err == nil {
 		t.Error("no error for a regexp that matches no model")
