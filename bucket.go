@@ -119,9 +119,12 @@ func (b *bucket) tokensAt(now time.Duration) float64 {
 func (b *bucket) setRate(now time.Duration, rate float64) {
 	if !math.IsInf(b.rate, 1) {
 		at := now
-		if t := b.tokens; t < b.burst && now > b.last {
-			full := b.last + time.Duration(math.Ceil((b.burst-t)/b.rate*1e9))
-			at = min(at, max(full, b.last))
+		if b.rate > 0 && b.tokens < b.burst && now > b.last {
+			// Compared in seconds: a slow bucket's fill time may not fit
+			// a Duration.
+			if fill := (b.burst - b.tokens) / b.rate; fill < (now - b.last).Seconds() {
+				at = min(now, b.last+time.Duration(math.Ceil(fill*1e9)))
+			}
 		}
 		b.set(at, b.advance(at))
 	} else {

@@ -73,6 +73,32 @@ func TestBucketIgnoresTimeRunningBackwards(t *testing.T) {
 	}
 }
 
+// TestBucketSetRate: a new rate applies from the instant it is set; a
+// bucket that filled before then keeps that instant as its latest (a late
+// grant may be charged then), and one whose rate was 0 or too slow to fill
+// credits nothing before it.
+func TestBucketSetRate(t *testing.T) {
+	const ms = time.Millisecond
+	for _, c := range []struct {
+		name     string
+		rate     float64
+		at       time.Duration // when the rate is set to 100/s
+		last     time.Duration // the bucket's latest time then
+		heldThen float64       // what it holds 5 ms later
+	}{
+		{"filled at 20 ms", 50, 25 * ms, 20 * ms, 1},
+		{"half full", 50, 10 * ms, 10 * ms, 1},
+		{"at rate 0", 0, 25 * ms, 25 * ms, 0.5},
+		{"at a token a year", 1.0 / (365 * 24 * 3600), 25 * ms, 25 * ms, 0.5},
+	} {
+		b := &bucket{rate: c.rate, burst: 1}
+		b.setRate(c.at, 100)
+		if got := b.tokensAt(c.at + 5*ms); b.last != c.last || math.Abs(got-c.heldThen) > 1e-6 {
+			t.Errorf("%s: latest time %v, %v held 5 ms later; want %v and %v", c.name, b.last, got, c.last, c.heldThen)
+		}
+	}
+}
+
 // TestBucketDrain: a drained bucket holds nothing, and refills at its rate.
 func TestBucketDrain(t *testing.T) {
 	t0 := 5 * time.Second

@@ -309,9 +309,9 @@ func (f *feedback) cut(now time.Duration, r refusal) {
 
 // recount follows the refill rate counted from the server's quotas up,
 // when the last cut took an earlier count: a sliding window not yet told
-// apart counts what the lane sent a window before, low after a climb. While the quotas
-// show tokens to spare, the lane may pace a step over the failed rate (see
-// rate), and the count rises with what it sends.
+// apart counts what the lane sent a window before, low after a climb.
+// While the quotas show tokens to spare, the lane may pace a step over the
+// failed rate (see rate), and the count rises with what it sends.
 func (f *feedback) recount() {
 	if !f.counted || !f.spare || f.quota.counts <= f.fail*(1+refillSlack) {
 		return
