@@ -166,7 +166,7 @@ func (p *pacer) takeAll(now time.Duration, late bool) bool {
 // takes a request early by a token's time), and only when the lane's own
 // bucket holds its whole budget.
 func (p *pacer) spaces() bool {
-	return p.fb.fail > 0 && p.fb.quota.limit < 2 && p.local && p.lim != nil && !math.IsInf(p.lim.rate, 1)
+	return p.fb.fail > 0 && !p.fb.quota.statesBurst() && p.local && p.lim != nil && !math.IsInf(p.lim.rate, 1)
 }
 
 // wrote records at now that the request of a grant made at at was written
@@ -221,10 +221,9 @@ func lateLag(rate, safe float64) time.Duration {
 }
 
 // strictPlateau returns the plateau a late grant keeps its spacing from
-// (see lateLag), or 0 where the server states a burst: its bucket or
-// window takes two requests closer than its rate.
+// (see lateLag), or 0 where the server states a burst.
 func (p *pacer) strictPlateau() float64 {
-	if p.fb.quota.limit >= 2 {
+	if p.fb.quota.statesBurst() {
 		return 0
 	}
 	return p.fb.plateau()

@@ -170,9 +170,8 @@ func (m *quotaModel) observe(now, sent time.Duration, q headers.Quota, inFlight 
 	if m.kind == kindSliding {
 		// The count is rounded and lags the requests in flight: two are
 		// kept, which also holds the count under the limit when grants
-		// come a little early or late.
-		// m.limit: the limit stated when the window was told apart, or
-		// since.
+		// come a little early or late. m.limit, not q's: a quota may omit
+		// it.
 		rate := float64(max(m.limit-2, 1)) / m.window.Seconds()
 		return quotaPace{rate: rate, until: now + m.window, told: was != kindSliding}
 	}
@@ -343,6 +342,10 @@ func (m *quotaModel) learn(now time.Duration, q headers.Quota) {
 	}
 	m.runSeen, m.runReset, m.runLeft, m.runMoved = now, reset, q.Remaining, false
 }
+
+// statesBurst reports whether the server's quotas state a limit of two or
+// more: a bucket or window that takes two requests closer than its rate.
+func (m *quotaModel) statesBurst() bool { return m.limit >= 2 }
 
 // refusalWait returns how long a refusal that states q (nothing remains)
 // pauses the lane when it names no Retry-After: until a window's reset, or
