@@ -111,15 +111,17 @@ func (b *bucket) tokensAt(now time.Duration) float64 {
 	return b.advance(now)
 }
 
-// setRate changes the rate from now on. A bucket that filled before now
-// keeps the instant it filled as its latest time: a dispatcher late for a
-// token due then may still charge it then (see takeLate). A lane whose
-// responses change its rate as often as it sends would otherwise lose the
-// lateness of every grant a response comes just before.
+// setRate changes the rate from now on. A bucket that filled before now,
+// set to a rate no higher, keeps the instant it filled as its latest time:
+// a dispatcher late for a token due then may still charge it then (see
+// takeLate). A lane whose responses restate its rate as often as it sends
+// would otherwise lose the lateness of every grant a response comes just
+// before. A higher rate would count from that instant and credit more
+// than the old rate gave before now, beyond rate x T + burst + 1.
 func (b *bucket) setRate(now time.Duration, rate float64) {
 	if !math.IsInf(b.rate, 1) {
 		at := now
-		if b.rate > 0 && b.tokens < b.burst && now > b.last {
+		if b.rate > 0 && rate <= b.rate && b.tokens < b.burst && now > b.last {
 			// Compared in seconds: a slow bucket's fill time may not fit
 			// a Duration.
 			if fill := (b.burst - b.tokens) / b.rate; fill < (now - b.last).Seconds() {

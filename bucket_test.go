@@ -74,25 +74,27 @@ func TestBucketIgnoresTimeRunningBackwards(t *testing.T) {
 }
 
 // TestBucketSetRate: a new rate applies from the instant it is set; a
-// bucket that filled before then keeps that instant as its latest (a late
-// grant may be charged then), and one whose rate was 0 or too slow to fill
-// credits nothing before it.
+// bucket that filled before then, set to a rate no higher, keeps that
+// instant as its latest (a late grant may be charged then); one set higher,
+// or whose rate was 0 or too slow to fill, credits nothing before it.
 func TestBucketSetRate(t *testing.T) {
 	const ms = time.Millisecond
 	for _, c := range []struct {
 		name     string
-		rate     float64
-		at       time.Duration // when the rate is set to 100/s
+		rate, to float64
+		at       time.Duration // when the rate is set to to
 		last     time.Duration // the bucket's latest time then
 		heldThen float64       // what it holds 5 ms later
 	}{
-		{"filled at 20 ms", 50, 25 * ms, 20 * ms, 1},
-		{"half full", 50, 10 * ms, 10 * ms, 1},
-		{"at rate 0", 0, 25 * ms, 25 * ms, 0.5},
-		{"at a token a year", 1.0 / (365 * 24 * 3600), 25 * ms, 25 * ms, 0.5},
+		{"filled at 20 ms, set the same", 50, 50, 25 * ms, 20 * ms, 1},
+		{"filled at 20 ms, set lower", 50, 40, 25 * ms, 20 * ms, 1},
+		{"filled at 20 ms, set higher", 50, 100, 25 * ms, 25 * ms, 1},
+		{"half full", 50, 100, 10 * ms, 10 * ms, 1},
+		{"at rate 0", 0, 100, 25 * ms, 25 * ms, 0.5},
+		{"at a token a year", 1.0 / (365 * 24 * 3600), 100, 25 * ms, 25 * ms, 0.5},
 	} {
 		b := &bucket{rate: c.rate, burst: 1}
-		b.setRate(c.at, 100)
+		b.setRate(c.at, c.to)
 		if got := b.tokensAt(c.at + 5*ms); b.last != c.last || math.Abs(got-c.heldThen) > 1e-6 {
 			t.Errorf("%s: latest time %v, %v held 5 ms later; want %v and %v", c.name, b.last, got, c.last, c.heldThen)
 		}
