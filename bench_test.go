@@ -32,7 +32,7 @@ func (bodyBase) RoundTrip(req *http.Request) (*http.Response, error) {
 // BenchmarkRoundTrip measures sluice's overhead on the fast path (token and
 // slot free, nobody waiting) against the bare base, and against
 // x/time/rate plus x/sync/semaphore composed by hand.
-func BenchmarkRoundTrip(b *testing.B) {
+func BenchmarkRoundTripBases(b *testing.B) {
 	req, _ := http.NewRequest("GET", "http://api.test/", nil)
 	// A request that carries a tenant: what a multi-tenant service sends.
 	treq := req.WithContext(WithTenant(context.Background(), "acme"))

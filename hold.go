@@ -1,0 +1,138 @@
+package sluice
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// A hold is an attempt's token and in-flight slot, from the grant that makes
+// it until it is given back: by Drop if the attempt is not sent, else by
+// Done when the attempt is finished (its response's body done, or at once
+// for a response without one). It also carries what the next attempt of the
+// same request needs (enq), its tenant, its charge to the lane's budgets and
+// whether its latency is measured (see timeNext).
+//
+// Holds are recycled: a request that waits for nothing allocates none. A
+// hold goes back to the pool only from its owner's Done or Drop, and only
+// when nothing else can still reach it (see recycle).
+type hold struct {
+	l             *lane
+	ctx           context.Context // the attempt's
+	enq, start    time.Duration   // on the lane's clock; start: latency is measured from it
+	at            time.Duration   // when it was granted, on the lane's clock
+	wait          time.Duration   // how long this attempt queued for it
+	tn            *tenant
+	ch            *charge // what it cost the lane's budgets
+	timed, spaced bool    // spaced: the lane wants to know when it is written (see lane.traceWrite)
+	status        int     // the response's, once it came
+
+	// out: the caller has the response's body, which gives the hold back
+	// (see body). Only then may the lane give it back when the context
+	// ends: before, the attempt is still the base's.
+	out atomic.Bool
+
+	// Under the lane's lock.
+	done       bool        // the slot went back
+	prev, next *hold       // the lane's list of holds not yet given back
+	stop       func() bool // stops the context watch (see lane.reclaimLocked); nil if none
+	ended      func()      // h.ctxEnded, bound once per hold
+}
+
+var holds = sync.Pool{New: func() any {
+	h := new(hold)
+	h.ended = h.ctxEnded
+	return h
+}}
+
+// holdLocked hands out a hold on l's token and slot, which the caller has
+// taken, granted at at to an attempt of ctx, and puts it on the lane's list.
+func (l *lane) holdLocked(ctx context.Context, tn *tenant, ch *charge, enq, at, wait time.Duration) *hold {
+	h := holds.Get().(*hold)
+	h.l, h.ctx, h.tn, h.ch = l, ctx, tn, ch
+	h.enq, h.start, h.at, h.wait = enq, at, at, wait
+	h.timed, h.spaced = l.timeNextLocked(at), l.pace.spaces()
+	h.next = l.held
+	if l.held != nil {
+		l.held.prev = h
+	}
+	l.held = h
+	return h
+}
+
+// unholdLocked marks h given back and takes it off the lane's list. It
+// reports false if it already was.
+func (l *lane) unholdLocked(h *hold) bool {
+	if h.done {
+		return false
+	}
+	h.done = true
+	if h.prev != nil {
+		h.prev.next = h.next
+	} else {
+		l.held = h.next
+	}
+	if h.next != nil {
+		h.next.prev = h.prev
+	}
+	h.prev, h.next = nil, nil
+	return true
+}
+
+// Done gives back the slot of an attempt that was sent and is finished, with
+// its response's status (0: the base transport failed): the lane counts the
+// response and, if the hold is timed, its latency. The caller owns h no more.
+func (h *hold) Done(status int) { h.finish(status, h.timed) }
+
+// finish is Done, with sample false where the latency is not the server's.
+func (h *hold) finish(status int, sample bool) {
+	if stop, _ := h.l.release(h, status, sample); stop != nil && !stop() {
+		return // the watch has started: it may still read h
+	}
+	*h = hold{ended: h.ended}
+	holds.Put(h)
+}
+
+// Drop gives back the token and the slot of an attempt that was granted but
+// not sent, as if the grant had not been made. The caller owns h no more.
+func (h *hold) Drop() {
+	h.l.refund(h)
+	*h = hold{ended: h.ended}
+	holds.Put(h)
+}
+
+// ctxEnded runs when a watched hold's context ends (see reclaimLocked): the
+// caller has given up on the response, so its slot goes back. Its latency
+// is not a sample: it is the caller's, not the server's. The watch it
+// returns is its own, done.
+func (h *hold) ctxEnded() { h.l.release(h, h.status, false) }
+
+// reclaimLocked gives back the slots of responses whose request's context
+// has ended though their body is not done, and reports whether it gave any
+// back. With watch, it also arms a watch on the context of every other
+// response out, so that its end gives the slot back at once.
+//
+// A response's context is not watched from the start: that would cost two
+// allocations a request, and its slot matters only when someone needs it.
+// The lane reclaims when it reports its state (Stats, forget) and when its
+// dispatcher waits for a slot or a tenant's turn, and watches from then on.
+// A watch that reclaim finds armed stays set: the owner must stop it before
+// the hold can be recycled.
+func (l *lane) reclaimLocked(watch bool) bool {
+	released := false
+	for h := l.held; h != nil; {
+		next := h.next // releaseLocked takes h off the list
+		if h.out.Load() && h.ctx.Done() != nil {
+			if h.ctx.Err() != nil {
+				l.releaseLocked(h, h.status, false, 0)
+				l.backendDone()
+				released = true
+			} else if watch && h.stop == nil {
+				h.stop = context.AfterFunc(h.ctx, h.ended)
+			}
+		}
+		h = next
+	}
+	return released
+}
