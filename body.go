@@ -2,8 +2,6 @@ package sluice
 
 import (
 	"io"
-	"runtime"
-	"sync"
 	"sync/atomic"
 )
 
@@ -21,25 +19,20 @@ type body struct {
 // if the body is collected first, the token's finalizer gives the slot
 // back. Nothing else points to a token in use, and a hold points to no
 // body, so that the lane's list of holds does not keep a dropped body
-// reachable. Tokens are recycled through a pool with their finalizers
-// armed, so that the common case, a body closed or read to EOF, pays
-// neither for setting a finalizer (or runtime.AddCleanup, which also
-// allocates twice) nor for clearing one, which take a runtime-wide lock.
-// A token the pool drops is collected with no hold, and its finalizer does
+// reachable. Tokens are recycled with their holds (see holds), their
+// finalizers armed, so that the common case, a body closed or read to EOF,
+// pays neither for setting a finalizer (or runtime.AddCleanup, which also
+// allocates twice) nor for clearing one, which take a runtime-wide lock. A
+// token the pool drops is collected with no hold, and its finalizer does
 // nothing.
 type leakToken struct{ h atomic.Pointer[hold] }
-
-var leakTokens = sync.Pool{New: func() any {
-	tk := new(leakToken)
-	runtime.SetFinalizer(tk, (*leakToken).collected)
-	return tk
-}}
 
 // wrap returns rc wrapped so that h is given back once, when the first of
 // the ways listed at body happens. The caller owns h no more.
 func wrap(rc io.ReadCloser, h *hold) *body {
 	b := &body{rc: rc}
-	tk := leakTokens.Get().(*leakToken)
+	tk := h.tok
+	h.tok = nil
 	tk.h.Store(h)
 	b.tok.Store(tk)
 	h.out.Store(true)
@@ -68,7 +61,7 @@ func (b *body) finish() {
 		return
 	}
 	h := tk.h.Swap(nil)
-	leakTokens.Put(tk)
+	h.tok = tk // the owner's: the lane's list and watch never touch it
 	h.Done(h.status)
 }
 
@@ -81,11 +74,7 @@ func (tk *leakToken) collected() {
 		return
 	}
 	l := h.l
-	stop, released := l.release(h, h.status, false)
-	if stop != nil {
-		stop()
-	}
-	if released && l.leakWarned.CompareAndSwap(false, true) {
+	if l.release(h, h.status, false, false) && l.leakWarned.CompareAndSwap(false, true) {
 		l.cfg.logger.WarnContext(h.ctx, "sluice: response body not closed; its slot was given back when it was collected (close every response body)",
 			"lane", l.key)
 	}

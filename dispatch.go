@@ -67,7 +67,7 @@ func (l *lane) run(ctx context.Context, own *waiter) {
 		// A slot or a tenant's turn held by a response its caller gave up
 		// on comes back now, and the others are watched from here on (see
 		// reclaimLocked).
-		if (!servable || !l.slot.free()) && l.held != nil && l.reclaimLocked(true) {
+		if (!servable || !l.slot.free()) && len(l.held) > 0 && l.reclaimLocked(true) {
 			l.mu.Unlock()
 			continue
 		}

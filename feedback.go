@@ -413,12 +413,54 @@ func signals(resp *http.Response) bool {
 	case http.StatusTooManyRequests, http.StatusServiceUnavailable, http.StatusForbidden:
 		return true
 	}
-	for k := range resp.Header {
+	return limitHeader(resp.Header)
+}
+
+// limitHeader reports whether h has a field of a rate-limit family.
+func limitHeader(h http.Header) bool {
+	for k := range h {
+		if k == "" || k[0] != 'R' && k[0] != 'X' && k[0] != 'A' {
+			continue // no prefix below starts otherwise
+		}
 		for _, p := range limitHeaderPrefixes {
 			if len(k) >= len(p) && k[:len(p)] == p {
 				return true
 			}
 		}
+	}
+	return false
+}
+
+const (
+	// A lane whose last quietAfter responses had no rate-limit header
+	// looks for one in only one response in quietEvery (a map's range
+	// costs about as much as the rest of a request that waits for
+	// nothing); a refusal's status is always read, and the first header
+	// seen makes it look at every response again. A server that states
+	// its limits states them on every response.
+	quietAfter = 64
+	quietEvery = 16
+)
+
+// reads is signals for a response of l, looking at the headers of only
+// some responses while l's server sends none (see quietAfter).
+func (l *lane) reads(resp *http.Response) bool {
+	switch resp.StatusCode {
+	case http.StatusTooManyRequests, http.StatusServiceUnavailable, http.StatusForbidden:
+		return true
+	}
+	n := l.quiet.Load()
+	if n >= quietAfter && l.quiet.Add(1)%quietEvery != 0 {
+		return false
+	}
+	if limitHeader(resp.Header) {
+		if n != 0 {
+			l.quiet.Store(0)
+		}
+		return true
+	}
+	if n < quietAfter {
+		l.quiet.Add(1)
 	}
 	return false
 }

@@ -2,6 +2,7 @@ package sluice
 
 import (
 	"context"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -34,30 +35,49 @@ type hold struct {
 	out atomic.Bool
 
 	// Under the lane's lock.
-	done       bool        // the slot went back
-	prev, next *hold       // the lane's list of holds not yet given back
-	stop       func() bool // stops the context watch (see lane.reclaimLocked); nil if none
-	ended      func()      // h.ctxEnded, bound once per hold
+	done bool        // the slot went back
+	idx  int         // its index in the lane's held, while not done
+	stop func() bool // stops the context watch (see lane.reclaimLocked); nil if none
+
+	// Kept while the hold is recycled.
+	ended func()     // h.ctxEnded, bound once per hold
+	tok   *leakToken // its body's leak token, while no body has it (see wrap)
 }
 
-var holds = sync.Pool{New: func() any {
-	h := new(hold)
+// holds recycles holds, each with its leak token: a request takes and puts
+// back one object. The pool is shared by the lanes, not kept per lane: a
+// million idle lanes keep no holds.
+var holds sync.Pool
+
+// newHold makes a hold for the pool, with its leak token's finalizer set.
+func newHold() any {
+	h := &hold{tok: new(leakToken)}
 	h.ended = h.ctxEnded
+	runtime.SetFinalizer(h.tok, (*leakToken).collected)
 	return h
-}}
+}
+
+func init() { holds.New = newHold } // set here: the finalizer reaches back to holds
+
+// recycle puts h, given back, in the pool with its leak token, once
+// nothing but its owner can reach it. It drops what h points to outside
+// the hold, so that the pool keeps no request's context or lane alive.
+func (h *hold) recycle() {
+	h.l, h.ctx, h.tn, h.ch = nil, nil, nil, nil
+	holds.Put(h)
+}
 
 // holdLocked hands out a hold on l's token and slot, which the caller has
 // taken, granted at at to an attempt of ctx, and puts it on the lane's list.
 func (l *lane) holdLocked(ctx context.Context, tn *tenant, ch *charge, enq, at, wait time.Duration) *hold {
 	h := holds.Get().(*hold)
 	h.l, h.ctx, h.tn, h.ch = l, ctx, tn, ch
+	h.done = false
+	h.out.Store(false)
 	h.enq, h.start, h.at, h.wait = enq, at, at, wait
 	h.timed, h.spaced = l.timeNextLocked(at), l.pace.spaces()
-	h.next = l.held
-	if l.held != nil {
-		l.held.prev = h
-	}
-	l.held = h
+	h.idx = len(l.held)
+	l.held = append(l.held, h)
 	return h
 }
 
@@ -68,15 +88,13 @@ func (l *lane) unholdLocked(h *hold) bool {
 		return false
 	}
 	h.done = true
-	if h.prev != nil {
-		h.prev.next = h.next
-	} else {
-		l.held = h.next
+	last := len(l.held) - 1
+	if h.idx != last {
+		m := l.held[last]
+		l.held[h.idx], m.idx = m, h.idx
 	}
-	if h.next != nil {
-		h.next.prev = h.prev
-	}
-	h.prev, h.next = nil, nil
+	l.held[last] = nil
+	l.held = l.held[:last]
 	return true
 }
 
@@ -87,26 +105,18 @@ func (h *hold) Done(status int) { h.finish(status, h.timed) }
 
 // finish is Done, with sample false where the latency is not the server's.
 func (h *hold) finish(status int, sample bool) {
-	if stop, _ := h.l.release(h, status, sample); stop != nil && !stop() {
-		return // the watch has started: it may still read h
-	}
-	*h = hold{ended: h.ended}
-	holds.Put(h)
+	h.l.release(h, status, sample, true)
 }
 
 // Drop gives back the token and the slot of an attempt that was granted but
 // not sent, as if the grant had not been made. The caller owns h no more.
-func (h *hold) Drop() {
-	h.l.refund(h)
-	*h = hold{ended: h.ended}
-	holds.Put(h)
-}
+func (h *hold) Drop() { h.l.refund(h) }
 
 // ctxEnded runs when a watched hold's context ends (see reclaimLocked): the
 // caller has given up on the response, so its slot goes back. Its latency
 // is not a sample: it is the caller's, not the server's. The watch it
 // returns is its own, done.
-func (h *hold) ctxEnded() { h.l.release(h, h.status, false) }
+func (h *hold) ctxEnded() { h.l.release(h, h.status, false, false) }
 
 // reclaimLocked gives back the slots of responses whose request's context
 // has ended though their body is not done, and reports whether it gave any
@@ -121,8 +131,9 @@ func (h *hold) ctxEnded() { h.l.release(h, h.status, false) }
 // the hold can be recycled.
 func (l *lane) reclaimLocked(watch bool) bool {
 	released := false
-	for h := l.held; h != nil; {
-		next := h.next // releaseLocked takes h off the list
+	for i := len(l.held) - 1; i >= 0; i-- {
+		// Backwards: releaseLocked moves the last hold to h's index.
+		h := l.held[i]
 		if h.out.Load() && h.ctx.Done() != nil {
 			if h.ctx.Err() != nil {
 				l.releaseLocked(h, h.status, false, 0)
@@ -132,7 +143,6 @@ func (l *lane) reclaimLocked(watch bool) bool {
 				h.stop = context.AfterFunc(h.ctx, h.ended)
 			}
 		}
-		h = next
 	}
 	return released
 }

@@ -44,10 +44,11 @@ type lane struct {
 	// dead: the lane was forgotten (see forget). Set under mu, never
 	// cleared; read without it by lookups, which then make a new lane.
 	dead        atomic.Bool
-	leakWarned  atomic.Bool // a response body was collected unclosed; see leakToken
-	dispatching bool        // a dispatcher goroutine is running
-	stalled     bool        // it waits for a kick: no waiter's tenant is under its cap
-	perToken    bool        // see be; with the flags above, in their padding (TestLaneHeap)
+	leakWarned  atomic.Bool   // a response body was collected unclosed; see leakToken
+	quiet       atomic.Uint32 // responses in a row with no rate-limit header; see reads
+	dispatching bool          // a dispatcher goroutine is running
+	stalled     bool          // it waits for a kick: no waiter's tenant is under its cap
+	perToken    bool          // see be; with the flags above, in their padding (TestLaneHeap)
 	join        bool
 	// kick wakes the dispatcher early; capacity 1. It is made when the
 	// first dispatcher starts, and never changes after: a lane whose
@@ -63,7 +64,7 @@ type lane struct {
 	be Backend
 
 	budgets budgets // see WithBudget
-	held    *hold   // the holds not yet given back (see hold)
+	held    []*hold // the holds not yet given back (see hold)
 
 	levels  [numLevels]levelCounters
 	refused *[numLevels][numReasons]uint64 // early refusals; nil before the first
@@ -359,6 +360,7 @@ func (l *lane) refund(h *hold) {
 	l.wakeLocked()
 	l.mu.Unlock()
 	l.backendDone()
+	h.recycle() // never out: no watch
 }
 
 // chargeOf returns what a request with ctx costs the lane's budgets, nil if
@@ -404,15 +406,17 @@ func (l *lane) adjust(name string, estimate, actual float64) {
 // release gives back h's slot, if it is not yet, for an attempt finished
 // with status (0: the base transport failed): the lane counts the response
 // for feedback and, with sample, feeds its latency to the concurrency
-// controller. It returns h's context watch, if armed, taken off h for the
-// caller to stop (see hold.finish), and whether it gave the slot back.
-func (l *lane) release(h *hold, status int, sample bool) (stop func() bool, released bool) {
+// controller. owner: the caller is h's owner, done with it, and h is
+// recycled unless a context watch may still run (its stop finds it
+// started). It reports whether it gave the slot back.
+func (l *lane) release(h *hold, status int, sample, owner bool) (released bool) {
 	var d time.Duration
 	if sample {
 		d = l.clk.read()
 	}
 	l.mu.Lock()
-	stop, h.stop = h.stop, nil
+	stop := h.stop
+	h.stop = nil
 	released = !h.done
 	if released {
 		l.releaseLocked(h, status, sample, d)
@@ -421,7 +425,14 @@ func (l *lane) release(h *hold, status int, sample bool) (stop func() bool, rele
 	if released {
 		l.backendDone()
 	}
-	return stop, released
+	// The watch is stopped outside the lock: it takes its context's. If
+	// it has started, it may still read h, which is then left to the
+	// garbage collector; if not, the owner's h can be recycled.
+	stopped := stop == nil || stop()
+	if owner && stopped {
+		h.recycle()
+	}
+	return released
 }
 
 // releaseLocked gives back h's slot (see release); d is the clock reading

@@ -180,6 +180,9 @@ func sdkRetries(req *http.Request) bool {
 //   - then the policy (WithRetryPolicy), read as go-retryablehttp's
 //     Client.Do reads it: retry when it says true, whatever its error.
 func (t *Transport) retryable(ctx context.Context, req *http.Request, resp *http.Response, err error) bool {
+	if err == nil && resp.StatusCode > 0 && resp.StatusCode < 400 && t.cfg.checkRetry == nil {
+		return false // most responses: nothing below would retry them
+	}
 	if err != nil && (errors.Is(err, ErrRejected) || errors.Is(err, ErrClosed) || ctx.Err() != nil || permanent(err)) {
 		return false // not sent, the caller gave up, or it would fail again
 	}

@@ -305,7 +305,7 @@ func (t *Transport) refused(ctx context.Context, l *lane, p Priority, n int, err
 // latency sample.
 func (t *Transport) read(ctx context.Context, l *lane, resp *http.Response, p Priority, h *hold) int {
 	status := resp.StatusCode
-	if !signals(resp) {
+	if !l.reads(resp) {
 		l.dropCharge(h.ch)
 		return status
 	}
