@@ -62,7 +62,7 @@ func (b *body) finish() {
 	}
 	h := tk.h.Swap(nil)
 	h.tok = tk // the owner's: the lane's list and watch never touch it
-	h.Done(h.status)
+	h.Done(h.kind)
 }
 
 // collected runs when the token is unreachable: if its body was never done,
@@ -74,7 +74,7 @@ func (tk *leakToken) collected() {
 		return
 	}
 	l := h.l
-	if l.release(h, h.status, false, false) && l.leakWarned.CompareAndSwap(false, true) {
+	if l.release(h, h.kind, false, false) && l.leakWarned.CompareAndSwap(false, true) {
 		l.cfg.logger.WarnContext(h.ctx, "sluice: response body not closed; its slot was given back when it was collected (close every response body)",
 			"lane", l.key)
 	}

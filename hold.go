@@ -6,6 +6,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/sluice-go/sluice/internal/verdict"
 )
 
 // A hold is an attempt's token and in-flight slot, from the grant that makes
@@ -25,9 +27,9 @@ type hold struct {
 	at            time.Duration   // when it was granted, on the lane's clock
 	wait          time.Duration   // how long this attempt queued for it
 	tn            *tenant
-	ch            *charge // what it cost the lane's budgets
-	timed, spaced bool    // spaced: the lane wants to know when it is written (see lane.traceWrite)
-	status        int     // the response's, once it came
+	ch            *charge      // what it cost the lane's budgets
+	timed, spaced bool         // spaced: the lane wants to know when it is written (see lane.traceWrite)
+	kind          verdict.Kind // the response's, once it came
 
 	// out: the caller has the response's body, which gives the hold back
 	// (see body). Only then may the lane give it back when the context
@@ -98,14 +100,14 @@ func (l *lane) unholdLocked(h *hold) bool {
 	return true
 }
 
-// Done gives back the slot of an attempt that was sent and is finished, with
-// its response's status (0: the base transport failed): the lane counts the
-// response and, if the hold is timed, its latency. The caller owns h no more.
-func (h *hold) Done(status int) { h.finish(status, h.timed) }
+// Done gives back the slot of an attempt that was sent and is finished as k
+// (see verdict.Kind): the lane counts the response and, if the hold is
+// timed, its latency. The caller owns h no more.
+func (h *hold) Done(k verdict.Kind) { h.finish(k, h.timed) }
 
 // finish is Done, with sample false where the latency is not the server's.
-func (h *hold) finish(status int, sample bool) {
-	h.l.release(h, status, sample, true)
+func (h *hold) finish(k verdict.Kind, sample bool) {
+	h.l.release(h, k, sample, true)
 }
 
 // Drop gives back the token and the slot of an attempt that was granted but
@@ -116,7 +118,7 @@ func (h *hold) Drop() { h.l.refund(h) }
 // caller has given up on the response, so its slot goes back. Its latency
 // is not a sample: it is the caller's, not the server's. The watch it
 // returns is its own, done.
-func (h *hold) ctxEnded() { h.l.release(h, h.status, false, false) }
+func (h *hold) ctxEnded() { h.l.release(h, h.kind, false, false) }
 
 // reclaimLocked gives back the slots of responses whose request's context
 // has ended though their body is not done, and reports whether it gave any
@@ -136,7 +138,7 @@ func (l *lane) reclaimLocked(watch bool) bool {
 		h := l.held[i]
 		if h.out.Load() && h.ctx.Done() != nil {
 			if h.ctx.Err() != nil {
-				l.releaseLocked(h, h.status, false, 0)
+				l.releaseLocked(h, h.kind, false, 0)
 				l.backendDone()
 				released = true
 			} else if watch && h.stop == nil {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/sluice-go/sluice/internal/headers"
 	"github.com/sluice-go/sluice/internal/stats"
+	"github.com/sluice-go/sluice/internal/verdict"
 )
 
 // A lane is the state behind one key: its pace (see pacer), the wait queue,
@@ -404,12 +405,12 @@ func (l *lane) adjust(name string, estimate, actual float64) {
 }
 
 // release gives back h's slot, if it is not yet, for an attempt finished
-// with status (0: the base transport failed): the lane counts the response
+// as k (see verdict.Kind): the lane counts the response
 // for feedback and, with sample, feeds its latency to the concurrency
 // controller. owner: the caller is h's owner, done with it, and h is
 // recycled unless a context watch may still run (its stop finds it
 // started). It reports whether it gave the slot back.
-func (l *lane) release(h *hold, status int, sample, owner bool) (released bool) {
+func (l *lane) release(h *hold, k verdict.Kind, sample, owner bool) (released bool) {
 	var d time.Duration
 	if sample {
 		d = l.clk.read()
@@ -419,7 +420,7 @@ func (l *lane) release(h *hold, status int, sample, owner bool) (released bool) 
 	h.stop = nil
 	released = !h.done
 	if released {
-		l.releaseLocked(h, status, sample, d)
+		l.releaseLocked(h, k, sample, d)
 	}
 	l.mu.Unlock()
 	if released {
@@ -437,19 +438,19 @@ func (l *lane) release(h *hold, status int, sample, owner bool) (released bool) 
 
 // releaseLocked gives back h's slot (see release); d is the clock reading
 // of a sample, taken before the lock.
-func (l *lane) releaseLocked(h *hold, status int, sample bool, d time.Duration) {
+func (l *lane) releaseLocked(h *hold, k verdict.Kind, sample bool, d time.Duration) {
 	l.unholdLocked(h)
 	if sample {
 		d = l.clk.at(d)
-		l.limitMovedLocked(l.slot.onSample(d, d-h.start, status, l.q.len() > 0, l.currentRateLocked()))
-		l.settleLocked(d, h.start, status)
+		l.limitMovedLocked(l.slot.onSample(d, d-h.start, k, l.q.len() > 0, l.currentRateLocked()))
+		l.settleLocked(d, h.start, k)
 	} else {
 		// Untimed only on a lane busy enough that the latest clock
 		// reading, from a grant, is recent: good enough to count the
 		// response in windows of seconds (see timeNext). Or not a sample
 		// at all: the response was given up by its caller.
-		l.slot.onUntimed(status, l.q.len() > 0)
-		l.settleLocked(l.clk.last, h.start, status)
+		l.slot.onUntimed(k, l.q.len() > 0)
+		l.settleLocked(l.clk.last, h.start, k)
 	}
 	l.q.levels[h.tn.level].finished(h.tn, l.slot.limit)
 	if l.slot.put() && l.q.len() > 0 {
@@ -459,10 +460,9 @@ func (l *lane) releaseLocked(h *hold, status int, sample bool, d time.Duration) 
 
 // observe reads what a response says, when its headers arrive: the attempt
 // was granted at sent, on the lane's clock. It is called only for responses
-// for which signals is true; the parsing happens before the lane's lock is
-// taken. It reports whether the response refused the attempt for its rate
-// (see pacer.observe).
-func (l *lane) observe(ctx context.Context, resp *http.Response, sent time.Duration, p Priority, ch *charge) (throttled bool) {
+// for which reads is true; the parsing happens before the lane's lock is
+// taken. It returns what the attempt was to the server (see verdict).
+func (l *lane) observe(ctx context.Context, resp *http.Response, sent time.Duration, p Priority, ch *charge) verdict.Kind {
 	wall := time.Now()
 	r := readReply(resp, wall, l.cfg.maxRetryAfter)
 	r.sent = sent
@@ -499,7 +499,7 @@ func (l *lane) observe(ctx context.Context, resp *http.Response, sent time.Durat
 		}
 		l.rateChangedLocked(ctx, ev, c.cause)
 	}
-	return c.throttled
+	return c.kind
 }
 
 // cooledLocked logs a cooldown that c began.
@@ -529,9 +529,9 @@ func (l *lane) wrote(at time.Duration) {
 }
 
 // settleLocked counts for the lane's pace an attempt sent at sent that finished
-// at now (both on the lane's clock) with status (see pacer.settle).
-func (l *lane) settleLocked(now, sent time.Duration, status int) {
-	moved, raised := l.pace.settle(now, sent, status)
+// at now (both on the lane's clock) as k (see pacer.settle).
+func (l *lane) settleLocked(now, sent time.Duration, k verdict.Kind) {
+	moved, raised := l.pace.settle(now, sent, k)
 	if raised && l.q.len() > 0 {
 		l.wakeLocked()
 	}

@@ -2,8 +2,9 @@ package sluice
 
 import (
 	"math"
-	"net/http"
 	"time"
+
+	"github.com/sluice-go/sluice/internal/verdict"
 )
 
 // The adaptive limit's constants. Why these values: NOTES.md, "Adaptive
@@ -112,13 +113,13 @@ func (s *limiter) set(n int) limitChange {
 }
 
 // onSample takes the completion at now of a timed attempt that held a slot
-// (counted in inUse) for latency and ended with status (0: the transport
-// failed). waiting says whether requests wait for the lane; rate is its
-// rate, 0 if not paced. It returns what became of the limit. Refusals (429,
-// 503) and transport errors are not samples and change nothing.
-func (s *limiter) onSample(now, latency time.Duration, status int, waiting bool, rate float64) limitChange {
-	switch status {
-	case 0, http.StatusTooManyRequests, http.StatusServiceUnavailable:
+// (counted in inUse) for latency and ended as k. waiting says whether
+// requests wait for the lane; rate is its rate, 0 if not paced. It returns
+// what became of the limit. What is not the server's work (a refusal, an
+// overload, a transport error; see verdict.Kind.Sample) is no sample and
+// changes nothing.
+func (s *limiter) onSample(now, latency time.Duration, k verdict.Kind, waiting bool, rate float64) limitChange {
+	if !k.Sample() {
 		return limitChange{from: s.limit, to: s.limit}
 	}
 	x := max(latency.Seconds(), 0)
@@ -148,9 +149,8 @@ func (s *limiter) onSample(now, latency time.Duration, status int, waiting bool,
 // lane.timeNext), with the arguments of onSample: it counts toward the
 // window's completion rate and binding check, which must see every
 // completion.
-func (s *limiter) onUntimed(status int, waiting bool) {
-	switch status {
-	case 0, http.StatusTooManyRequests, http.StatusServiceUnavailable:
+func (s *limiter) onUntimed(k verdict.Kind, waiting bool) {
+	if !k.Sample() {
 		return
 	}
 	if !s.started {

@@ -8,6 +8,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/sluice-go/sluice/internal/verdict"
 )
 
 // Transport is an http.RoundTripper that paces and orders requests before
@@ -266,20 +268,20 @@ func (t *Transport) attempt(l *lane, req *http.Request, p Priority, enq time.Dur
 	resp, err := t.send(l, req, h)
 	if err != nil || resp == nil {
 		l.dropCharge(h.ch)
-		h.Done(0)
+		h.Done(verdict.Failed)
 		if err == nil {
 			err = errNilResponse
 		}
 		return nil, enq, err
 	}
-	h.status = t.read(ctx, l, resp, p, h)
+	h.kind = t.read(ctx, l, resp, p, h)
 	// A protocol switch keeps the connection for as long as it lives; it is
 	// not a request in flight, and its body must stay writable. A stream
 	// (see HoldStream) is done with the server's work when its headers
 	// come: its slot goes back, and its latency is the time to them.
 	if resp.StatusCode == http.StatusSwitchingProtocols || resp.Body == nil || resp.Body == http.NoBody ||
 		isStream(resp) && !holdsStream(ctx) {
-		h.Done(h.status)
+		h.Done(h.kind)
 		return resp, enq, nil
 	}
 	resp.Body = wrap(resp.Body, h)
@@ -299,23 +301,19 @@ func (t *Transport) refused(ctx context.Context, l *lane, p Priority, n int, err
 	}
 }
 
-// read passes what resp says about limits to l, and returns the status the
-// lane learns from when the attempt is done: a refusal for the rate in
-// another form (GitHub's 403) counts as a 429, neither accepted nor a
-// latency sample.
-func (t *Transport) read(ctx context.Context, l *lane, resp *http.Response, p Priority, h *hold) int {
-	status := resp.StatusCode
+// read passes what resp says about limits to l, and returns what the
+// attempt was to the server (see verdict), which the lane learns from when
+// the attempt is done.
+func (t *Transport) read(ctx context.Context, l *lane, resp *http.Response, p Priority, h *hold) verdict.Kind {
 	if !l.reads(resp) {
 		l.dropCharge(h.ch)
-		return status
+		return verdict.Of(resp.StatusCode)
 	}
-	if l.observe(ctx, resp, h.at, p, h.ch) {
-		status = http.StatusTooManyRequests
-	}
+	k := l.observe(ctx, resp, h.at, p, h.ch)
 	if l.be != nil {
 		l.shareCooldown()
 	}
-	return status
+	return k
 }
 
 // send hands req to the base, with a trace of its write if the lane wants
@@ -329,7 +327,7 @@ func (t *Transport) send(l *lane, req *http.Request, h *hold) (*http.Response, e
 	returned := false
 	defer func() {
 		if !returned {
-			h.finish(0, false)
+			h.finish(verdict.Failed, false)
 		}
 	}()
 	resp, err := t.baseRT().RoundTrip(sent)
