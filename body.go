@@ -6,7 +6,8 @@ import (
 )
 
 // body gives its attempt's hold back when it is read to EOF, fails a read
-// or is closed, whichever comes first; when the request's context ends (see
+// or is closed, whichever comes first; when the request's context has ended
+// and the lane needs the slot or reports its state (see
 // lane.reclaimLocked); or, as a last resort, when it is collected unclosed
 // (see leakToken). body is the one allocation sluice adds to a request that
 // waits for nothing.
@@ -36,6 +37,9 @@ func wrap(rc io.ReadCloser, h *hold) *body {
 	tk.h.Store(h)
 	b.tok.Store(tk)
 	h.out.Store(true)
+	if l := h.l; l.watching.Load() {
+		l.watch(h)
+	}
 	return b
 }
 

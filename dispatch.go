@@ -39,6 +39,7 @@ func (l *lane) run(ctx context.Context, own *waiter) {
 		l.mu.Lock()
 		if l.q.len() == 0 {
 			l.dispatching = false
+			l.watching.Store(false)
 			l.mu.Unlock()
 			return
 		}
@@ -67,7 +68,7 @@ func (l *lane) run(ctx context.Context, own *waiter) {
 		// A slot or a tenant's turn held by a response its caller gave up
 		// on comes back now, and the others are watched from here on (see
 		// reclaimLocked).
-		if (!servable || !l.slot.free()) && len(l.held) > 0 && l.reclaimLocked(true) {
+		if (!servable || !l.slot.free()) && !l.watching.Load() && len(l.held) > 0 && l.reclaimLocked(true) {
 			l.mu.Unlock()
 			continue
 		}
@@ -150,7 +151,7 @@ func (l *lane) grantLocked(now time.Duration, w *waiter, err error) {
 	} else {
 		l.q.levels[w.level].started(w.tn, l.slot.limit)
 		l.grantedLocked(now, w.level, w.first, now-w.start)
-		w.h = l.holdLocked(w.ctx, w.tn, w.charge, w.enq, now, now-w.start)
+		w.h = l.holdLocked(w.ctx, w.tn, w.charge, now, now-w.start)
 	}
 	close(w.ready)
 }

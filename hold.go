@@ -13,9 +13,8 @@ import (
 // A hold is an attempt's token and in-flight slot, from the grant that makes
 // it until it is given back: by Drop if the attempt is not sent, else by
 // Done when the attempt is finished (its response's body done, or at once
-// for a response without one). It also carries what the next attempt of the
-// same request needs (enq), its tenant, its charge to the lane's budgets and
-// whether its latency is measured (see timeNext).
+// for a response without one). It also carries its tenant, its charge to
+// the lane's budgets and whether its latency is measured (see timeNext).
 //
 // Holds are recycled: a request that waits for nothing allocates none. A
 // hold goes back to the pool only from its owner's Done or Drop, and only
@@ -23,7 +22,7 @@ import (
 type hold struct {
 	l             *lane
 	ctx           context.Context // the attempt's
-	enq, start    time.Duration   // on the lane's clock; start: latency is measured from it
+	start         time.Duration   // on the lane's clock: latency is measured from it
 	at            time.Duration   // when it was granted, on the lane's clock
 	wait          time.Duration   // how long this attempt queued for it
 	tn            *tenant
@@ -71,12 +70,12 @@ func (h *hold) recycle() {
 
 // holdLocked hands out a hold on l's token and slot, which the caller has
 // taken, granted at at to an attempt of ctx, and puts it on the lane's list.
-func (l *lane) holdLocked(ctx context.Context, tn *tenant, ch *charge, enq, at, wait time.Duration) *hold {
+func (l *lane) holdLocked(ctx context.Context, tn *tenant, ch *charge, at, wait time.Duration) *hold {
 	h := holds.Get().(*hold)
 	h.l, h.ctx, h.tn, h.ch = l, ctx, tn, ch
 	h.done = false
 	h.out.Store(false)
-	h.enq, h.start, h.at, h.wait = enq, at, at, wait
+	h.start, h.at, h.wait = at, at, wait
 	h.timed, h.spaced = l.timeNextLocked(at), l.pace.spaces()
 	h.idx = len(l.held)
 	l.held = append(l.held, h)
@@ -116,8 +115,7 @@ func (h *hold) Drop() { h.l.refund(h) }
 
 // ctxEnded runs when a watched hold's context ends (see reclaimLocked): the
 // caller has given up on the response, so its slot goes back. Its latency
-// is not a sample: it is the caller's, not the server's. The watch it
-// returns is its own, done.
+// is not a sample: it is the caller's, not the server's.
 func (h *hold) ctxEnded() { h.l.release(h, h.kind, false, false) }
 
 // reclaimLocked gives back the slots of responses whose request's context
@@ -130,9 +128,14 @@ func (h *hold) ctxEnded() { h.l.release(h, h.kind, false, false) }
 // The lane reclaims when it reports its state (Stats, forget) and when its
 // dispatcher waits for a slot or a tenant's turn, and watches from then on.
 // A watch that reclaim finds armed stays set: the owner must stop it before
-// the hold can be recycled.
+// the hold can be recycled. While the lane is watching (until its
+// dispatcher exits), a response that goes out is watched at once (see
+// wrap): the dispatcher reclaims once, when it starts waiting.
 func (l *lane) reclaimLocked(watch bool) bool {
 	released := false
+	if watch {
+		l.watching.Store(true) // before out is read: see wrap
+	}
 	for i := len(l.held) - 1; i >= 0; i-- {
 		// Backwards: releaseLocked moves the last hold to h's index.
 		h := l.held[i]
@@ -147,4 +150,14 @@ func (l *lane) reclaimLocked(watch bool) bool {
 		}
 	}
 	return released
+}
+
+// watch arms h's context watch, for a lane whose dispatcher needs the slots
+// back, if h is not given back nor watched yet and its context can end.
+func (l *lane) watch(h *hold) {
+	l.mu.Lock()
+	if !h.done && h.stop == nil && h.ctx.Done() != nil {
+		h.stop = context.AfterFunc(h.ctx, h.ended)
+	}
+	l.mu.Unlock()
 }

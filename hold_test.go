@@ -108,3 +108,106 @@ func TestWatchedBodyClosed(t *testing.T) {
 		}
 	})
 }
+
+// TestContextEndAfterWaiterQueued: the waiter queues while the only
+// slot's attempt is still at the base (its hold not yet out, so the
+// dispatcher's reclaim arms no watch on it). The response then comes, its
+// caller cancels the context and keeps the body. The waiter must be served.
+func TestContextEndAfterWaiterQueued(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr := mustNew(t, &fakeBase{latency: time.Second}, WithConcurrency(1, 1))
+		ctx, cancel := context.WithCancel(t.Context())
+		type res struct {
+			resp *http.Response
+			err  error
+		}
+		got := make(chan res, 1)
+		go func() {
+			req, _ := http.NewRequestWithContext(ctx, "GET", "http://api.test/", nil)
+			resp, err := tr.RoundTrip(req)
+			got <- res{resp, err}
+		}()
+		synctest.Wait() // A is at the base
+		done := make(chan error, 1)
+		go func() { done <- get(t.Context(), tr, "") }()
+		synctest.Wait() // B waits for the slot; its dispatcher sleeps for a kick
+		r := <-got      // A's response comes at 1s
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		cancel() // A's caller gives up on the response, body unread
+		synctest.Wait()
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatal(err)
+			}
+		default:
+			t.Error("the abandoned response's context ended a minute ago and the waiter still waits")
+			s, _ := tr.LaneStats("api.test") // reclaims: frees the waiter
+			t.Logf("stats: in flight %d", s.InFlight)
+			synctest.Wait()
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+		}
+		r.resp.Body.Close()
+	})
+}
+
+// TestGrantedThenAbandoned: with one slot and two waiters, the
+// dispatcher grants the first waiter (B) and goes on waiting for a slot for
+// the second (C). B's response comes, its caller gives up on it. C must be
+// served; with a Backend too (the dispatcher on a goroutine of its own).
+func TestGrantedThenAbandoned(t *testing.T) {
+	for _, name := range []string{"local", "backend"} {
+		t.Run(name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				opts := []Option{WithConcurrency(1, 1)}
+				if name == "backend" {
+					opts = append(opts, WithBackend(newMemBackend()))
+				}
+				tr := mustNew(t, &fakeBase{latency: time.Second}, opts...)
+				first := make(chan error, 1)
+				go func() { first <- get(t.Context(), tr, "") }() // A: holds the slot for 1s
+				synctest.Wait()
+				bctx, bcancel := context.WithCancel(t.Context())
+				bresp := make(chan *http.Response, 1)
+				go func() {
+					req, _ := http.NewRequestWithContext(bctx, "GET", "http://api.test/", nil)
+					resp, err := tr.RoundTrip(req)
+					if err != nil {
+						t.Error(err)
+					}
+					bresp <- resp
+				}()
+				synctest.Wait()
+				done := make(chan error, 1)
+				go func() { done <- get(t.Context(), tr, "") }() // C
+				synctest.Wait()
+				if err := <-first; err != nil {
+					t.Fatal(err)
+				}
+				resp := <-bresp // B's response at 2s
+				bcancel()       // B gives up on it
+				time.Sleep(time.Minute)
+				synctest.Wait()
+				select {
+				case err := <-done:
+					if err != nil {
+						t.Fatal(err)
+					}
+				default:
+					t.Error("B's context ended a minute ago and C still waits for its slot")
+					tr.Stats() // reclaims
+					synctest.Wait()
+					<-done
+				}
+				resp.Body.Close()
+				synctest.Wait()
+			})
+		})
+	}
+}

@@ -49,8 +49,11 @@ type lane struct {
 	quiet       atomic.Uint32 // responses in a row with no rate-limit header; see reads
 	dispatching bool          // a dispatcher goroutine is running
 	stalled     bool          // it waits for a kick: no waiter's tenant is under its cap
-	perToken    bool          // see be; with the flags above, in their padding (TestLaneHeap)
-	join        bool
+	// watching: a dispatcher needs the slots back (see reclaimLocked); a
+	// response that goes out meanwhile is watched at once (see wrap).
+	watching atomic.Bool
+	perToken bool // see be; with the flags above, in their padding (TestLaneHeap)
+	join     bool
 	// kick wakes the dispatcher early; capacity 1. It is made when the
 	// first dispatcher starts, and never changes after: a lane whose
 	// requests never wait does without.
@@ -178,7 +181,7 @@ func (l *lane) acquire(ctx context.Context, p Priority, enq time.Duration) (*hol
 		l.joinLocked()
 	}
 	tn := l.q.levels[p].tenant(id)
-	if h := l.tryGrantLocked(ctx, p, tn, ch, enq, now, first); h != nil {
+	if h := l.tryGrantLocked(ctx, p, tn, ch, now, first); h != nil {
 		l.mu.Unlock()
 		return h, enq, nil
 	}
@@ -206,7 +209,7 @@ func (l *lane) usableLocked() error {
 // the tenant under its cap. It grants at now with no goroutine hand-off,
 // or returns nil. Taking tokens from a Backend, every token is a call to
 // it, which must not be made under mu: the dispatcher makes it.
-func (l *lane) tryGrantLocked(ctx context.Context, p Priority, tn *tenant, ch *charge, enq, now time.Duration, first bool) *hold {
+func (l *lane) tryGrantLocked(ctx context.Context, p Priority, tn *tenant, ch *charge, now time.Duration, first bool) *hold {
 	lv := &l.q.levels[p]
 	if l.perToken || l.q.len() > 0 || tn.inFlight >= lv.capOf(l.slot.limit) || !l.tryTakeLocked(now, false, ch) {
 		return nil
@@ -215,7 +218,7 @@ func (l *lane) tryGrantLocked(ctx context.Context, p Priority, tn *tenant, ch *c
 	l.grantedLocked(now, p, first, 0)
 	// The grant time is the send time, give or take the few nanoseconds
 	// until the caller sends: no clock read is needed.
-	return l.holdLocked(ctx, tn, ch, enq, now, 0)
+	return l.holdLocked(ctx, tn, ch, now, 0)
 }
 
 // enqueueLocked queues an attempt that cannot be granted at once, unless
@@ -440,6 +443,13 @@ func (l *lane) release(h *hold, k verdict.Kind, sample, owner bool) (released bo
 // of a sample, taken before the lock.
 func (l *lane) releaseLocked(h *hold, k verdict.Kind, sample bool, d time.Duration) {
 	l.unholdLocked(h)
+	if k == verdict.Overloaded {
+		now := l.clk.last
+		if sample {
+			now = l.clk.at(d)
+		}
+		l.limitMovedLocked(l.slot.onOverload(now))
+	}
 	if sample {
 		d = l.clk.at(d)
 		l.limitMovedLocked(l.slot.onSample(d, d-h.start, k, l.q.len() > 0, l.currentRateLocked()))

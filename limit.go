@@ -66,6 +66,11 @@ type limiter struct {
 	cap      int // cap on the limit from the gradient; 0: none
 	knee     int // the upstream's capacity in calls, estimated by the last cut
 	sinceCut int // windows since the last cut, from 1; 0: none yet
+
+	// over caps the limit after the server answered overloaded (see
+	// onOverload); 0: no cap. overAt is when it was last cut.
+	over   int
+	overAt time.Duration
 }
 
 // newLimiter returns the limiter of a lane whose limit stays within [lo,
@@ -145,6 +150,22 @@ func (s *limiter) onSample(now, latency time.Duration, k verdict.Kind, waiting b
 	return ch
 }
 
+// onOverload takes an attempt the server answered at now as overloaded
+// (see verdict.Overloaded): such answers come fast for want of work, so
+// they are no latency samples, and what they say is that less must be in
+// flight. The limit is cut to backoff times what is in flight, at most once
+// a smoothed latency (the overloads of one round of calls are one signal),
+// and capped there; windows of samples without overload raise the cap by a
+// quarter each (see endWindow) until it no longer binds.
+func (s *limiter) onOverload(now time.Duration) limitChange {
+	if s.over > 0 && now-s.overAt < max(secs(s.w), time.Millisecond) {
+		return limitChange{from: s.limit, to: s.limit}
+	}
+	s.over = max(s.min, min(s.limit, int(backoff*float64(s.inUse))))
+	s.overAt = now
+	return s.set(s.over)
+}
+
 // onUntimed takes the completion of an attempt that was not timed (see
 // lane.timeNext), with the arguments of onSample: it counts toward the
 // window's completion rate and binding check, which must see every
@@ -174,6 +195,9 @@ func (s *limiter) target(rate float64) int {
 		if s.cap == 0 { // the rate has gone: hold the limit, then move it by the gradient
 			s.cap = s.limit
 		}
+		if s.over > 0 {
+			return min(s.cap, s.over)
+		}
 		return s.cap
 	}
 	n := s.max
@@ -182,6 +206,9 @@ func (s *limiter) target(rate float64) int {
 	}
 	if s.cap > 0 {
 		n = min(n, s.cap)
+	}
+	if s.over > 0 {
+		n = min(n, s.over)
 	}
 	return n
 }
@@ -201,6 +228,13 @@ func (s *limiter) endWindow(now time.Duration, r float64) finding {
 	var f finding
 	if s.sinceCut > 0 {
 		s.sinceCut++
+	}
+	if s.over > 0 && now-s.overAt >= now-s.start {
+		// A window without overload: the cap grows back, and goes once
+		// it no longer binds.
+		if s.over += max(1, s.over/4); s.over >= s.max {
+			s.over = 0
+		}
 	}
 	switch {
 	case !elevated:

@@ -215,10 +215,13 @@ var (
 // could not be served in time, or the base transport's error.
 //
 // The in-flight slot is held until the response body is read to EOF, fails
-// a read or is closed, or the request's context ends; callers must close
-// response bodies, as net/http requires. As a last resort, a body that is
-// dropped unclosed gives its slot back when the garbage collector finds it
-// unreachable, and the lane logs a warning (once) naming the cause.
+// a read or is closed; callers must close response bodies, as net/http
+// requires. A response whose request's context ends first gives its slot
+// back once the slot is wanted: at once if a request waits for one, else
+// when the lane next reports its state (Stats) or is forgotten. As a last
+// resort, a body that is dropped unclosed gives its slot back when the
+// garbage collector finds it unreachable, and the lane logs a warning
+// (once) naming the cause.
 //
 // A base that returns a nil response and a nil error gives its slot back and
 // becomes an error. A base that panics gives its slot back, and the panic
