@@ -227,7 +227,7 @@ func (l *lane) grant(s Share) {
 		l.slot.leased = s.InFlight + 1
 	}
 	if !s.Cool.IsZero() {
-		l.cooledLocked(l.pace.cool(now, l.clk.ticks(s.Cool), "a cooldown shared by another process"))
+		l.cooledLocked(context.Background(), l.pace.cool(now, l.clk.ticks(s.Cool), "a cooldown shared by another process"))
 	}
 	l.wakeLocked()
 }

@@ -448,7 +448,11 @@ func (l *lane) releaseLocked(h *hold, k verdict.Kind, sample bool, d time.Durati
 		if sample {
 			now = l.clk.at(d)
 		}
-		l.limitMovedLocked(l.slot.onOverload(now))
+		ch := l.slot.onOverload(now, h.start)
+		l.limitMovedLocked(ch)
+		if ch.pause > 0 {
+			l.cooledLocked(context.Background(), l.pace.cool(now, now+ch.pause, "overloaded"))
+		}
 	}
 	if sample {
 		d = l.clk.at(d)
@@ -498,24 +502,25 @@ func (l *lane) observe(ctx context.Context, resp *http.Response, sent time.Durat
 	if c.refused && ev != nil {
 		ev.push(ctx, Event{Kind: EventThrottled, Lane: l.key, Priority: p, Tenant: TenantFrom(ctx), Status: r.status})
 	}
-	l.cooledLocked(c.cool)
+	l.cooledLocked(ctx, c.cool)
 	if c.raised && l.q.len() > 0 {
 		l.wakeLocked()
 	}
 	if ev != nil {
-		if c.cool.extended {
-			ev.push(ctx, Event{Kind: EventCooldown, Lane: l.key, Until: l.clk.timeOf(c.cool.until),
-				Wait: c.cool.until - l.clk.last, Cause: c.cool.why})
-		}
 		l.rateChangedLocked(ctx, ev, c.cause)
 	}
 	return c.kind
 }
 
-// cooledLocked logs a cooldown that c began.
-func (l *lane) cooledLocked(c coolChange) {
+// cooledLocked logs a cooldown that c began, and tells the Observers of one
+// it extended.
+func (l *lane) cooledLocked(ctx context.Context, c coolChange) {
 	if c.fresh {
 		l.cfg.logger.Info("sluice: lane cooling down", "lane", l.key, "for", (c.until - l.clk.last).Round(time.Millisecond), "why", c.why)
+	}
+	if ev := l.cfg.events; ev != nil && c.extended {
+		ev.push(ctx, Event{Kind: EventCooldown, Lane: l.key, Until: l.clk.timeOf(c.until),
+			Wait: c.until - l.clk.last, Cause: c.why})
 	}
 }
 

@@ -25,6 +25,11 @@ const (
 	rateShort       = 0.9  // a paced lane completing under this share of its rate is short of it
 	backoff         = 0.75 // a cut goes this far under the upstream's estimated capacity
 	initialUnpaced  = 4    // the first limit of a lane with no rate
+
+	// An overload at the limit's floor pauses the lane: for the first
+	// pause, then twice as long at each in a row, up to the last.
+	firstOverloadPause = 50 * time.Millisecond
+	lastOverloadPause  = 5 * time.Second
 )
 
 // limiter is a lane's in-flight limit: its slots and the controller that
@@ -71,6 +76,7 @@ type limiter struct {
 	// onOverload); 0: no cap. overAt is when it was last cut.
 	over   int
 	overAt time.Duration
+	pause  time.Duration // the next overload pause; 0: firstOverloadPause
 }
 
 // newLimiter returns the limiter of a lane whose limit stays within [lo,
@@ -91,6 +97,7 @@ func newLimiter(lo, hi int, paced bool) limiter {
 type limitChange struct {
 	from, to int
 	found    finding
+	pause    time.Duration // the lane should send nothing for this long
 }
 
 // A finding is what a closed window concluded; the zero value is none worth
@@ -127,6 +134,7 @@ func (s *limiter) onSample(now, latency time.Duration, k verdict.Kind, waiting b
 	if !k.Sample() {
 		return limitChange{from: s.limit, to: s.limit}
 	}
+	s.pause = 0
 	x := max(latency.Seconds(), 0)
 	if !s.started {
 		// RFC 6298's start: the deviation is unknown, assume it large.
@@ -150,20 +158,32 @@ func (s *limiter) onSample(now, latency time.Duration, k verdict.Kind, waiting b
 	return ch
 }
 
-// onOverload takes an attempt the server answered at now as overloaded
-// (see verdict.Overloaded): such answers come fast for want of work, so
-// they are no latency samples, and what they say is that less must be in
-// flight. The limit is cut to backoff times what is in flight, at most once
-// a smoothed latency (the overloads of one round of calls are one signal),
-// and capped there; windows of samples without overload raise the cap by a
-// quarter each (see endWindow) until it no longer binds.
-func (s *limiter) onOverload(now time.Duration) limitChange {
-	if s.over > 0 && now-s.overAt < max(secs(s.w), time.Millisecond) {
+// onOverload takes an attempt sent at sent that the server answered at now
+// as overloaded (see verdict.Overloaded): such answers come fast for want
+// of work, so they are no latency samples, and what they say is that less
+// must be in flight. The limit is cut to backoff times what is in flight,
+// and capped there; an attempt sent before the last cut says nothing of
+// it (the overloads of one round of calls are one signal). Windows of
+// samples without overload raise the cap by a quarter each (see endWindow)
+// until it no longer binds.
+//
+// At the limit's floor, a cut can do no more, and answers that come fast
+// would let even one call in flight send thousands a second: the lane is
+// paused instead, from firstOverloadPause, twice as long at each overload
+// in a row, until a sample says the server works again.
+func (s *limiter) onOverload(now, sent time.Duration) limitChange {
+	if s.over > 0 && sent < s.overAt {
 		return limitChange{from: s.limit, to: s.limit}
 	}
+	floor := s.limit <= s.min
 	s.over = max(s.min, min(s.limit, int(backoff*float64(s.inUse))))
 	s.overAt = now
-	return s.set(s.over)
+	ch := s.set(s.over)
+	if floor {
+		ch.pause = max(s.pause, firstOverloadPause)
+		s.pause = min(2*ch.pause, lastOverloadPause)
+	}
+	return ch
 }
 
 // onUntimed takes the completion of an attempt that was not timed (see
