@@ -24,7 +24,7 @@ import (
 )
 
 // Provenance returns the line that says where and when the figures were
-// measured: the commit (with "-dirty" when the work tree has changes), the
+// measured: the commit (with "-dirty" when the code has changes), the
 // Go version, GOOS/GOARCH, the CPU count and the date in UTC.
 func Provenance() string {
 	return fmt.Sprintf("Commit %s, %s %s/%s, %d CPUs, %s.",
@@ -33,14 +33,17 @@ func Provenance() string {
 }
 
 // commit returns the short hash of HEAD, or "unknown" outside a git
-// checkout.
+// checkout. It adds "-dirty" when a file that can change a figure (Go
+// source, a module file, a Lua script) differs from HEAD; documents do not
+// count, so that splicing one result into the README does not mark the
+// next.
 func commit() string {
 	out, err := exec.Command("git", "rev-parse", "--short", "HEAD").Output()
 	if err != nil {
 		return "unknown"
 	}
 	c := strings.TrimSpace(string(out))
-	if st, err := exec.Command("git", "status", "--porcelain", "--untracked-files=no").Output(); err == nil && len(bytes.TrimSpace(st)) > 0 {
+	if st, err := exec.Command("git", "status", "--porcelain", "--untracked-files=no", "--", "*.go", "*.mod", "*.sum", "*.lua").Output(); err == nil && len(bytes.TrimSpace(st)) > 0 {
 		c += "-dirty"
 	}
 	return c
