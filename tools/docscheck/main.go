@@ -5,6 +5,7 @@
 //     history (rounds of work, before/now columns, tracker numbers,
 //     anecdotes of one machine) and point at no file outside the
 //     repository;
+//   - every relative link in them leads to a file of the repository;
 //   - README.md is at most -readme-lines lines long;
 //   - every exported identifier in every module's non-test, non-internal,
 //     non-example Go code has a doc comment;
@@ -68,6 +69,10 @@ func main() {
 		os.Exit(2)
 	}
 	for _, path := range docs {
+		if err := checkLinks(path, report); err != nil {
+			fmt.Fprintln(os.Stderr, "docscheck:", err)
+			os.Exit(2)
+		}
 		if err := checkHistory(path, report); err != nil {
 			fmt.Fprintln(os.Stderr, "docscheck:", err)
 			os.Exit(2)
@@ -139,6 +144,30 @@ func checkHistory(path string, report func(string, ...any)) error {
 		}
 	}
 	return sc.Err()
+}
+
+// link matches a markdown link's target.
+var link = regexp.MustCompile(`\]\(([^)\s]+)\)`)
+
+// checkLinks reports every relative link of the markdown file at path
+// whose file does not exist.
+func checkLinks(path string, report func(string, ...any)) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	for n, line := range strings.Split(string(b), "\n") {
+		for _, m := range link.FindAllStringSubmatch(line, -1) {
+			target, _, _ := strings.Cut(m[1], "#")
+			if target == "" || strings.Contains(target, "://") || strings.HasPrefix(target, "mailto:") {
+				continue
+			}
+			if _, err := os.Stat(filepath.Join(filepath.Dir(path), target)); err != nil {
+				report("%s:%d: link to %s: no such file", path, n+1, target)
+			}
+		}
+	}
+	return nil
 }
 
 func countLines(path string) (int, error) {

@@ -168,3 +168,22 @@ func TestModules(t *testing.T) {
 		t.Errorf("modules: %q", got)
 	}
 }
+
+func TestCheckLinks(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "there.md"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	doc := filepath.Join(dir, "doc.md")
+	src := "[a](there.md) [b](there.md#x) [c](#local) [d](https://example.com/x) [e](gone.md)\n"
+	if err := os.WriteFile(doc, []byte(src), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	if err := checkLinks(doc, func(format string, args ...any) { got = append(got, fmt.Sprintf(format, args...)) }); err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 || !strings.Contains(got[0], "link to gone.md") {
+		t.Errorf("findings: %q", got)
+	}
+}
