@@ -16,8 +16,8 @@ import (
 // quotas show tokens to spare (see feedback.rate). A 429
 // cuts the throttle rate (see feedback.cut), which then climbs back over
 // time (see feedback.grow); a refusal also sets a cooldown, before which
-// nothing is sent. The rules and the measurements behind them: NOTES.md,
-// "Throttle rate".
+// nothing is sent. The rules and why: docs/design.md,
+// "Feedback from 429s".
 const (
 	throttleCut       = 0.8 // cut when nothing tells r_f from the pace
 	throttleCutKnown  = 0.9 // cut from a known r_f

@@ -7,7 +7,7 @@ import (
 	"github.com/sluice-go/sluice/internal/verdict"
 )
 
-// The adaptive limit's constants. Why these values: NOTES.md, "Adaptive
+// The adaptive limit's constants. Why these values: docs/design.md, "The
 // in-flight limit".
 const (
 	littleMargin = 0.1     // share added to λ·W + devWeight·sqrt(λ·D)
@@ -41,7 +41,7 @@ const (
 // the controller sets when latency rises above a no-load baseline while the
 // completion rate stays flat (the upstream queues what the lane sends). An
 // unpaced lane's limit is that cap alone, from initialUnpaced. The limit
-// stays within the bounds given to newLimiter. See NOTES.md, "Adaptive
+// stays within the bounds given to newLimiter. See docs/design.md, "The
 // in-flight limit".
 //
 // Times are on the lane's clock. A limiter is not safe for concurrent use

@@ -35,8 +35,8 @@ const (
 	// storm from multiplying load on a failing upstream; the 10 lets a quiet
 	// lane still retry.
 	DefaultRetryRatio = 0.2
-	DefaultRetryMin   = 10
-	RetryBudgetWindow = 10 * time.Second
+	DefaultRetryMin   = 10               // see DefaultRetryRatio
+	RetryBudgetWindow = 10 * time.Second // the window a retry budget counts over
 )
 
 // retryBudget counts first attempts and retries over RetryBudgetWindow.
