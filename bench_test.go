@@ -193,29 +193,3 @@ func benchWaitQueue(b *testing.B, n, tenants int) {
 		b.ReportAllocs()
 	})
 }
-
-// BenchmarkRoundTripContext measures a request whose context can end (a
-// deadline, a cancel): a response with a body then also registers a
-// context.AfterFunc, so that the context's end gives the slot back.
-func BenchmarkRoundTripContext(b *testing.B) {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, "GET", "http://api.test/", nil)
-	for _, base := range []http.RoundTripper{nopBase{}, bodyBase{}} {
-		name := fmt.Sprintf("%T", base)[len("sluice."):]
-		tr := mustNew(b, base, WithRate(1e9, time.Second), WithBurst(1<<30))
-		for _, v := range []struct {
-			name string
-			rt   http.RoundTripper
-		}{{"bare", base}, {"sluice", tr}} {
-			b.Run(name+"/"+v.name, func(b *testing.B) {
-				b.ReportAllocs()
-				for b.Loop() {
-					if err := send(v.rt, req); err != nil {
-						b.Fatal(err)
-					}
-				}
-			})
-		}
-	}
-}
