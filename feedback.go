@@ -19,6 +19,11 @@ import (
 // nothing is sent. The rules and why: docs/design.md,
 // "Feedback from 429s".
 const (
+	// A secondary rate limit stated only in a body pauses a lane this
+	// long, then twice as long at each repeat until an attempt is
+	// accepted: what GitHub's documentation asks of clients.
+	secondaryPause = time.Minute
+
 	throttleCut       = 0.8 // cut when nothing tells r_f from the pace
 	throttleCutKnown  = 0.9 // cut from a known r_f
 	ratioSamples      = 2   // fewest answers the accepted share is computed from
@@ -58,6 +63,9 @@ type feedback struct {
 	// yet); it began at coolFrom, for coolWhy.
 	coolTo, coolFrom time.Duration
 	coolWhy          string
+	// penalty is the last secondary-limit pause (see pacer.observe); 0
+	// once an attempt is accepted.
+	penalty time.Duration
 
 	ceiling float64 // configured rate after headroom; 0 if none
 	origin  int64   // the lane's epoch, in Unix nanoseconds

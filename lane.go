@@ -41,19 +41,21 @@ type lane struct {
 	untimed int
 	timedAt time.Duration
 
-	closed bool // see Transport.Close: every acquire fails
 	// dead: the lane was forgotten (see forget). Set under mu, never
 	// cleared; read without it by lookups, which then make a new lane.
-	dead        atomic.Bool
-	leakWarned  atomic.Bool   // a response body was collected unclosed; see leakToken
-	quiet       atomic.Uint32 // responses in a row with no rate-limit header; see reads
-	dispatching bool          // a dispatcher goroutine is running
-	stalled     bool          // it waits for a kick: no waiter's tenant is under its cap
+	dead       atomic.Bool
+	leakWarned atomic.Bool   // a response body was collected unclosed; see leakToken
+	quiet      atomic.Uint32 // responses in a row with no rate-limit header; see reads
 	// watching: a dispatcher needs the slots back (see reclaimLocked); a
 	// response that goes out meanwhile is watched at once (see wrap).
 	watching atomic.Bool
-	perToken bool // see be; with the flags above, in their padding (TestLaneHeap)
-	join     bool
+	// The flags below sit with the four-byte ones above in one word: the
+	// lane is within a size class of growing a quarter (TestLaneHeap).
+	closed      bool // see Transport.Close: every acquire fails
+	dispatching bool // a dispatcher goroutine is running
+	stalled     bool // it waits for a kick: no waiter's tenant is under its cap
+	perToken    bool // see be
+	join        bool
 	// kick wakes the dispatcher early; capacity 1. It is made when the
 	// first dispatcher starts, and never changes after: a lane whose
 	// requests never wait does without.
@@ -476,10 +478,10 @@ func (l *lane) releaseLocked(h *hold, k verdict.Kind, sample bool, d time.Durati
 // was granted at sent, on the lane's clock. It is called only for responses
 // for which reads is true; the parsing happens before the lane's lock is
 // taken. It returns what the attempt was to the server (see verdict).
-func (l *lane) observe(ctx context.Context, resp *http.Response, sent time.Duration, p Priority, ch *charge) verdict.Kind {
+func (l *lane) observe(ctx context.Context, resp *http.Response, sent time.Duration, p Priority, ch *charge, secondary bool) verdict.Kind {
 	wall := time.Now()
 	r := readReply(resp, wall, l.cfg.maxRetryAfter)
-	r.sent = sent
+	r.sent, r.secondary = sent, secondary
 	var left [maxBudgets]int64 // what remains of each budget; -1: not stated
 	for i := range l.budgets.len() {
 		left[i] = -1

@@ -343,11 +343,12 @@ type reply struct {
 	retryAfter          time.Duration // 0 if none
 	hasRA               bool
 	budgetOut           bool // a budget of the lane ran out (see WithBudget)
+	secondary           bool // its body says a secondary rate limit was hit (see verdict.Body)
 }
 
 // kind classifies the reply (see verdict.Classify).
 func (r reply) kind() verdict.Kind {
-	return verdict.Classify(r.status, r.hasRA, r.hasQuota && r.quota.Remaining == 0)
+	return verdict.Classify(r.status, r.hasRA, r.hasQuota && r.quota.Remaining == 0, r.secondary)
 }
 
 // readReply reads resp's status and headers, at wall, with Retry-After
@@ -409,13 +410,17 @@ func (p *pacer) observe(now time.Duration, r reply, inFlight int) paceChange {
 		c.cool = p.cool(now, now+min(r.tokens.Reset, p.maxWait), r.tokens.Resource+" remaining 0")
 	case exhausted && r.quota.Reset > 0:
 		c.cool = p.cool(now, now+min(f.quota.refusalWait(r.quota), p.maxWait), "remaining 0")
+	case r.secondary:
+		// GitHub: wait at least a minute, then longer at each repeat.
+		f.penalty = min(max(2*f.penalty, secondaryPause), p.maxWait)
+		c.cool = p.cool(now, now+f.penalty, "secondary rate limit")
 	}
 	// A 429 is over a rate the throttle rate must learn, unless a window's
 	// exhausted quota (it refills at its reset, whatever the pace) or a
 	// token budget explains it. A bucket's remaining 0 does not: its refill
 	// rate is what was exceeded. A 403 that is not a quota (GitHub's
 	// secondary limits) is a penalty, not a pace.
-	if r.status == http.StatusTooManyRequests && !tokensOut && !(exhausted && f.quota.kind == kindWindow) {
+	if r.status == http.StatusTooManyRequests && !tokensOut && !r.secondary && !(exhausted && f.quota.kind == kindWindow) {
 		if r.hasQuota {
 			f.quota.refused(r.sent, r.quota, inFlight-1)
 		}
@@ -466,6 +471,7 @@ func (p *pacer) settle(now, sent time.Duration, k verdict.Kind) (moved string, r
 	if sent >= f.failAt {
 		f.okRun++
 	}
+	f.penalty = 0
 	if f.firstSeen == longAgo {
 		f.firstSeen = now
 	}

@@ -312,7 +312,16 @@ func (t *Transport) read(ctx context.Context, l *lane, resp *http.Response, p Pr
 		l.dropCharge(h.ch)
 		return verdict.Of(resp.StatusCode)
 	}
-	k := l.observe(ctx, resp, h.at, p, h.ch)
+	// A refusal's or a 403's body may say what its status and headers do
+	// not (see verdict.Body); other bodies are not looked at.
+	secondary := false
+	if s := resp.StatusCode; (s == http.StatusForbidden || s == http.StatusTooManyRequests) &&
+		resp.Body != nil && resp.Body != http.NoBody {
+		var prefix []byte
+		prefix, resp.Body = peek(resp.Body)
+		secondary = verdict.Body(prefix)
+	}
+	k := l.observe(ctx, resp, h.at, p, h.ch, secondary)
 	if l.be != nil {
 		l.shareCooldown()
 	}

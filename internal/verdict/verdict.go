@@ -74,18 +74,19 @@ func (k Kind) String() string {
 
 // Of returns the kind of a response with status that carries no rate-limit
 // header (status 0: no response).
-func Of(status int) Kind { return Classify(status, false, false) }
+func Of(status int) Kind { return Classify(status, false, false, false) }
 
 // Classify returns the kind of a response with status; retryAfter says it
 // carries a Retry-After, exhausted that its quota of requests says nothing
-// remains.
-func Classify(status int, retryAfter, exhausted bool) Kind {
+// remains, secondary that its body says the client hit a secondary rate
+// limit (see Body).
+func Classify(status int, retryAfter, exhausted, secondary bool) Kind {
 	switch {
 	case status == 0:
 		return Failed
 	case status == http.StatusTooManyRequests:
 		return Throttled
-	case status == http.StatusForbidden && (retryAfter || exhausted):
+	case status == http.StatusForbidden && (retryAfter || exhausted || secondary):
 		return Throttled
 	case status == http.StatusBadGateway, status == http.StatusServiceUnavailable,
 		status == http.StatusGatewayTimeout, status == StatusOverloaded:
@@ -97,4 +98,35 @@ func Classify(status int, retryAfter, exhausted bool) Kind {
 		return Errored
 	}
 	return Served
+}
+
+// Body returns whether the first bytes of a response's body (a refusal's or
+// a 403's) say the server throttled the attempt for its rate where its
+// status and headers do not: GitHub's secondary rate limit ("You have
+// exceeded a secondary rate limit", formerly "an abuse detection
+// mechanism"), which GitHub asks clients to answer by waiting at least a
+// minute, then longer at each repeat.
+func Body(prefix []byte) (secondary bool) {
+	return containsFold(prefix, "secondary rate limit") || containsFold(prefix, "abuse detection mechanism")
+}
+
+// containsFold reports whether s contains sub, with ASCII letters of either
+// case; sub is lower case.
+func containsFold(s []byte, sub string) bool {
+	for i := 0; i+len(sub) <= len(s); i++ {
+		j := 0
+		for ; j < len(sub); j++ {
+			c := s[i+j]
+			if 'A' <= c && c <= 'Z' {
+				c += 'a' - 'A'
+			}
+			if c != sub[j] {
+				break
+			}
+		}
+		if j == len(sub) {
+			return true
+		}
+	}
+	return false
 }

@@ -34,7 +34,7 @@ func TestClassify(t *testing.T) {
 		{529, true, false, Paused},
 		{599, false, false, Errored},
 	} {
-		if got := Classify(c.status, c.retryAfter, c.empty); got != c.want {
+		if got := Classify(c.status, c.retryAfter, c.empty, false); got != c.want {
 			t.Errorf("Classify(%d, retry-after %v, exhausted %v) = %v, want %v", c.status, c.retryAfter, c.empty, got, c.want)
 		}
 		if !c.retryAfter && !c.empty {

@@ -1,0 +1,120 @@
+package sluice
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"testing/synctest"
+	"time"
+)
+
+// chunkReader returns data in reads of the sizes given (0 included, then
+// 1 byte at a time), and err after the last byte.
+type chunkReader struct {
+	data   []byte
+	sizes  []byte
+	err    error
+	closed bool
+}
+
+func (r *chunkReader) Read(p []byte) (int, error) {
+	if len(r.data) == 0 {
+		return 0, r.err
+	}
+	n := 1
+	if len(r.sizes) > 0 {
+		n, r.sizes = int(r.sizes[0]), r.sizes[1:]
+	}
+	n = min(n, len(p), len(r.data))
+	copy(p, r.data[:n])
+	r.data = r.data[n:]
+	return n, nil
+}
+
+func (r *chunkReader) Close() error { r.closed = true; return nil }
+
+// FuzzPeek: whatever the body, however it arrives, and whatever error ends
+// it, the caller reads through peek exactly the bytes and the error the
+// base sent, and Close reaches the base's body.
+func FuzzPeek(f *testing.F) {
+	f.Add([]byte(`{"message":"You have exceeded a secondary rate limit"}`), []byte{3, 0, 200}, true)
+	f.Add(bytes.Repeat([]byte("x"), 3*peekLimit), []byte{255, 255}, false)
+	f.Add([]byte{}, []byte{}, true)
+	f.Fuzz(func(t *testing.T, data, sizes []byte, fail bool) {
+		want := errors.New("cut")
+		if !fail {
+			want = io.EOF
+		}
+		rc := &chunkReader{data: bytes.Clone(data), sizes: sizes, err: want}
+		prefix, body := peek(rc)
+		if len(prefix) > peekLimit || !bytes.HasPrefix(data, prefix) {
+			t.Fatalf("prefix of %d bytes, not the body's first (at most %d)", len(prefix), peekLimit)
+		}
+		got, err := io.ReadAll(body)
+		if !bytes.Equal(got, data) {
+			t.Fatalf("read %d bytes, want the %d sent", len(got), len(data))
+		}
+		if fail && err != want {
+			t.Fatalf("read ended with %v, want %v", err, want)
+		}
+		if !fail && err != nil {
+			t.Fatalf("read ended with %v, want EOF", err)
+		}
+		if body.Close(); !rc.closed {
+			t.Fatal("Close did not reach the base's body")
+		}
+	})
+}
+
+// TestSecondaryLimitInBody: GitHub's secondary rate limit stated only in a
+// 403's body (quota left, no Retry-After) pauses the lane for a minute,
+// then two at the next, until an attempt is accepted; a 403 for a missing
+// permission pauses nothing; the caller reads the body as sent.
+func TestSecondaryLimitInBody(t *testing.T) {
+	const secondary = `{"message":"You have exceeded a secondary rate limit. Please wait a few minutes before you try again.","documentation_url":"https://docs.github.com/rest/overview/rate-limits-for-the-rest-api"}`
+	const permission = `{"message":"Resource not accessible by integration","status":"403"}`
+	synctest.Test(t, func(t *testing.T) {
+		var answers []string // bodies of 403s to come, in order; "" a 200
+		base := &fakeBase{answer: func(req *http.Request) *http.Response {
+			body := ""
+			if len(answers) > 0 {
+				body, answers = answers[0], answers[1:]
+			}
+			h := http.Header{"X-Ratelimit-Limit": {"5000"}, "X-Ratelimit-Remaining": {"4990"},
+				"X-Ratelimit-Reset":    {strconv.FormatInt(time.Now().Add(time.Hour).Unix(), 10)},
+				"X-Ratelimit-Resource": {"core"}}
+			if body == "" {
+				return &http.Response{StatusCode: 200, Header: h, Body: io.NopCloser(strings.NewReader("ok"))}
+			}
+			return &http.Response{StatusCode: 403, Header: h, Body: io.NopCloser(strings.NewReader(body))}
+		}}
+		tr := mustNew(t, base, WithRetry(0))
+		send := func() (time.Duration, string) {
+			t.Helper()
+			start := time.Now()
+			req, _ := http.NewRequestWithContext(t.Context(), "GET", "http://api.test/x", nil)
+			resp, err := tr.RoundTrip(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			return time.Since(start), string(b)
+		}
+		answers = []string{secondary, "", secondary, secondary, "", secondary, permission}
+		if _, b := send(); b != secondary {
+			t.Fatalf("the caller read %q, want the body sent", b)
+		}
+		// The quota left paces the lane at about 1.4 requests a second: a
+		// request that waits for no penalty waits under 2 s.
+		for i, want := range []time.Duration{time.Minute, 0, time.Minute, 2 * time.Minute, 0, time.Minute, 0} {
+			if waited, _ := send(); waited < want || waited >= want+2*time.Second {
+				t.Errorf("request %d waited %v, want %v (and under 2 s of pacing)", i+2, waited, want)
+			}
+		}
+	})
+}
