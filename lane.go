@@ -441,6 +441,17 @@ func (l *lane) release(h *hold, k verdict.Kind, sample, owner bool) (released bo
 	return released
 }
 
+// overloadedLocked takes an overload at now of an attempt sent at sent: the
+// in-flight limit is cut and, at its floor, the lane pauses (see
+// limiter.onOverload).
+func (l *lane) overloadedLocked(now, sent time.Duration) {
+	ch := l.slot.onOverload(now, sent)
+	l.limitMovedLocked(ch)
+	if ch.pause > 0 {
+		l.cooledLocked(context.Background(), l.pace.cool(now, now+ch.pause, "overloaded"))
+	}
+}
+
 // releaseLocked gives back h's slot (see release); d is the clock reading
 // of a sample, taken before the lock.
 func (l *lane) releaseLocked(h *hold, k verdict.Kind, sample bool, d time.Duration) {
@@ -450,11 +461,7 @@ func (l *lane) releaseLocked(h *hold, k verdict.Kind, sample bool, d time.Durati
 		if sample {
 			now = l.clk.at(d)
 		}
-		ch := l.slot.onOverload(now, h.start)
-		l.limitMovedLocked(ch)
-		if ch.pause > 0 {
-			l.cooledLocked(context.Background(), l.pace.cool(now, now+ch.pause, "overloaded"))
-		}
+		l.overloadedLocked(now, h.start)
 	}
 	if sample {
 		d = l.clk.at(d)
@@ -600,5 +607,31 @@ func (l *lane) limitMovedLocked(ch limitChange) {
 			}
 		}
 		l.wakeLocked()
+	}
+}
+
+// streamFailed takes what a stream's first event said after its headers
+// (see frameWatch): for an attempt sent at sent, k is Throttled (a rate
+// limit, read as a 429 without headers would be) or Overloaded (read as an
+// overload: the in-flight limit is cut). The attempt's slot may be back
+// already: only the lane's pace and limit learn.
+func (l *lane) streamFailed(ctx context.Context, k verdict.Kind, sent time.Duration, p Priority) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	now := l.clk.tick()
+	switch k {
+	case verdict.Throttled:
+		c := l.pace.observe(now, reply{status: http.StatusTooManyRequests, sent: sent}, l.slot.inUse+1)
+		l.levels[p].throttled++
+		ev := l.cfg.events
+		if ev != nil {
+			ev.push(ctx, Event{Kind: EventThrottled, Lane: l.key, Priority: p, Tenant: TenantFrom(ctx), Status: http.StatusTooManyRequests})
+		}
+		l.cooledLocked(ctx, c.cool)
+		if ev != nil {
+			l.rateChangedLocked(ctx, ev, c.cause)
+		}
+	case verdict.Overloaded:
+		l.overloadedLocked(now, sent)
 	}
 }

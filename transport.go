@@ -282,10 +282,19 @@ func (t *Transport) attempt(l *lane, req *http.Request, p Priority, enq time.Dur
 	// not a request in flight, and its body must stay writable. A stream
 	// (see HoldStream) is done with the server's work when its headers
 	// come: its slot goes back, and its latency is the time to them.
-	if resp.StatusCode == http.StatusSwitchingProtocols || resp.Body == nil || resp.Body == http.NoBody ||
-		isStream(resp) && !holdsStream(ctx) {
+	if resp.StatusCode == http.StatusSwitchingProtocols || resp.Body == nil || resp.Body == http.NoBody {
 		h.Done(h.kind)
 		return resp, enq, nil
+	}
+	if stream := isStream(resp); stream {
+		// A stream's first event may be an error the headers did not say.
+		if h.kind == verdict.Served {
+			resp.Body = &frameWatch{rc: resp.Body, l: l, ctx: ctx, p: p, sent: h.at}
+		}
+		if !holdsStream(ctx) {
+			h.Done(h.kind)
+			return resp, enq, nil
+		}
 	}
 	resp.Body = wrap(resp.Body, h)
 	return resp, enq, nil

@@ -1,0 +1,129 @@
+package sluice
+
+import (
+	"bytes"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/sluice-go/sluice/internal/verdict"
+)
+
+// sseBase answers every request with a 200 event stream whose body is
+// stream, its headers 200 ms after the request.
+type sseBase struct{ stream string }
+
+func (b sseBase) RoundTrip(req *http.Request) (*http.Response, error) {
+	time.Sleep(200 * time.Millisecond)
+	return &http.Response{StatusCode: 200, Request: req,
+		Header: http.Header{"Content-Type": {"text/event-stream; charset=utf-8"}},
+		Body:   io.NopCloser(strings.NewReader(b.stream))}, nil
+}
+
+const (
+	// Anthropic's error events, as its streaming API sends them after a
+	// 200's headers.
+	sseRateLimited = "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"rate_limit_error\",\"message\":\"Number of request tokens has exceeded your per-minute rate limit\"}}\n\n"
+	sseOverloaded  = "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n"
+	sseFine        = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\"}}\n\nevent: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"rate_limit_error\"}}\n\n"
+)
+
+// TestStreamErrorFrame: a stream whose first event is an error frame about
+// a rate limit is fed back as a refusal (the lane's rate is cut), one about
+// overload as an overload (the in-flight limit is cut); a stream whose
+// first event is not an error changes nothing, whatever comes after. The
+// caller reads every stream as sent, in reads of any size.
+func TestStreamErrorFrame(t *testing.T) {
+	for _, c := range []struct {
+		name, stream          string
+		throttled, limitFalls bool
+	}{
+		{"rate limit", sseRateLimited, true, false},
+		{"overloaded", sseOverloaded, false, true},
+		{"error after the first event", sseFine, false, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				tr := mustNew(t, sseBase{c.stream}, WithRate(100, time.Second), WithConcurrency(1, 32))
+				for range 3 {
+					req, _ := http.NewRequestWithContext(t.Context(), "POST", "http://api.test/v1/messages", nil)
+					resp, err := tr.RoundTrip(req)
+					if err != nil {
+						t.Fatal(err)
+					}
+					var got strings.Builder
+					buf := make([]byte, 7) // reads that split lines and frames
+					for {
+						n, err := resp.Body.Read(buf)
+						got.Write(buf[:n])
+						if err != nil {
+							break
+						}
+					}
+					resp.Body.Close()
+					if got.String() != c.stream {
+						t.Fatalf("the caller read %q, want the stream as sent", got.String())
+					}
+				}
+				s, _ := tr.LaneStats("api.test")
+				if got := s.Throttled > 0; got != c.throttled {
+					t.Errorf("throttled %d, want any: %v", s.Throttled, c.throttled)
+				}
+				if c.throttled && !(s.Rate < 100) {
+					t.Errorf("rate %v after a rate-limit error frame, want under 100", s.Rate)
+				}
+				// By Little's law 100/s at 200 ms keeps the limit near its
+				// 32; an overload cuts it to 3/4 of what is in flight.
+				if got := s.Limit <= 2; got != c.limitFalls {
+					t.Errorf("limit %d of 32, want it cut: %v", s.Limit, c.limitFalls)
+				}
+			})
+		})
+	}
+}
+
+func TestFrameKind(t *testing.T) {
+	for _, c := range []struct {
+		ev   string
+		want verdict.Kind
+	}{
+		{"event: error\ndata: {\"error\":{\"type\":\"rate_limit_error\"}}", verdict.Throttled},
+		{"event:error\r\ndata: {\"error\":{\"code\":\"rate_limit_exceeded\"}}", verdict.Throttled},
+		{"event: error\ndata: {\"error\":{\"type\":\"overloaded_error\"}}", verdict.Overloaded},
+		{"event: error\ndata: {\"error\":{\"type\":\"invalid_request_error\"}}", verdict.Served},
+		{"event: message_start\ndata: {\"rate_limit\":1}", verdict.Served},
+		{"data: {\"error\":{\"type\":\"rate_limit_error\"}}", verdict.Served},
+		{"", verdict.Served},
+	} {
+		if got := frameKind([]byte(c.ev)); got != c.want {
+			t.Errorf("frameKind(%q) = %v, want %v", c.ev, got, c.want)
+		}
+	}
+}
+
+// FuzzFrameWatch: whatever a stream holds and however it is read, the
+// caller reads it through the watch as sent, and the look at its first
+// event stops within firstFrameLimit bytes.
+func FuzzFrameWatch(f *testing.F) {
+	f.Add([]byte(sseRateLimited), []byte{5, 1, 200})
+	f.Add([]byte(sseOverloaded), []byte{})
+	f.Add([]byte(strings.Repeat("data: x\n", 1000)), []byte{255})
+	tr, err := New(nopBase{})
+	if err != nil {
+		f.Fatal(err)
+	}
+	l := tr.lane("api.test")
+	f.Fuzz(func(t *testing.T, data, sizes []byte) {
+		w := &frameWatch{rc: &chunkReader{data: bytes.Clone(data), sizes: sizes, err: io.EOF}, l: l, ctx: t.Context()}
+		got, err := io.ReadAll(w)
+		if err != nil || !bytes.Equal(got, data) {
+			t.Fatalf("read %d bytes (%v), want the %d sent", len(got), err, len(data))
+		}
+		if !w.done || len(w.first) > 0 {
+			t.Fatalf("the look did not end with the stream: done %v, %d bytes kept", w.done, len(w.first))
+		}
+	})
+}
