@@ -485,10 +485,10 @@ func (l *lane) releaseLocked(h *hold, k verdict.Kind, sample bool, d time.Durati
 // was granted at sent, on the lane's clock. It is called only for responses
 // for which reads is true; the parsing happens before the lane's lock is
 // taken. It returns what the attempt was to the server (see verdict).
-func (l *lane) observe(ctx context.Context, resp *http.Response, sent time.Duration, p Priority, ch *charge, secondary bool) verdict.Kind {
+func (l *lane) observe(ctx context.Context, resp *http.Response, sent time.Duration, p Priority, ch *charge, body verdict.Signal) verdict.Kind {
 	wall := time.Now()
 	r := readReply(resp, wall, l.cfg.maxRetryAfter)
-	r.sent, r.secondary = sent, secondary
+	r.sent, r.body = sent, body
 	var left [maxBudgets]int64 // what remains of each budget; -1: not stated
 	for i := range l.budgets.len() {
 		left[i] = -1

@@ -342,13 +342,13 @@ type reply struct {
 	hasQuota, hasTokens bool
 	retryAfter          time.Duration // 0 if none
 	hasRA               bool
-	budgetOut           bool // a budget of the lane ran out (see WithBudget)
-	secondary           bool // its body says a secondary rate limit was hit (see verdict.Body)
+	budgetOut           bool           // a budget of the lane ran out (see WithBudget)
+	body                verdict.Signal // what its body says (see verdict.Body)
 }
 
 // kind classifies the reply (see verdict.Classify).
 func (r reply) kind() verdict.Kind {
-	return verdict.Classify(r.status, r.hasRA, r.hasQuota && r.quota.Remaining == 0, r.secondary)
+	return verdict.Classify(r.status, r.hasRA, r.hasQuota && r.quota.Remaining == 0, r.body)
 }
 
 // readReply reads resp's status and headers, at wall, with Retry-After
@@ -410,7 +410,7 @@ func (p *pacer) observe(now time.Duration, r reply, inFlight int) paceChange {
 		c.cool = p.cool(now, now+min(r.tokens.Reset, p.maxWait), r.tokens.Resource+" remaining 0")
 	case exhausted && r.quota.Reset > 0:
 		c.cool = p.cool(now, now+min(f.quota.refusalWait(r.quota), p.maxWait), "remaining 0")
-	case r.secondary:
+	case r.body.Secondary:
 		// GitHub: wait at least a minute, then longer at each repeat.
 		f.penalty = min(max(2*f.penalty, secondaryPause), p.maxWait)
 		c.cool = p.cool(now, now+f.penalty, "secondary rate limit")
@@ -420,7 +420,9 @@ func (p *pacer) observe(now time.Duration, r reply, inFlight int) paceChange {
 	// token budget explains it. A bucket's remaining 0 does not: its refill
 	// rate is what was exceeded. A 403 that is not a quota (GitHub's
 	// secondary limits) is a penalty, not a pace.
-	if r.status == http.StatusTooManyRequests && !tokensOut && !r.secondary && !(exhausted && f.quota.kind == kindWindow) {
+	// A GraphQL throttle in a 200 or a 4xx is a 429 in another form.
+	if (r.status == http.StatusTooManyRequests || r.body.GraphQL) && !tokensOut && !r.body.Secondary &&
+		!(exhausted && f.quota.kind == kindWindow) {
 		if r.hasQuota {
 			f.quota.refused(r.sent, r.quota, inFlight-1)
 		}

@@ -3,6 +3,8 @@ package sluice
 import (
 	"bytes"
 	"io"
+	"net/http"
+	"strings"
 )
 
 // peekLimit is the most of a body sluice reads ahead to look for a signal
@@ -14,8 +16,8 @@ const peekLimit = 4 << 10
 // that gives the caller, byte for byte, what rc would have: the bytes read
 // ahead, then the rest of rc, then rc's own error (io.EOF, or the error that
 // cut the look short, at the point where rc returned it). Its Close is
-// rc's. It is used only for the statuses whose body may carry a signal (see
-// verdict.Body): other bodies are not looked at.
+// rc's. It is used only for the bodies that may carry a signal (see
+// looksAt): other bodies are not looked at.
 func peek(rc io.ReadCloser) ([]byte, io.ReadCloser) {
 	buf := make([]byte, 0, 512)
 	var err error
@@ -53,3 +55,28 @@ func (p *peeked) Read(b []byte) (int, error) {
 }
 
 func (p *peeked) Close() error { return p.rc.Close() }
+
+// looksAt reports whether resp's body is looked at (see peek): a 403's or
+// a 429's, and the JSON answer (a 200 or a 4xx) of a GraphQL endpoint,
+// whose throttles come in the body: GitHub's /graphql, Linear's, Shopify's
+// graphql.json.
+func looksAt(resp *http.Response) bool {
+	if resp.Body == nil || resp.Body == http.NoBody {
+		return false
+	}
+	switch s := resp.StatusCode; {
+	case s == http.StatusForbidden || s == http.StatusTooManyRequests:
+		return true
+	case s != http.StatusOK && (s < 400 || s >= 500):
+		return false
+	}
+	if resp.Request == nil || resp.Request.URL == nil {
+		return false
+	}
+	p := resp.Request.URL.Path
+	if !strings.HasSuffix(p, "/graphql") && !strings.HasSuffix(p, "/graphql.json") {
+		return false
+	}
+	ct := resp.Header.Get("Content-Type")
+	return strings.Contains(ct, "json")
+}

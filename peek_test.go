@@ -118,3 +118,58 @@ func TestSecondaryLimitInBody(t *testing.T) {
 		}
 	})
 }
+
+// TestGraphQLThrottles: a GraphQL endpoint's JSON answer that says the
+// query was throttled (GitHub's RATE_LIMITED in a 200, Linear's RATELIMITED
+// in a 400, Shopify's THROTTLED in a 200) is a refusal, counted as a 429
+// is; the same body from another path, or a GraphQL answer that is not
+// throttled, is an ordinary answer. The caller reads every body as sent.
+func TestGraphQLThrottles(t *testing.T) {
+	const (
+		github  = `{"errors":[{"type":"RATE_LIMITED","code":"graphql_rate_limit","message":"API rate limit exceeded for user ID 1."}]}`
+		linear  = `{"errors":[{"message":"Rate limit exceeded","extensions":{"code":"RATELIMITED","type":"ratelimited"}}]}`
+		shopify = `{"errors":[{"message":"Throttled","extensions":{"code":"THROTTLED","documentation":"https://shopify.dev/api/usage/rate-limits"}}],"extensions":{"cost":{"requestedQueryCost":101,"actualQueryCost":null,"throttleStatus":{"maximumAvailable":1000,"currentlyAvailable":50,"restoreRate":50}}}}`
+		fine    = `{"data":{"viewer":{"login":"octocat"}}}`
+	)
+	for _, c := range []struct {
+		name, path, body string
+		status           int
+		throttled        bool
+	}{
+		{"github", "/graphql", github, 200, true},
+		{"linear", "/graphql", linear, 400, true},
+		{"shopify", "/admin/api/2024-10/graphql.json", shopify, 200, true},
+		{"not graphql", "/v1/things", linear, 400, false},
+		{"graphql, served", "/graphql", fine, 200, false},
+		{"a plain 429, for comparison", "/v1/x", fine, 429, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				base := &fakeBase{answer: func(req *http.Request) *http.Response {
+					return &http.Response{StatusCode: c.status, Header: http.Header{"Content-Type": {"application/json; charset=utf-8"}},
+						Body: io.NopCloser(strings.NewReader(c.body))}
+				}}
+				tr := mustNew(t, base, WithRetry(0))
+				for range 3 {
+					req, _ := http.NewRequestWithContext(t.Context(), "POST", "http://api.test"+c.path, strings.NewReader(`{"query":"{viewer{login}}"}`))
+					resp, err := tr.RoundTrip(req)
+					if err != nil {
+						t.Fatal(err)
+					}
+					b, _ := io.ReadAll(resp.Body)
+					resp.Body.Close()
+					if string(b) != c.body {
+						t.Fatalf("the caller read %q, want the body sent", b)
+					}
+				}
+				want := uint64(0)
+				if c.throttled {
+					want = 3
+				}
+				if s, _ := tr.LaneStats("api.test"); s.Throttled != want {
+					t.Errorf("throttled %d, want %d", s.Throttled, want)
+				}
+			})
+		})
+	}
+}

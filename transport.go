@@ -317,20 +317,20 @@ func (t *Transport) refused(ctx context.Context, l *lane, p Priority, n int, err
 // attempt was to the server (see verdict), which the lane learns from when
 // the attempt is done.
 func (t *Transport) read(ctx context.Context, l *lane, resp *http.Response, p Priority, h *hold) verdict.Kind {
-	if !l.reads(resp) {
+	// A refusal's, a 403's or a GraphQL answer's body may say what its
+	// status and headers do not (see verdict.Body); other bodies are not
+	// looked at.
+	var body verdict.Signal
+	if looksAt(resp) {
+		var prefix []byte
+		prefix, resp.Body = peek(resp.Body)
+		body = verdict.Body(prefix)
+	}
+	if !body.Throttles() && !l.reads(resp) {
 		l.dropCharge(h.ch)
 		return verdict.Of(resp.StatusCode)
 	}
-	// A refusal's or a 403's body may say what its status and headers do
-	// not (see verdict.Body); other bodies are not looked at.
-	secondary := false
-	if s := resp.StatusCode; (s == http.StatusForbidden || s == http.StatusTooManyRequests) &&
-		resp.Body != nil && resp.Body != http.NoBody {
-		var prefix []byte
-		prefix, resp.Body = peek(resp.Body)
-		secondary = verdict.Body(prefix)
-	}
-	k := l.observe(ctx, resp, h.at, p, h.ch, secondary)
+	k := l.observe(ctx, resp, h.at, p, h.ch, body)
 	if l.be != nil {
 		l.shareCooldown()
 	}

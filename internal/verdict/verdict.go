@@ -22,7 +22,10 @@
 // and changes nothing.
 package verdict
 
-import "net/http"
+import (
+	"bytes"
+	"net/http"
+)
 
 // Kind is what an attempt was to the server; see the package comment. The
 // zero value is Served.
@@ -74,19 +77,18 @@ func (k Kind) String() string {
 
 // Of returns the kind of a response with status that carries no rate-limit
 // header (status 0: no response).
-func Of(status int) Kind { return Classify(status, false, false, false) }
+func Of(status int) Kind { return Classify(status, false, false, Signal{}) }
 
 // Classify returns the kind of a response with status; retryAfter says it
 // carries a Retry-After, exhausted that its quota of requests says nothing
-// remains, secondary that its body says the client hit a secondary rate
-// limit (see Body).
-func Classify(status int, retryAfter, exhausted, secondary bool) Kind {
+// remains, body what its body says (see Body).
+func Classify(status int, retryAfter, exhausted bool, body Signal) Kind {
 	switch {
 	case status == 0:
 		return Failed
-	case status == http.StatusTooManyRequests:
+	case status == http.StatusTooManyRequests, body.Throttles():
 		return Throttled
-	case status == http.StatusForbidden && (retryAfter || exhausted || secondary):
+	case status == http.StatusForbidden && (retryAfter || exhausted):
 		return Throttled
 	case status == http.StatusBadGateway, status == http.StatusServiceUnavailable,
 		status == http.StatusGatewayTimeout, status == StatusOverloaded:
@@ -100,15 +102,31 @@ func Classify(status int, retryAfter, exhausted, secondary bool) Kind {
 	return Served
 }
 
-// Body returns whether the first bytes of a response's body (a refusal's or
-// a 403's) say the server throttled the attempt for its rate where its
-// status and headers do not: GitHub's secondary rate limit ("You have
-// exceeded a secondary rate limit", formerly "an abuse detection
-// mechanism"), which GitHub asks clients to answer by waiting at least a
-// minute, then longer at each repeat.
-func Body(prefix []byte) (secondary bool) {
-	return containsFold(prefix, "secondary rate limit") || containsFold(prefix, "abuse detection mechanism")
+// A Signal is what the first bytes of a response's body say of the
+// server's limits where its status and headers do not.
+type Signal struct {
+	// Secondary: GitHub's secondary rate limit ("You have exceeded a
+	// secondary rate limit", formerly "an abuse detection mechanism"),
+	// which GitHub asks clients to answer by waiting at least a minute,
+	// then longer at each repeat.
+	Secondary bool
+	// GraphQL: a GraphQL error that says the query was throttled for its
+	// rate, in a 200 or a 4xx: GitHub's "RATE_LIMITED" error type,
+	// Linear's "RATELIMITED" and Shopify's "THROTTLED" codes.
+	GraphQL bool
 }
+
+// Body returns what prefix, the first bytes of a response's body, says.
+func Body(prefix []byte) Signal {
+	return Signal{
+		Secondary: containsFold(prefix, "secondary rate limit") || containsFold(prefix, "abuse detection mechanism"),
+		GraphQL: bytes.Contains(prefix, []byte(`"RATE_LIMITED"`)) || bytes.Contains(prefix, []byte(`"RATELIMITED"`)) ||
+			bytes.Contains(prefix, []byte(`"THROTTLED"`)),
+	}
+}
+
+// Throttles reports whether s says the attempt was throttled.
+func (s Signal) Throttles() bool { return s.Secondary || s.GraphQL }
 
 // containsFold reports whether s contains sub, with ASCII letters of either
 // case; sub is lower case.

@@ -34,7 +34,7 @@ func TestClassify(t *testing.T) {
 		{529, true, false, Paused},
 		{599, false, false, Errored},
 	} {
-		if got := Classify(c.status, c.retryAfter, c.empty, false); got != c.want {
+		if got := Classify(c.status, c.retryAfter, c.empty, Signal{}); got != c.want {
 			t.Errorf("Classify(%d, retry-after %v, exhausted %v) = %v, want %v", c.status, c.retryAfter, c.empty, got, c.want)
 		}
 		if !c.retryAfter && !c.empty {
@@ -62,5 +62,28 @@ func TestKindRoles(t *testing.T) {
 	}
 	if StatusOverloaded != 529 || http.StatusText(StatusOverloaded) != "" {
 		t.Errorf("StatusOverloaded %d: want 529, a status net/http does not name", StatusOverloaded)
+	}
+}
+
+func TestBody(t *testing.T) {
+	for _, c := range []struct {
+		body string
+		want Signal
+	}{
+		{`{"message":"You have exceeded a secondary rate limit. Please wait"}`, Signal{Secondary: true}},
+		{`{"message":"You have triggered an Abuse Detection Mechanism."}`, Signal{Secondary: true}},
+		{`{"message":"Resource not accessible by integration"}`, Signal{}},
+		{`{"errors":[{"type":"RATE_LIMITED"}]}`, Signal{GraphQL: true}},
+		{`{"errors":[{"extensions":{"code":"RATELIMITED"}}]}`, Signal{GraphQL: true}},
+		{`{"errors":[{"extensions":{"code":"THROTTLED"}}]}`, Signal{GraphQL: true}},
+		{`{"data":{"note":"rate_limited and throttled in prose"}}`, Signal{}},
+		{``, Signal{}},
+	} {
+		if got := Body([]byte(c.body)); got != c.want {
+			t.Errorf("Body(%s) = %+v, want %+v", c.body, got, c.want)
+		}
+		if got := Classify(200, false, false, Body([]byte(c.body))); (got == Throttled) != c.want.Throttles() {
+			t.Errorf("a 200 with %s: %v", c.body, got)
+		}
 	}
 }
