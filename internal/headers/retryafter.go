@@ -22,7 +22,8 @@ const (
 //   - "x-ms-retry-after-ms": milliseconds, in the same syntax;
 //   - "Retry-After": delay-seconds, an integer or decimal such as "120",
 //     "2.0" or "1.5"; or an HTTP-date in any of the three forms accepted by
-//     [http.ParseTime].
+//     [http.ParseTime], or in the layout of [time.RFC1123] for a time in
+//     UTC ("Tue, 02 Jan 2024 15:04:05 UTC").
 //
 // An HTTP-date is measured against the response's own Date field when that
 // parses, so that skew between the client's and the server's clocks cancels
@@ -64,8 +65,8 @@ func RetryAfter(h http.Header, now time.Time, max time.Duration) (d time.Duratio
 		}
 		return 0, false
 	}
-	t, err := http.ParseTime(v)
-	if err != nil {
+	t, ok := parseDate(v)
+	if !ok {
 		return 0, false
 	}
 	d = t.Sub(refTime(h, now))

@@ -57,6 +57,15 @@ func TestRetryAfter(t *testing.T) {
 		{"retry-after-ms wins", header("Retry-After", "10", "x-ms-retry-after-ms", "300", "retry-after-ms", "250"), max, 250 * time.Millisecond, true},
 		{"x-ms-retry-after-ms beats Retry-After", header("Retry-After", "10", "x-ms-retry-after-ms", "300"), max, 300 * time.Millisecond, true},
 		{"bad retry-after-ms falls through", header("retry-after-ms", "soon", "Retry-After", "3"), max, 3 * time.Second, true},
+		{"RFC 1123 date in UTC", header("Retry-After", now.Add(45*time.Second).Format(time.RFC1123)), max, 45 * time.Second, true},
+		{"RFC 1123 date in UTC against Date", header(
+			"Date", "Tue, 02 Jan 2024 14:04:05 GMT", // server clock 1h behind
+			"Retry-After", "Tue, 02 Jan 2024 14:04:06 UTC",
+		), max, time.Second, true},
+		{"RFC 1123 date in UTC capped", header("Retry-After", now.Add(48*time.Hour).Format(time.RFC1123)), max, max, true},
+		{"RFC 1123 date in UTC, past", header("Retry-After", now.Add(-time.Second).Format(time.RFC1123)), max, 0, false},
+		{"RFC 1123 date in another zone", header("Retry-After", "Tue, 02 Jan 2024 15:05:05 PST"), max, 0, false},
+		{"RFC 1123 date, lower-case utc", header("Retry-After", "Tue, 02 Jan 2024 15:05:05 utc"), max, 0, false},
 		{"first line only", header("Retry-After", "5", "Retry-After", "500"), max, 5 * time.Second, true},
 		{"capped to max", header("Retry-After", "999999999"), max, max, true},
 		{"capped date", header("Retry-After", httpDate(now.Add(48*time.Hour))), max, max, true},
