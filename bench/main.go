@@ -126,7 +126,7 @@ func bench(ctx context.Context, out, log io.Writer, cfg config, ms []model, cs [
 func writeTable(w io.Writer, cfg config, ms []model, cs []client, cells [][]result) {
 	fmt.Fprintf(w, "\n%d callers in a closed loop, %v service latency, second half of %v runs, real loopback; GOMAXPROCS %d, %s/%s, %s.\n",
 		cfg.workers, cfg.latency, cfg.d, runtime.GOMAXPROCS(0), runtime.GOOS, runtime.GOARCH, runtime.Version())
-	fmt.Fprintf(w, "Each cell: accepted/s ÷ published rate, %% of attempts refused.\n\n")
+	fmt.Fprintf(w, "Each cell: accepted/s ÷ published rate, %% of attempts refused, over the second half; then accepted/s ÷ published rate over the whole run.\n\n")
 	fmt.Fprintf(w, "| server |")
 	for _, c := range cs {
 		fmt.Fprintf(w, " %s |", c.name)
