@@ -37,8 +37,8 @@ import (
 // client is told (Limit per Per).
 type model struct {
 	name  string
-	limit int           // the published allowance: limit per per
-	per   time.Duration //
+	limit int                   // the published allowance: limit per per
+	per   time.Duration         //
 	make  func() upstream.Model // a project model; nil for real middleware
 	// mw, if set, is real middleware (see realModels) serving the model
 	// instead of make; redis says it needs a redis-server.
