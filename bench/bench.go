@@ -8,6 +8,7 @@
 //	cd bench && go run .              # every model x every client, 12 s each
 //	cd bench && go run . -short       # a 2 s smoke run of one model
 //	cd bench && go run . -d 20s -model gcra -client sluice
+//	cd bench && go run . -traces ../testdata/traces   # header traces of the real middleware
 //
 // It lives in its own module so that the peers' dependencies (failsafe-go)
 // stay out of the library's go.mod; its module path is under sluice's, so

@@ -22,8 +22,16 @@ func main() {
 		modelRE  = flag.String("model", "", "run only the models whose name matches this regexp")
 		clientRE = flag.String("client", "", "run only the clients whose name matches this regexp")
 		short    = flag.Bool("short", false, "smoke run: 2 s, the strict GCRA model only (no token scenario)")
+		traces   = flag.String("traces", "", "record the real middleware's header traces into this directory, and run nothing else")
 	)
 	flag.Parse()
+	if *traces != "" {
+		if err := writeTraces(*traces, os.Stderr); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		return
+	}
 	cfg := config{d: *d, workers: *workers, latency: *latency}
 	if *short {
 		cfg.d = 2 * time.Second
