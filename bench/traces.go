@@ -45,12 +45,12 @@ const traceRest = 1200 * time.Millisecond
 
 // A traceModel is a real middleware a trace is recorded from.
 type traceModel struct {
-	file      string // base name of the trace file
-	setup     string
-	limit     int
-	per       time.Duration
-	redis     bool
-	mw        middleware
+	file  string // base name of the trace file
+	setup string
+	limit int
+	per   time.Duration
+	redis bool
+	mw    middleware
 }
 
 // traceRate is the rate the traces are recorded at: low enough that a
