@@ -1,0 +1,103 @@
+package main
+
+import (
+	"fmt"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestRealMiddlewareBesidePeers guards sluice against the real middleware
+// at 50/s with a window of a second, on real loopback: every sluice
+// client (at R, with no WithRate, at 2R) beside x/time/rate + 16 slots at
+// R, one run after another in the same test (runs in parallel would share
+// the two cores and distort each other), 4 s runs with the second half
+// measured. The bounds are ratios to the pair with slack for a loaded
+// runner, never absolute rates: sluice serves at least floor × what the
+// pair serves, and refuses at most 2% of its attempts more than the pair
+// does.
+//
+// The floors are what holds today, not what should: the default is 0.85,
+// and the cells listed in realGaps hold only the lower floor given there,
+// each a known shortfall of sluice's reading of that middleware's headers.
+func TestRealMiddlewareBesidePeers(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real-clock runs")
+	}
+	ms, cs, err := selectRuns(realAt50, "^(sluice at R|sluice, no WithRate|sluice at 2R|x/time/rate at R)")
+	if err != nil || len(ms) != 6 || len(cs) != 4 {
+		t.Fatalf("selectRuns: %d models, %d clients, %v", len(ms), len(cs), err)
+	}
+	pair, sluices := cs[3], cs[:3]
+	cfg := config{d: 4 * time.Second, workers: 32, latency: 20 * time.Millisecond}
+	var table strings.Builder
+	for _, m := range ms {
+		t.Run(m.name, func(t *testing.T) {
+			x := run(t.Context(), cfg, m, pair)
+			if x.err != nil || x.attempts == 0 {
+				t.Fatalf("x/time/rate at R: %+v", x)
+			}
+			fmt.Fprintf(&table, "| %s | %v |", m.name, x)
+			for _, c := range sluices {
+				s := run(t.Context(), cfg, m, c)
+				fmt.Fprintf(&table, " %v |", s)
+				if s.err != nil || s.attempts == 0 {
+					t.Errorf("%s: %+v", c.name, s)
+					continue
+				}
+				floor := realFloor(m.name, c.name)
+				if s.ratio < floor*x.ratio || s.refused > x.refused+2 {
+					t.Errorf("%s: %.2f of R with %.1f%% refused; x/time/rate %.2f with %.1f%%; want at least %.2f of its share, at most 2%% more refused",
+						c.name, s.ratio, s.refused, x.ratio, x.refused, floor)
+				}
+			}
+			table.WriteString("\n")
+		})
+	}
+	t.Logf("4 s runs, second half:\n| server | x/time/rate at R + 16 slots | sluice at R | sluice, no WithRate | sluice at 2R |\n%s", table.String())
+}
+
+// realAt50 selects the real middleware at 50/s with a window of a second.
+const realAt50 = `^(throttled GCRA, MaxBurst 5, 50/s|go-chi/httprate, 50 per 1 s|sethvargo/go-limiter, 50 per 1 s|ulule/limiter "50-S"|didip/tollbooth, 50/s|go-redis/redis_rate PerSecond\(50\))$`
+
+// realGaps are the cells of TestRealMiddlewareBesidePeers where sluice
+// is known to fall short of x/time/rate, by a regexp on the model's name
+// and the client's, with the floor (a share of what the pair serves) that
+// holds today.
+var realGaps = []struct {
+	model, client string
+	floor         float64
+	why           string
+}{}
+
+// realFloor returns the share of the pair's rate that sluice must reach
+// with client c against model m.
+func realFloor(m, c string) float64 {
+	for _, g := range realGaps {
+		if regexp.MustCompile(g.model).MatchString(m) && regexp.MustCompile(g.client).MatchString(c) {
+			return g.floor
+		}
+	}
+	return 0.85
+}
+
+func TestRealGapsMatch(t *testing.T) {
+	ms, cs, err := selectRuns(realAt50, "^sluice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, g := range realGaps {
+		n := 0
+		for _, m := range ms {
+			for _, c := range cs {
+				if regexp.MustCompile(g.model).MatchString(m.name) && regexp.MustCompile(g.client).MatchString(c.name) {
+					n++
+				}
+			}
+		}
+		if n == 0 || g.floor <= 0 || g.floor >= 0.85 || g.why == "" {
+			t.Errorf("gap %q, %q: matches %d cells, floor %.2f, why %q", g.model, g.client, n, g.floor, g.why)
+		}
+	}
+}
