@@ -202,14 +202,15 @@ func TestReplayMiddlewareTraces(t *testing.T) {
 							t.Errorf("%s: RetryAfter = %v, %v; want a wait of at most a window and a second", at, d, ok)
 						}
 					case retryDate:
-						// A date to the second: it reads as a wait while it
-						// is ahead of the response's instant, and not after.
+						// A date names a whole second, which the middleware
+						// truncated its reset to: it reads as a wait until
+						// the end of that second, and none after it.
 						v := r.header.Get("Retry-After")
 						date, err := time.Parse(time.RFC1123, v)
 						if err != nil || !strings.HasSuffix(v, " UTC") {
 							t.Fatalf("%s: Retry-After %q is not time.RFC1123 in UTC: %v", at, v, err)
 						}
-						ahead := date.Sub(now)
+						ahead := date.Add(time.Second).Sub(now)
 						if ok != (ahead > 0) || ok && d != ahead {
 							t.Errorf("%s: RetryAfter(%q) = %v, %v at %v; want %v", at, v, d, ok, now, ahead)
 						}

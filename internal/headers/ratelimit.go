@@ -83,9 +83,8 @@ type Quota struct {
 	Resource  string        // GitHub's x-ratelimit-resource, the IETF policy name, or the token budget's name, if any
 	// Coarse reports that Reset was stated to the second only (whole
 	// seconds, or an instant in whole seconds): the true reset may be up
-	// to a second earlier, as servers round delays up, or, for an instant
-	// a server truncated to the second (a date formatted from a finer
-	// time), up to a second later.
+	// to a second earlier, as servers round up (a date, which servers
+	// truncate, is read as the end of its second for this reason).
 	Coarse bool
 	// Instant reports that Reset was stated as an instant (a Unix time or
 	// a date), not as a delay: a window's end, which the server states the
@@ -123,7 +122,8 @@ type Quota struct {
 // a Unix time) is a Unix time; a smaller one is a delay from now. A date
 // is an HTTP-date, or the layout of [time.RFC1123] for a time in UTC
 // ("Tue, 02 Jan 2024 15:04:05 UTC"), as middleware that formats its reset
-// with that layout sends. Absolute times (Unix times, dates and RFC 3339
+// with that layout sends; it names a whole second, and is read as the end
+// of that second, since servers truncate the instant they format. Absolute times (Unix times, dates and RFC 3339
 // timestamps) are measured against the response's Date
 // field when it parses, so that clock skew between client and server
 // cancels out, and against now otherwise. An absolute reset time in the
@@ -550,7 +550,7 @@ func parseReset(s string, ref *refClock) (d time.Duration, coarse, instant, ok b
 		if !ok {
 			return 0, false, false, false
 		}
-		d, ok = untilTime(t, ref.get())
+		d, ok = untilTime(dateEnd(t), ref.get())
 		return d, ok, ok, ok
 	}
 	instant = whole >= epochThreshold
