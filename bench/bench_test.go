@@ -106,6 +106,14 @@ func TestSelectRuns(t *testing.T) {
 	if err != nil || len(ms) != len(projectModels())+len(realModels()) || len(projectModels()) != 10 || len(realModels()) != 31 || len(cs) != 6 {
 		t.Errorf("selectRuns(all) = %d models, %d clients, %v", len(ms), len(cs), err)
 	}
+	// The child process finds its model by name.
+	seen := map[string]bool{}
+	for _, m := range ms {
+		if seen[m.name] || (m.make == nil) == (m.mw == nil) {
+			t.Errorf("model %q: a second of that name, or not exactly one of make and mw", m.name)
+		}
+		seen[m.name] = true
+	}
 }
 
 // TestTokensShort is the token table's smoke test: both scenarios, both
