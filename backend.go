@@ -202,6 +202,7 @@ func (l *lane) demand() (Demand, bool) {
 	if l.closed || l.dead.Load() {
 		return Demand{}, false
 	}
+	l.reclaimLocked(false) // what in flight was given up on is not demand
 	d := Demand{Rate: l.currentRateLocked(), Burst: l.cfg.burst}
 	for p := range l.q.levels {
 		lv := &l.q.levels[p]
@@ -226,7 +227,7 @@ func (l *lane) grant(s Share) {
 		l.slot.leased = s.InFlight + 1
 	}
 	if !s.Cool.IsZero() {
-		l.cooledLocked(l.pace.cool(now, l.clk.ticks(s.Cool), "a cooldown shared by another process"))
+		l.cooledLocked(context.Background(), l.pace.cool(now, l.clk.ticks(s.Cool), "a cooldown shared by another process"))
 	}
 	l.wakeLocked()
 }

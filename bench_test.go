@@ -32,7 +32,7 @@ func (bodyBase) RoundTrip(req *http.Request) (*http.Response, error) {
 // BenchmarkRoundTrip measures sluice's overhead on the fast path (token and
 // slot free, nobody waiting) against the bare base, and against
 // x/time/rate plus x/sync/semaphore composed by hand.
-func BenchmarkRoundTrip(b *testing.B) {
+func BenchmarkRoundTripBases(b *testing.B) {
 	req, _ := http.NewRequest("GET", "http://api.test/", nil)
 	// A request that carries a tenant: what a multi-tenant service sends.
 	treq := req.WithContext(WithTenant(context.Background(), "acme"))
@@ -192,30 +192,4 @@ func benchWaitQueue(b *testing.B, n, tenants int) {
 		b.ReportMetric(0, "ns/op")
 		b.ReportAllocs()
 	})
-}
-
-// BenchmarkRoundTripContext measures a request whose context can end (a
-// deadline, a cancel): a response with a body then also registers a
-// context.AfterFunc, so that the context's end gives the slot back.
-func BenchmarkRoundTripContext(b *testing.B) {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, "GET", "http://api.test/", nil)
-	for _, base := range []http.RoundTripper{nopBase{}, bodyBase{}} {
-		name := fmt.Sprintf("%T", base)[len("sluice."):]
-		tr := mustNew(b, base, WithRate(1e9, time.Second), WithBurst(1<<30))
-		for _, v := range []struct {
-			name string
-			rt   http.RoundTripper
-		}{{"bare", base}, {"sluice", tr}} {
-			b.Run(name+"/"+v.name, func(b *testing.B) {
-				b.ReportAllocs()
-				for b.Loop() {
-					if err := send(v.rt, req); err != nil {
-						b.Fatal(err)
-					}
-				}
-			})
-		}
-	}
 }

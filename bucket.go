@@ -9,7 +9,7 @@ import (
 // full, and gains rate tokens a second. It decides as x/time/rate's Limiter
 // does for the same calls, to the float (bucket_test.go replays random call
 // sequences against a Limiter and compares every answer), but it has no
-// lock: its owner locks (see NOTES.md, "Grants on schedule").
+// lock: its owner locks (see docs/design.md, "The token bucket").
 //
 // It differs from a Limiter in one way: a time earlier than the latest one
 // it was given counts as no time at all, and does not move that latest time

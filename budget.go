@@ -26,7 +26,7 @@ type budgets struct {
 	out []*charge // see pay
 }
 
-// budget is the account of one budget. See NOTES.md, "Budgets".
+// budget is the account of one budget. See docs/design.md, "Budgets".
 type budget struct {
 	name   string
 	b      bucket
@@ -257,7 +257,7 @@ func (bs *budgets) observe(now, sent time.Duration, remaining *[maxBudgets]int64
 // less what was granted since ch and what was granted before ch and is not
 // answered yet (the server may not have counted it), plus what refilled
 // since sent; it learns the margin from the difference when nothing earlier
-// is unanswered. See NOTES.md, "Budgets" (underestimates, overtaking).
+// is unanswered. See docs/design.md, "Budgets" (underestimates, overtaking).
 func (bs *budgets) reconcile(i int, remaining int64, now, sent time.Duration, ch *charge) {
 	b := &bs.bs[i]
 	since, before := b.sent, 0.0

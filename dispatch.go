@@ -39,10 +39,11 @@ func (l *lane) run(ctx context.Context, own *waiter) {
 		l.mu.Lock()
 		if l.q.len() == 0 {
 			l.dispatching = false
+			l.watching.Store(false)
 			l.mu.Unlock()
 			return
 		}
-		if own != nil && (own.granted || own.err != nil || ctx.Err() != nil) {
+		if own != nil && (own.h != nil || own.err != nil || ctx.Err() != nil) {
 			go l.dispatch() // still dispatching: the loop changes goroutine
 			l.mu.Unlock()
 			return
@@ -61,6 +62,13 @@ func (l *lane) run(ctx context.Context, own *waiter) {
 		}
 		if servable && !l.perToken && l.tryTakeLocked(tick, late, next.charge) {
 			l.grantLocked(tick, l.q.pop(l.slot.limit), nil)
+			l.mu.Unlock()
+			continue
+		}
+		// A slot or a tenant's turn held by a response its caller gave up
+		// on comes back now, and the others are watched from here on (see
+		// reclaimLocked).
+		if (!servable || !l.slot.free()) && !l.watching.Load() && len(l.held) > 0 && l.reclaimLocked(true) {
 			l.mu.Unlock()
 			continue
 		}
@@ -141,16 +149,9 @@ func (l *lane) grantLocked(now time.Duration, w *waiter, err error) {
 		w.err = err
 		l.q.levels[w.level].forget(w.tn) // it may have been its last waiter
 	} else {
-		w.granted = true
-		w.at = now
-		w.timed = l.timeNextLocked(now)
-		w.spaced = l.pace.spaces()
-		if testHookGrant != nil {
-			testHookGrant(l, now)
-		}
 		l.q.levels[w.level].started(w.tn, l.slot.limit)
-		l.grantedLocked(now, w.level, w.first)
-		l.levels[w.level].wait.Record(now, waitPeriod, now-w.start)
+		l.grantedLocked(now, w.level, w.first, now-w.start)
+		w.h = l.holdLocked(w.ctx, w.tn, w.charge, now, now-w.start)
 	}
 	close(w.ready)
 }

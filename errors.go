@@ -79,6 +79,8 @@ type RejectedError struct {
 	Cost   int64
 }
 
+// Error returns a message that starts with "sluice:" and names the
+// priority, the lane's key and why the request was refused.
 func (e *RejectedError) Error() string {
 	switch e.Reason {
 	case ReasonQueueFull:

@@ -66,8 +66,8 @@ const forEachPoll = 50 * time.Millisecond
 // propagates at once after the started calls have returned.
 //
 // ForEach differs from an errgroup loop with SetLimit(n) in that the bound
-// follows t's limit instead of a guess fixed in advance (see NOTES.md,
-// "ForEach").
+// follows t's limit instead of a guess fixed in advance (see docs/design.md,
+// "Fan-out").
 func ForEach[T any](ctx context.Context, t *Transport, items iter.Seq[T], fn func(ctx context.Context, item T) error) error {
 	if t == nil {
 		panic("sluice: ForEach with a nil *Transport")

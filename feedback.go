@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/sluice-go/sluice/internal/stats"
+	"github.com/sluice-go/sluice/internal/verdict"
 )
 
 // Three rates bound a lane's pace, and it paces to the smallest that
@@ -15,8 +16,8 @@ import (
 // quotas show tokens to spare (see feedback.rate). A 429
 // cuts the throttle rate (see feedback.cut), which then climbs back over
 // time (see feedback.grow); a refusal also sets a cooldown, before which
-// nothing is sent. The rules and the measurements behind them: NOTES.md,
-// "Throttle rate".
+// nothing is sent. The rules and why: docs/design.md,
+// "Feedback from 429s".
 const (
 	throttleCut       = 0.8 // cut when nothing tells r_f from the pace
 	throttleCutKnown  = 0.9 // cut from a known r_f
@@ -405,20 +406,55 @@ func (f *feedback) cool(now, until time.Duration, why string) (extended, fresh b
 // headers.Parse and headers.RetryAfter read.
 var limitHeaderPrefixes = []string{"Ratelimit", "X-Ratelimit", "X-Rate-Limit", "Anthropic-Ratelimit", "Retry-After", "X-Ms-Retry-After"}
 
-// signals reports whether resp may say something about rate limits: a
-// status that does, or a header that might. Most responses say nothing, and
-// this lets them skip parsing and the lane's lock.
-func signals(resp *http.Response) bool {
-	switch resp.StatusCode {
-	case http.StatusTooManyRequests, http.StatusServiceUnavailable, http.StatusForbidden:
-		return true
-	}
-	for k := range resp.Header {
+// limitHeader reports whether h has a field of a rate-limit family.
+func limitHeader(h http.Header) bool {
+	for k := range h {
+		if k == "" || k[0] != 'R' && k[0] != 'X' && k[0] != 'A' {
+			continue // no prefix below starts otherwise
+		}
 		for _, p := range limitHeaderPrefixes {
 			if len(k) >= len(p) && k[:len(p)] == p {
 				return true
 			}
 		}
+	}
+	return false
+}
+
+const (
+	// A lane whose last quietAfter responses had no rate-limit header
+	// looks for one in only one response in quietEvery (a map's range
+	// costs about as much as the rest of a request that waits for
+	// nothing); a refusal's status is always read, and the first header
+	// seen makes it look at every response again. A server that states
+	// its limits states them on every response.
+	quietAfter = 64
+	quietEvery = 16
+)
+
+// reads reports whether resp may say something about rate limits: a
+// status whose verdict its headers decide (see verdict.Classify), or a
+// header that might. Most responses say nothing, and this lets them skip
+// parsing and the lane's lock. While l's server sends no such header, it
+// looks at the headers of only some responses (see quietAfter).
+func (l *lane) reads(resp *http.Response) bool {
+	switch resp.StatusCode {
+	case http.StatusTooManyRequests, http.StatusForbidden, http.StatusBadGateway,
+		http.StatusServiceUnavailable, http.StatusGatewayTimeout, verdict.StatusOverloaded:
+		return true
+	}
+	n := l.quiet.Load()
+	if n >= quietAfter && l.quiet.Add(1)%quietEvery != 0 {
+		return false
+	}
+	if limitHeader(resp.Header) {
+		if n != 0 {
+			l.quiet.Store(0)
+		}
+		return true
+	}
+	if n < quietAfter {
+		l.quiet.Add(1)
 	}
 	return false
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/sluice-go/sluice/internal/headers"
 	"github.com/sluice-go/sluice/internal/stats"
+	"github.com/sluice-go/sluice/internal/verdict"
 )
 
 // A lane is the state behind one key: its pace (see pacer), the wait queue,
@@ -44,10 +45,15 @@ type lane struct {
 	// dead: the lane was forgotten (see forget). Set under mu, never
 	// cleared; read without it by lookups, which then make a new lane.
 	dead        atomic.Bool
-	dispatching bool // a dispatcher goroutine is running
-	stalled     bool // it waits for a kick: no waiter's tenant is under its cap
-	perToken    bool // see be; with the flags above, in their padding (TestLaneHeap)
-	join        bool
+	leakWarned  atomic.Bool   // a response body was collected unclosed; see leakToken
+	quiet       atomic.Uint32 // responses in a row with no rate-limit header; see reads
+	dispatching bool          // a dispatcher goroutine is running
+	stalled     bool          // it waits for a kick: no waiter's tenant is under its cap
+	// watching: a dispatcher needs the slots back (see reclaimLocked); a
+	// response that goes out meanwhile is watched at once (see wrap).
+	watching atomic.Bool
+	perToken bool // see be; with the flags above, in their padding (TestLaneHeap)
+	join     bool
 	// kick wakes the dispatcher early; capacity 1. It is made when the
 	// first dispatcher starts, and never changes after: a lane whose
 	// requests never wait does without.
@@ -62,6 +68,7 @@ type lane struct {
 	be Backend
 
 	budgets budgets // see WithBudget
+	held    []*hold // the holds not yet given back (see hold)
 
 	levels  [numLevels]levelCounters
 	refused *[numLevels][numReasons]uint64 // early refusals; nil before the first
@@ -99,33 +106,6 @@ func newLane(key string, cfg *config) *lane {
 	l.slot = newLimiter(cfg.minConc, cfg.maxConc, l.pace.paced())
 	return l
 }
-
-// A grant is an attempt's token and in-flight slot, as acquire hands them
-// out. Exactly one of Done and Drop gives it back. It also carries the
-// enqueue time of its logical request's first attempt (for the next attempt
-// to keep its place), its tenant (whose in-flight count it is part of until
-// it is given back), its charge to the lane's budgets, and whether its
-// latency is measured (see timeNext). A grant is a value; the zero grant
-// holds nothing.
-type grant struct {
-	l          *lane
-	enq, start time.Duration // on the lane's clock; start: latency is measured from it
-	tn         *tenant
-	timed      bool
-	ch         *charge       // what it cost the lane's budgets
-	at         time.Duration // when it was handed out, on the lane's clock
-	wait       time.Duration // how long this attempt queued for it
-	spaced     bool          // the lane wants to know when it is written (see lane.traceWrite)
-}
-
-// Done gives back the slot of an attempt that was sent and is finished, with
-// its response's status (0: the base transport failed): the lane counts the
-// response and, if the grant is timed, its latency.
-func (g grant) Done(status int) { g.l.release(g, status) }
-
-// Drop gives back the token and the slot of an attempt that was granted but
-// not sent, as if the grant had not been made.
-func (g grant) Drop() { g.l.refund(g.tn, g.ch, g.at) }
 
 // testHookGrant, set only by tests, sees every grant a lane makes, at its
 // reading of the lane's clock, with the lane's lock held: the hand-off
@@ -170,26 +150,23 @@ func (l *lane) timeNextLocked(now time.Duration) bool {
 }
 
 // acquire waits until the lane grants this attempt a token and an in-flight
-// slot, in priority order. enq is the enqueue time of the logical request's
-// first attempt on the lane's clock, or firstAttempt. On error nothing is
-// held, and the grant still carries enq.
-func (l *lane) acquire(ctx context.Context, p Priority, enq time.Duration) (grant, error) {
-	id := TenantFrom(ctx)
+// slot, in priority order, and returns its hold. enq is the enqueue time of
+// the logical request's first attempt on the lane's clock, or firstAttempt;
+// acquire returns it for the next attempt, also with an error. On error
+// nothing is held.
+func (l *lane) acquire(ctx context.Context, p Priority, enq time.Duration) (*hold, time.Duration, error) {
 	ch, rej := l.chargeOf(ctx, p)
 	if rej != nil {
 		l.mu.Lock()
 		l.countRefusedLocked(p, ReasonCost)
 		l.mu.Unlock()
-		return grant{enq: enq}, rej
+		return nil, enq, rej
 	}
+	id := TenantFrom(ctx)
 	l.mu.Lock()
-	if l.dead.Load() {
+	if err := l.usableLocked(); err != nil {
 		l.mu.Unlock()
-		return grant{enq: enq}, errLaneGone
-	}
-	if l.closed {
-		l.mu.Unlock()
-		return grant{enq: enq}, ErrClosed
+		return nil, enq, err
 	}
 	// The clock is read under the lock: a reading taken before it would
 	// charge the grant to an instant up to the lock wait in the past, when
@@ -203,53 +180,77 @@ func (l *lane) acquire(ctx context.Context, p Priority, enq time.Duration) (gran
 	if l.join {
 		l.joinLocked()
 	}
-	lv := &l.q.levels[p]
-	tn := lv.tenant(id)
-	// Fast path: nobody waiting, token and slot free, tenant under its
-	// cap. No goroutine hand-off. Taking tokens from a Backend, every token
-	// is a call to it, which must not be made under mu: the dispatcher
-	// makes it.
-	if !l.perToken && l.q.len() == 0 && tn.inFlight < lv.capOf(l.slot.limit) && l.tryTakeLocked(now, false, ch) {
-		lv.started(tn, l.slot.limit)
-		l.grantedLocked(now, p, first)
-		if testHookGrant != nil {
-			testHookGrant(l, now)
-		}
-		l.levels[p].wait.Record(now, waitPeriod, 0)
-		timed, spaced := l.timeNextLocked(now), l.pace.spaces()
+	tn := l.q.levels[p].tenant(id)
+	if h := l.tryGrantLocked(ctx, p, tn, ch, now, first); h != nil {
 		l.mu.Unlock()
-		// The grant time is the send time, give or take the few
-		// nanoseconds until the caller sends: no clock read is needed.
-		return grant{l, enq, now, tn, timed, ch, now, 0, spaced}, nil
+		return h, enq, nil
 	}
+	w, err := l.enqueueLocked(ctx, p, tn, ch, enq, now, first)
+	if err != nil {
+		l.mu.Unlock()
+		return nil, enq, err
+	}
+	return l.await(ctx, w)
+}
+
+// usableLocked returns the error of an acquire on a lane that can grant
+// nothing: forgotten or closed.
+func (l *lane) usableLocked() error {
+	if l.dead.Load() {
+		return errLaneGone
+	}
+	if l.closed {
+		return ErrClosed
+	}
+	return nil
+}
+
+// tryGrantLocked is the fast path: nobody waiting, token and slot free,
+// the tenant under its cap. It grants at now with no goroutine hand-off,
+// or returns nil. Taking tokens from a Backend, every token is a call to
+// it, which must not be made under mu: the dispatcher makes it.
+func (l *lane) tryGrantLocked(ctx context.Context, p Priority, tn *tenant, ch *charge, now time.Duration, first bool) *hold {
+	lv := &l.q.levels[p]
+	if l.perToken || l.q.len() > 0 || tn.inFlight >= lv.capOf(l.slot.limit) || !l.tryTakeLocked(now, false, ch) {
+		return nil
+	}
+	lv.started(tn, l.slot.limit)
+	l.grantedLocked(now, p, first, 0)
+	// The grant time is the send time, give or take the few nanoseconds
+	// until the caller sends: no clock read is needed.
+	return l.holdLocked(ctx, tn, ch, now, 0)
+}
+
+// enqueueLocked queues an attempt that cannot be granted at once, unless
+// its context has ended or an early-refusal rule refuses it, and starts a
+// dispatcher if none runs.
+func (l *lane) enqueueLocked(ctx context.Context, p Priority, tn *tenant, ch *charge, enq, now time.Duration, first bool) (*waiter, error) {
+	lv := &l.q.levels[p]
 	if err := ctx.Err(); err != nil {
 		lv.forget(tn)
-		l.mu.Unlock()
-		return grant{enq: enq}, err
+		return nil, err
 	}
 	if rej := l.refuseLocked(ctx, now, p, tn, ch); rej != nil {
 		lv.forget(tn)
-		l.mu.Unlock()
-		return grant{enq: enq}, rej
+		return nil, rej
 	}
-	w := &waiter{level: p, tn: tn, enq: enq, start: now, first: first, ready: make(chan struct{}), charge: ch}
+	w := &waiter{ctx: ctx, level: p, tn: tn, enq: enq, start: now, first: first, ready: make(chan struct{}), charge: ch}
 	l.q.push(w, l.slot.limit)
 	l.budgets.queue(w.level, w.charge, 1)
 	if ev := l.cfg.events; ev != nil {
-		ev.push(ctx, Event{Kind: EventQueued, Lane: l.key, Priority: p, Tenant: id, Queued: l.q.len()})
+		ev.push(ctx, Event{Kind: EventQueued, Lane: l.key, Priority: p, Tenant: tn.id, Queued: l.q.len()})
 	}
-	inline := false
 	if !l.dispatching {
 		l.dispatching = true
 		if l.kick == nil {
 			l.kick = make(chan struct{}, 1)
 		}
-		// Taking tokens from a Backend, the loop waits on the Backend's
-		// calls, which the caller's context cannot cut short: it runs on
-		// a goroutine of its own, so that a cancelled caller returns at
-		// once.
-		inline = !l.perToken
-		if !inline {
+		// No dispatcher runs: the caller is it (see await), unless tokens
+		// come from a Backend, whose calls the caller's context cannot cut
+		// short: the loop then runs on a goroutine of its own, so that a
+		// cancelled caller returns at once.
+		w.dispatches = !l.perToken
+		if !w.dispatches {
 			go l.dispatch()
 		}
 	} else if l.stalled {
@@ -257,51 +258,52 @@ func (l *lane) acquire(ctx context.Context, p Priority, enq time.Duration) (gran
 		// waiters is at its cap; this waiter's tenant may not be.
 		l.wakeLocked()
 	}
+	return w, nil
+}
+
+// await waits, with the lock held on entry and released, until w is granted
+// or failed, or its context ends.
+func (l *lane) await(ctx context.Context, w *waiter) (*hold, time.Duration, error) {
 	l.mu.Unlock()
-	if inline {
-		// No dispatcher runs: this goroutine is it until its own waiter
+	if w.dispatches {
+		// This goroutine runs the dispatcher's loop until its own waiter
 		// is served, and hands the loop on if others still wait. A caller
 		// alone in the queue, the common case, then waits for its token
 		// on its own timer, with no goroutine to start and wake.
 		l.run(ctx, w)
 	}
-
 	select {
 	case <-w.ready:
 		if w.err != nil {
-			return grant{enq: enq}, w.err
+			return nil, w.enq, w.err
 		}
-		return grant{l, enq, l.clk.read(), tn, w.timed, ch, w.at, w.at - now, w.spaced}, nil
+		return w.h, w.enq, nil
 	case <-ctx.Done():
-		l.mu.Lock()
-		refunded, failed := false, false
-		if w.granted {
-			// The grant and the cancellation raced and the grant won: give
-			// the token and the slot back, as if it had not happened. The
-			// caller sees its context's error and sends nothing.
-			l.refundLocked(tn, ch, w.at)
-			refunded = true
-		} else if w.err != nil {
-			failed = true // the lane failed it first; it was not cancelled
-		} else {
-			l.q.remove(w)
-			l.budgets.queue(w.level, w.charge, -1)
-			// A dispatcher waiting for a slot may now exit, or serve
-			// another tenant.
-			l.wakeLocked()
-		}
-		if !failed {
-			l.levels[p].cancelled++
-		}
-		l.mu.Unlock()
-		if failed {
-			return grant{enq: enq}, w.err
-		}
-		if refunded {
-			l.backendDone()
-		}
-		return grant{enq: enq}, ctx.Err()
 	}
+	l.mu.Lock()
+	var dropped *hold
+	switch {
+	case w.h != nil:
+		// The grant and the cancellation raced and the grant won: give
+		// the token and the slot back, as if it had not happened. The
+		// caller sees its context's error and sends nothing.
+		dropped = w.h
+	case w.err != nil:
+		l.mu.Unlock()
+		return nil, w.enq, w.err // the lane failed it first; it was not cancelled
+	default:
+		l.q.remove(w)
+		l.budgets.queue(w.level, w.charge, -1)
+		// A dispatcher waiting for a slot may now exit, or serve
+		// another tenant.
+		l.wakeLocked()
+	}
+	l.levels[w.level].cancelled++
+	l.mu.Unlock()
+	if dropped != nil {
+		dropped.Drop()
+	}
+	return nil, w.enq, ctx.Err()
 }
 
 // forget marks the lane dead, and reports true, if it has been idle for
@@ -321,6 +323,7 @@ func (l *lane) forget(idle time.Duration) bool {
 		return true
 	}
 	d := l.clk.read()
+	l.reclaimLocked(false)
 	if d-l.clk.last < idle || l.q.len() > 0 || l.slot.inUse > 0 || l.dispatching || l.pace.pending(d) {
 		return false
 	}
@@ -331,38 +334,37 @@ func (l *lane) forget(idle time.Duration) bool {
 	return true
 }
 
-// grantedLocked counts a grant made at now, on the lane's clock. First
-// attempts feed the retry budget.
-func (l *lane) grantedLocked(now time.Duration, p Priority, first bool) {
+// grantedLocked counts a grant made at now, on the lane's clock, to an
+// attempt of level p that waited wait. First attempts feed the retry budget.
+func (l *lane) grantedLocked(now time.Duration, p Priority, first bool, wait time.Duration) {
+	if testHookGrant != nil {
+		testHookGrant(l, now)
+	}
 	l.levels[p].granted++
+	l.levels[p].wait.Record(now, waitPeriod, wait)
 	if first {
 		l.budget.firsts.AddNano(l.clk.epochNS+int64(now), 1)
 	}
 }
 
-// refund gives back the token and slot of an attempt that was granted but
-// not sent.
-func (l *lane) refund(tn *tenant, ch *charge, at time.Duration) {
+// refund gives back the token and slot of h's attempt, granted but not
+// sent. A Backend's token is not given back (a shared budget cannot take
+// one back safely once others may have been refused for it); its lease is.
+func (l *lane) refund(h *hold) {
 	l.mu.Lock()
-	l.refundLocked(tn, ch, at)
-	l.mu.Unlock()
-	l.backendDone()
-}
-
-// refundLocked gives back the token and the slot. A Backend's token is not
-// given back (a shared budget cannot take one back safely once others may
-// have been refused for it); its lease is, by the caller's backendDone
-// after mu is released.
-func (l *lane) refundLocked(tn *tenant, ch *charge, at time.Duration) {
 	if testHookRefund != nil {
-		testHookRefund(l, at)
+		testHookRefund(l, h.at)
 	}
+	l.unholdLocked(h)
 	now := l.clk.tick()
 	l.pace.refund(now, !l.perToken)
-	l.budgets.repay(now, ch)
+	l.budgets.repay(now, h.ch)
 	l.slot.put()
-	l.q.levels[tn.level].finished(tn, l.slot.limit)
+	l.q.levels[h.tn.level].finished(h.tn, l.slot.limit)
 	l.wakeLocked()
+	l.mu.Unlock()
+	l.backendDone()
+	h.recycle() // never out: no watch
 }
 
 // chargeOf returns what a request with ctx costs the lane's budgets, nil if
@@ -405,41 +407,76 @@ func (l *lane) adjust(name string, estimate, actual float64) {
 	}
 }
 
-// release returns the slot of g's attempt, finished with status (0: the
-// base transport failed), counts the response for feedback and, if g is
-// timed, feeds its latency to the concurrency controller. See grant.Done.
-func (l *lane) release(g grant, status int) {
-	start, tn, timed := g.start, g.tn, g.timed
+// release gives back h's slot, if it is not yet, for an attempt finished
+// as k (see verdict.Kind): the lane counts the response
+// for feedback and, with sample, feeds its latency to the concurrency
+// controller. owner: the caller is h's owner, done with it, and h is
+// recycled unless a context watch may still run (its stop finds it
+// started). It reports whether it gave the slot back.
+func (l *lane) release(h *hold, k verdict.Kind, sample, owner bool) (released bool) {
 	var d time.Duration
-	if timed {
+	if sample {
 		d = l.clk.read()
 	}
 	l.mu.Lock()
-	if timed {
+	stop := h.stop
+	h.stop = nil
+	released = !h.done
+	if released {
+		l.releaseLocked(h, k, sample, d)
+	}
+	l.mu.Unlock()
+	if released {
+		l.backendDone()
+	}
+	// The watch is stopped outside the lock: it takes its context's. If
+	// it has started, it may still read h, which is then left to the
+	// garbage collector; if not, the owner's h can be recycled.
+	stopped := stop == nil || stop()
+	if owner && stopped {
+		h.recycle()
+	}
+	return released
+}
+
+// releaseLocked gives back h's slot (see release); d is the clock reading
+// of a sample, taken before the lock.
+func (l *lane) releaseLocked(h *hold, k verdict.Kind, sample bool, d time.Duration) {
+	l.unholdLocked(h)
+	if k == verdict.Overloaded {
+		now := l.clk.last
+		if sample {
+			now = l.clk.at(d)
+		}
+		ch := l.slot.onOverload(now, h.start)
+		l.limitMovedLocked(ch)
+		if ch.pause > 0 {
+			l.cooledLocked(context.Background(), l.pace.cool(now, now+ch.pause, "overloaded"))
+		}
+	}
+	if sample {
 		d = l.clk.at(d)
-		l.limitMovedLocked(l.slot.onSample(d, d-start, status, l.q.len() > 0, l.currentRateLocked()))
-		l.settleLocked(d, start, status)
+		l.limitMovedLocked(l.slot.onSample(d, d-h.start, k, l.q.len() > 0, l.currentRateLocked()))
+		l.settleLocked(d, h.start, k)
 	} else {
 		// Untimed only on a lane busy enough that the latest clock
 		// reading, from a grant, is recent: good enough to count the
-		// response in windows of seconds (see timeNext).
-		l.slot.onUntimed(status, l.q.len() > 0)
-		l.settleLocked(l.clk.last, start, status)
+		// response in windows of seconds (see timeNext). Or not a sample
+		// at all: the response was given up by its caller.
+		l.slot.onUntimed(k, l.q.len() > 0)
+		l.settleLocked(l.clk.last, h.start, k)
 	}
-	l.q.levels[tn.level].finished(tn, l.slot.limit)
+	l.q.levels[h.tn.level].finished(h.tn, l.slot.limit)
 	if l.slot.put() && l.q.len() > 0 {
 		l.wakeLocked()
 	}
-	l.mu.Unlock()
-	l.backendDone()
 }
 
 // observe reads what a response says, when its headers arrive: the attempt
 // was granted at sent, on the lane's clock. It is called only for responses
-// for which signals is true; the parsing happens before the lane's lock is
-// taken. It reports whether the response refused the attempt for its rate
-// (see pacer.observe).
-func (l *lane) observe(ctx context.Context, resp *http.Response, sent time.Duration, p Priority, ch *charge) (throttled bool) {
+// for which reads is true; the parsing happens before the lane's lock is
+// taken. It returns what the attempt was to the server (see verdict).
+func (l *lane) observe(ctx context.Context, resp *http.Response, sent time.Duration, p Priority, ch *charge) verdict.Kind {
 	wall := time.Now()
 	r := readReply(resp, wall, l.cfg.maxRetryAfter)
 	r.sent = sent
@@ -465,24 +502,25 @@ func (l *lane) observe(ctx context.Context, resp *http.Response, sent time.Durat
 	if c.refused && ev != nil {
 		ev.push(ctx, Event{Kind: EventThrottled, Lane: l.key, Priority: p, Tenant: TenantFrom(ctx), Status: r.status})
 	}
-	l.cooledLocked(c.cool)
+	l.cooledLocked(ctx, c.cool)
 	if c.raised && l.q.len() > 0 {
 		l.wakeLocked()
 	}
 	if ev != nil {
-		if c.cool.extended {
-			ev.push(ctx, Event{Kind: EventCooldown, Lane: l.key, Until: l.clk.timeOf(c.cool.until),
-				Wait: c.cool.until - l.clk.last, Cause: c.cool.why})
-		}
 		l.rateChangedLocked(ctx, ev, c.cause)
 	}
-	return c.throttled
+	return c.kind
 }
 
-// cooledLocked logs a cooldown that c began.
-func (l *lane) cooledLocked(c coolChange) {
+// cooledLocked logs a cooldown that c began, and tells the Observers of one
+// it extended.
+func (l *lane) cooledLocked(ctx context.Context, c coolChange) {
 	if c.fresh {
 		l.cfg.logger.Info("sluice: lane cooling down", "lane", l.key, "for", (c.until - l.clk.last).Round(time.Millisecond), "why", c.why)
+	}
+	if ev := l.cfg.events; ev != nil && c.extended {
+		ev.push(ctx, Event{Kind: EventCooldown, Lane: l.key, Until: l.clk.timeOf(c.until),
+			Wait: c.until - l.clk.last, Cause: c.why})
 	}
 }
 
@@ -506,9 +544,9 @@ func (l *lane) wrote(at time.Duration) {
 }
 
 // settleLocked counts for the lane's pace an attempt sent at sent that finished
-// at now (both on the lane's clock) with status (see pacer.settle).
-func (l *lane) settleLocked(now, sent time.Duration, status int) {
-	moved, raised := l.pace.settle(now, sent, status)
+// at now (both on the lane's clock) as k (see pacer.settle).
+func (l *lane) settleLocked(now, sent time.Duration, k verdict.Kind) {
+	moved, raised := l.pace.settle(now, sent, k)
 	if raised && l.q.len() > 0 {
 		l.wakeLocked()
 	}

@@ -2,11 +2,12 @@ package sluice
 
 import (
 	"math"
-	"net/http"
 	"time"
+
+	"github.com/sluice-go/sluice/internal/verdict"
 )
 
-// The adaptive limit's constants. Why these values: NOTES.md, "Adaptive
+// The adaptive limit's constants. Why these values: docs/design.md, "The
 // in-flight limit".
 const (
 	littleMargin = 0.1     // share added to λ·W + devWeight·sqrt(λ·D)
@@ -24,6 +25,11 @@ const (
 	rateShort       = 0.9  // a paced lane completing under this share of its rate is short of it
 	backoff         = 0.75 // a cut goes this far under the upstream's estimated capacity
 	initialUnpaced  = 4    // the first limit of a lane with no rate
+
+	// An overload at the limit's floor pauses the lane: for the first
+	// pause, then twice as long at each in a row, up to the last.
+	firstOverloadPause = 50 * time.Millisecond
+	lastOverloadPause  = 5 * time.Second
 )
 
 // limiter is a lane's in-flight limit: its slots and the controller that
@@ -35,7 +41,7 @@ const (
 // the controller sets when latency rises above a no-load baseline while the
 // completion rate stays flat (the upstream queues what the lane sends). An
 // unpaced lane's limit is that cap alone, from initialUnpaced. The limit
-// stays within the bounds given to newLimiter. See NOTES.md, "Adaptive
+// stays within the bounds given to newLimiter. See docs/design.md, "The
 // in-flight limit".
 //
 // Times are on the lane's clock. A limiter is not safe for concurrent use
@@ -65,6 +71,12 @@ type limiter struct {
 	cap      int // cap on the limit from the gradient; 0: none
 	knee     int // the upstream's capacity in calls, estimated by the last cut
 	sinceCut int // windows since the last cut, from 1; 0: none yet
+
+	// over caps the limit after the server answered overloaded (see
+	// onOverload); 0: no cap. overAt is when it was last cut.
+	over   int
+	overAt time.Duration
+	pause  time.Duration // the next overload pause; 0: firstOverloadPause
 }
 
 // newLimiter returns the limiter of a lane whose limit stays within [lo,
@@ -85,6 +97,7 @@ func newLimiter(lo, hi int, paced bool) limiter {
 type limitChange struct {
 	from, to int
 	found    finding
+	pause    time.Duration // the lane should send nothing for this long
 }
 
 // A finding is what a closed window concluded; the zero value is none worth
@@ -112,15 +125,16 @@ func (s *limiter) set(n int) limitChange {
 }
 
 // onSample takes the completion at now of a timed attempt that held a slot
-// (counted in inUse) for latency and ended with status (0: the transport
-// failed). waiting says whether requests wait for the lane; rate is its
-// rate, 0 if not paced. It returns what became of the limit. Refusals (429,
-// 503) and transport errors are not samples and change nothing.
-func (s *limiter) onSample(now, latency time.Duration, status int, waiting bool, rate float64) limitChange {
-	switch status {
-	case 0, http.StatusTooManyRequests, http.StatusServiceUnavailable:
+// (counted in inUse) for latency and ended as k. waiting says whether
+// requests wait for the lane; rate is its rate, 0 if not paced. It returns
+// what became of the limit. What is not the server's work (a refusal, an
+// overload, a transport error; see verdict.Kind.Sample) is no sample and
+// changes nothing.
+func (s *limiter) onSample(now, latency time.Duration, k verdict.Kind, waiting bool, rate float64) limitChange {
+	if !k.Sample() {
 		return limitChange{from: s.limit, to: s.limit}
 	}
+	s.pause = 0
 	x := max(latency.Seconds(), 0)
 	if !s.started {
 		// RFC 6298's start: the deviation is unknown, assume it large.
@@ -144,13 +158,40 @@ func (s *limiter) onSample(now, latency time.Duration, status int, waiting bool,
 	return ch
 }
 
+// onOverload takes an attempt sent at sent that the server answered at now
+// as overloaded (see verdict.Overloaded): such answers come fast for want
+// of work, so they are no latency samples, and what they say is that less
+// must be in flight. The limit is cut to backoff times what is in flight,
+// and capped there; an attempt sent before the last cut says nothing of
+// it (the overloads of one round of calls are one signal). Windows of
+// samples without overload raise the cap by a quarter each (see endWindow)
+// until it no longer binds.
+//
+// At the limit's floor, a cut can do no more, and answers that come fast
+// would let even one call in flight send thousands a second: the lane is
+// paused instead, from firstOverloadPause, twice as long at each overload
+// in a row, until a sample says the server works again.
+func (s *limiter) onOverload(now, sent time.Duration) limitChange {
+	if s.over > 0 && sent < s.overAt {
+		return limitChange{from: s.limit, to: s.limit}
+	}
+	floor := s.limit <= s.min
+	s.over = max(s.min, min(s.limit, int(backoff*float64(s.inUse))))
+	s.overAt = now
+	ch := s.set(s.over)
+	if floor {
+		ch.pause = max(s.pause, firstOverloadPause)
+		s.pause = min(2*ch.pause, lastOverloadPause)
+	}
+	return ch
+}
+
 // onUntimed takes the completion of an attempt that was not timed (see
 // lane.timeNext), with the arguments of onSample: it counts toward the
 // window's completion rate and binding check, which must see every
 // completion.
-func (s *limiter) onUntimed(status int, waiting bool) {
-	switch status {
-	case 0, http.StatusTooManyRequests, http.StatusServiceUnavailable:
+func (s *limiter) onUntimed(k verdict.Kind, waiting bool) {
+	if !k.Sample() {
 		return
 	}
 	if !s.started {
@@ -174,6 +215,9 @@ func (s *limiter) target(rate float64) int {
 		if s.cap == 0 { // the rate has gone: hold the limit, then move it by the gradient
 			s.cap = s.limit
 		}
+		if s.over > 0 {
+			return min(s.cap, s.over)
+		}
 		return s.cap
 	}
 	n := s.max
@@ -182,6 +226,9 @@ func (s *limiter) target(rate float64) int {
 	}
 	if s.cap > 0 {
 		n = min(n, s.cap)
+	}
+	if s.over > 0 {
+		n = min(n, s.over)
 	}
 	return n
 }
@@ -201,6 +248,13 @@ func (s *limiter) endWindow(now time.Duration, r float64) finding {
 	var f finding
 	if s.sinceCut > 0 {
 		s.sinceCut++
+	}
+	if s.over > 0 && now-s.overAt >= now-s.start {
+		// A window without overload: the cap grows back, and goes once
+		// it no longer binds.
+		if s.over += max(1, s.over/4); s.over >= s.max {
+			s.over = 0
+		}
 	}
 	switch {
 	case !elevated:

@@ -4,6 +4,8 @@ import (
 	"net/http"
 	"testing"
 	"time"
+
+	"github.com/sluice-go/sluice/internal/verdict"
 )
 
 // setLimitLocked sets l's in-flight limit to n (clamped to its bounds) as a
@@ -29,7 +31,7 @@ func (s *limiter) pin(n int) limitChange {
 func feed(s *limiter, now, latency time.Duration, status int, rate float64) limitChange {
 	s.take()
 	defer s.put()
-	return s.onSample(now, latency, status, false, rate)
+	return s.onSample(now, latency, verdict.Of(status), false, rate)
 }
 
 // window feeds s samples of latency, perSec a second from *now, until a
@@ -42,7 +44,7 @@ func window(t *testing.T, s *limiter, now *time.Duration, perSec int, latency ti
 	defer func() { s.inUse -= inUse }()
 	for {
 		*now += time.Second / time.Duration(perSec)
-		ch := s.onSample(*now, latency, http.StatusOK, waiting, rate)
+		ch := s.onSample(*now, latency, verdict.Served, waiting, rate)
 		if ch.to != s.limit || s.limit < s.min || s.limit > s.max {
 			t.Fatalf("limit %d (change %+v), bounds [%d, %d]", s.limit, ch, s.min, s.max)
 		}
@@ -143,7 +145,7 @@ func TestAdaptiveIgnoresRefusals(t *testing.T) {
 			if ch := feed(&s, now, time.Millisecond, status, 50); ch != (limitChange{from: limit, to: limit}) {
 				t.Fatalf("status %d: %+v, want no change from %d", status, ch, limit)
 			}
-			s.onUntimed(status, true)
+			s.onUntimed(verdict.Of(status), true)
 		}
 	}
 	s.fill(&after)
@@ -194,7 +196,7 @@ func TestCompletionRateCountsUntimed(t *testing.T) {
 			continue
 		}
 		s.take()
-		s.onUntimed(http.StatusOK, false)
+		s.onUntimed(verdict.Served, false)
 		s.put()
 	}
 	if x := s.prevX; x < 3900 || x > 4100 {
@@ -302,7 +304,7 @@ func BenchmarkControllerOnDone(b *testing.B) {
 			i := 0
 			for b.Loop() {
 				now += 20 * time.Millisecond
-				l.limitMovedLocked(l.slot.onSample(now, 400*time.Millisecond+time.Duration(i%7)*10*time.Millisecond, http.StatusOK, l.q.len() > 0, l.currentRateLocked()))
+				l.limitMovedLocked(l.slot.onSample(now, 400*time.Millisecond+time.Duration(i%7)*10*time.Millisecond, verdict.Served, l.q.len() > 0, l.currentRateLocked()))
 				i++
 			}
 		})

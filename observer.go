@@ -73,6 +73,8 @@ const (
 	RateRecovery = "recovery"
 )
 
+// String returns the kind's name in lower case, as in "queued" or
+// "rate changed".
 func (k EventKind) String() string {
 	switch k {
 	case EventQueued:

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/sluice-go/sluice/internal/headers"
+	"github.com/sluice-go/sluice/internal/verdict"
 )
 
 // A pacer decides when a lane may send: it owns the lane's token bucket,
@@ -344,6 +345,11 @@ type reply struct {
 	budgetOut           bool // a budget of the lane ran out (see WithBudget)
 }
 
+// kind classifies the reply (see verdict.Classify).
+func (r reply) kind() verdict.Kind {
+	return verdict.Classify(r.status, r.hasRA, r.hasQuota && r.quota.Remaining == 0)
+}
+
 // readReply reads resp's status and headers, at wall, with Retry-After
 // held to maxWait. Headers state times on the wall clock; one reading
 // serves all.
@@ -358,8 +364,9 @@ func readReply(resp *http.Response, wall time.Time, maxWait time.Duration) reply
 
 // A paceChange is what a response changed.
 type paceChange struct {
-	throttled bool   // it refused the attempt for its rate: a 429, or a 403 that says so
-	refused   bool   // throttled, or a 503 with Retry-After
+	kind      verdict.Kind
+	throttled bool   // kind is Throttled: refused for its rate (a 429, or a 403 that says so)
+	refused   bool   // throttled, or paused (see verdict.Kind.Refused)
 	cause     string // of any change of the rate: RateCut or RateHeader
 	raised    bool   // the lane's bucket now fills faster
 	cool      coolChange
@@ -378,10 +385,9 @@ func (p *pacer) observe(now time.Duration, r reply, inFlight int) paceChange {
 	f := &p.fb
 	exhausted := r.hasQuota && r.quota.Remaining == 0
 	tokensOut := r.budgetOut || r.hasTokens && r.tokens.Remaining == 0
-	c := paceChange{cause: RateHeader}
-	c.throttled = r.status == http.StatusTooManyRequests ||
-		r.status == http.StatusForbidden && (r.hasRA || exhausted)
-	c.refused = c.throttled || r.status == http.StatusServiceUnavailable && r.hasRA
+	c := paceChange{cause: RateHeader, kind: r.kind()}
+	c.throttled = c.kind == verdict.Throttled
+	c.refused = c.kind.Refused()
 	if c.throttled {
 		f.throttled++
 		if f.refused == nil {
@@ -445,12 +451,12 @@ func (p *pacer) pace(now, sent time.Duration, qp quotaPace) coolChange {
 	return c
 }
 
-// settle counts an attempt sent at sent that finished at now with status
-// (0: the base transport failed): an accepted one feeds the acceptance rate
-// and the throttle rate's recovery. It returns why the rate may have moved
-// ("": it did not), and whether the bucket now fills faster.
-func (p *pacer) settle(now, sent time.Duration, status int) (moved string, raised bool) {
-	if status == 0 || status == http.StatusTooManyRequests || status >= 500 {
+// settle counts an attempt sent at sent that finished at now as k: an
+// accepted one feeds the acceptance rate and the throttle rate's recovery.
+// It returns why the rate may have moved ("": it did not), and whether the
+// bucket now fills faster.
+func (p *pacer) settle(now, sent time.Duration, k verdict.Kind) (moved string, raised bool) {
+	if !k.Accepted() {
 		return "", false
 	}
 	f := &p.fb

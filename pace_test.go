@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/sluice-go/sluice/internal/headers"
+	"github.com/sluice-go/sluice/internal/verdict"
 )
 
 // TestPacerRefusalIsNotAccepted: GitHub refuses for its rate with 403 and
@@ -29,11 +30,11 @@ func TestPacerRefusalIsNotAccepted(t *testing.T) {
 	if p.fb.throttled != 1 || p.rate != 10 {
 		t.Errorf("throttled %d, rate %v; want 1 and 10", p.fb.throttled, p.rate)
 	}
-	p.settle(now, now, http.StatusTooManyRequests)
+	p.settle(now, now, verdict.Throttled)
 	if p.fb.okRun != 0 || p.accepted(now) != 0 {
 		t.Errorf("after a refusal: run %d, accepted %d; want 0 and 0", p.fb.okRun, p.accepted(now))
 	}
-	p.settle(now, now, http.StatusOK)
+	p.settle(now, now, verdict.Served)
 	if p.fb.okRun != 1 || p.accepted(now) != 1 {
 		t.Errorf("after an acceptance: run %d, accepted %d; want 1 and 1", p.fb.okRun, p.accepted(now))
 	}
@@ -50,11 +51,11 @@ func TestRunCountsAttemptsSentAfterCut(t *testing.T) {
 	if c.cause != RateCut || p.fb.failAt != cut || p.rate >= 10 {
 		t.Fatalf("429 at the configured rate: cause %q, cut at %v, rate %v; want a cut at %v", c.cause, p.fb.failAt, p.rate, cut)
 	}
-	p.settle(cut+time.Second, cut-time.Millisecond, http.StatusOK)
+	p.settle(cut+time.Second, cut-time.Millisecond, verdict.Served)
 	if p.fb.okRun != 0 {
 		t.Errorf("an answer to an attempt sent before the cut counted: run %d", p.fb.okRun)
 	}
-	p.settle(cut+time.Second, cut+time.Millisecond, http.StatusOK)
+	p.settle(cut+time.Second, cut+time.Millisecond, verdict.Served)
 	if p.fb.okRun != 1 {
 		t.Errorf("an answer to an attempt sent after the cut: run %d, want 1", p.fb.okRun)
 	}
@@ -228,7 +229,7 @@ func TestPacerLearnsARate(t *testing.T) {
 	}
 	for i := range 5 {
 		at := time.Duration(i) * 300 * time.Millisecond
-		p.settle(at, at, http.StatusOK)
+		p.settle(at, at, verdict.Served)
 	}
 	now := 1500 * time.Millisecond
 	c := p.observe(now, reply{status: http.StatusTooManyRequests, sent: now, hasRA: true, retryAfter: time.Second}, 1)
@@ -258,7 +259,7 @@ func TestPacerFirstEstimateOnFirstAcceptance(t *testing.T) {
 	if p.paced() || c.cause != RateCut || !c.cool.extended {
 		t.Fatalf("429 before any acceptance: paced %v, %+v; want a cooldown and no pace yet", p.paced(), c)
 	}
-	moved, _ := p.settle(20*time.Millisecond, 0, http.StatusOK)
+	moved, _ := p.settle(20*time.Millisecond, 0, verdict.Served)
 	// One acceptance over the least span counted (a second), at least one
 	// per Retry-After: 1/s, less the margin.
 	if want := 1 - throttleMargin; moved != RateCut || !p.paced() || math.Abs(p.rate-want) > 1e-9 {
@@ -268,7 +269,7 @@ func TestPacerFirstEstimateOnFirstAcceptance(t *testing.T) {
 		t.Error("the first estimate is not probed upward")
 	}
 	// Later acceptances do not estimate again.
-	p.settle(30*time.Millisecond, 0, http.StatusOK)
+	p.settle(30*time.Millisecond, 0, verdict.Served)
 	if p.fb.failAt != 20*time.Millisecond {
 		t.Errorf("cut again at %v", p.fb.failAt)
 	}
@@ -316,7 +317,7 @@ func TestPacerCutsToCountedRefill(t *testing.T) {
 		sent := time.Duration(i) * 20 * time.Millisecond
 		for j := range 2 {
 			s := sent + time.Duration(j)*10*time.Millisecond
-			p.settle(s+20*time.Millisecond, s, http.StatusOK)
+			p.settle(s+20*time.Millisecond, s, verdict.Served)
 			p.observe(s+20*time.Millisecond, reply{status: http.StatusOK, sent: s, hasQuota: true, quota: q(int64(8 - i))}, 1)
 		}
 	}
@@ -340,7 +341,7 @@ func TestPacerCutsToCountedRefill(t *testing.T) {
 		t.Errorf("probing %v, edge %v after a cut to a rough count; want a probe, not an edge", p.fb.probing, p.fb.edge)
 	}
 	before := p.rate
-	p.settle(at+2*time.Second, at+1500*time.Millisecond, http.StatusOK)
+	p.settle(at+2*time.Second, at+1500*time.Millisecond, verdict.Served)
 	if p.rate < 2*before {
 		t.Errorf("a second after the cooldown: rate %v, want at least twice %v", p.rate, before)
 	}
@@ -362,7 +363,7 @@ func TestPacerFollowsARecountedRefill(t *testing.T) {
 	accept := func(rate float64, d time.Duration, rem int64) {
 		step := time.Duration(float64(time.Second) / rate)
 		for end := now + d; now < end; now += step {
-			p.settle(now+20*time.Millisecond, now, http.StatusOK)
+			p.settle(now+20*time.Millisecond, now, verdict.Served)
 			p.observe(now+20*time.Millisecond, reply{status: http.StatusOK, sent: now, hasQuota: true, quota: q(rem)}, 1)
 		}
 	}
@@ -415,7 +416,7 @@ func TestPacerPacesASlidingWindowAtItsLimit(t *testing.T) {
 			now := time.Duration(0)
 			for i := range 25 {
 				at := now + 20*time.Millisecond
-				p.settle(at, now, http.StatusOK)
+				p.settle(at, now, verdict.Served)
 				p.observe(at, reply{status: http.StatusOK, sent: now, hasQuota: true, quota: sliding(at, int64(40-i*20/24))}, 1)
 				now += 50 * time.Millisecond
 			}
@@ -444,7 +445,7 @@ func TestPacerPacesASlidingWindowAtItsLimit(t *testing.T) {
 			step := time.Second / 20
 			for end := now + 3500*time.Millisecond; now < end; now += step {
 				at := now + 20*time.Millisecond
-				p.settle(at, now, http.StatusOK)
+				p.settle(at, now, verdict.Served)
 				p.observe(at, reply{status: http.StatusOK, sent: now, hasQuota: true, quota: sliding(at, 20)}, 1)
 			}
 			if p.fb.quota.kind != kindSliding || p.fb.quota.window != time.Second {

@@ -1,6 +1,7 @@
 package sluice
 
 import (
+	"context"
 	"math"
 	"time"
 )
@@ -8,23 +9,22 @@ import (
 // A waiter is one attempt queued at a lane's gate. ready is closed when the
 // dispatcher grants it a token and a slot; granted records that under the
 // lane's lock, so a waiter whose context ends at the same moment can tell
-// whether it must give the grant back (see lane.acquire).
+// whether it must give the grant back (see lane.await).
 type waiter struct {
-	level   Priority
-	tn      *tenant // whose work it is
-	rank    int64   // the fixed order key; see waitQueue
-	seq     uint64
-	enq     time.Duration // first enqueue of the logical request, on the lane's clock (orders it)
-	start   time.Duration // enqueue of this attempt, on the lane's clock (measures its wait)
-	index   int           // position in its tenant's heap; -1 once removed
-	ready   chan struct{}
-	first   bool          // the logical request's first attempt
-	granted bool          // set under the lane's lock before ready is closed
-	timed   bool          // with granted: its latency is measured; see lane.timeNext
-	at      time.Duration // with granted: when, on the lane's clock
-	spaced  bool          // with granted: see grant.spaced
-	err     error         // set instead of granted when the lane fails the waiter
-	charge  *charge       // what it costs the lane's budgets; nil: nothing
+	ctx        context.Context
+	level      Priority
+	tn         *tenant // whose work it is
+	rank       int64   // the fixed order key; see waitQueue
+	seq        uint64
+	enq        time.Duration // first enqueue of the logical request, on the lane's clock (orders it)
+	start      time.Duration // enqueue of this attempt, on the lane's clock (measures its wait)
+	index      int           // position in its tenant's heap; -1 once removed
+	ready      chan struct{}
+	first      bool    // the logical request's first attempt
+	dispatches bool    // its goroutine runs the dispatcher until it is served (see lane.await)
+	h          *hold   // its grant, set under the lane's lock before ready is closed
+	err        error   // set instead of h when the lane fails the waiter
+	charge     *charge // what it costs the lane's budgets; nil: nothing
 }
 
 // waiterHeap is a min-heap of waiters by (rank, seq).

@@ -35,8 +35,8 @@ const (
 	// storm from multiplying load on a failing upstream; the 10 lets a quiet
 	// lane still retry.
 	DefaultRetryRatio = 0.2
-	DefaultRetryMin   = 10
-	RetryBudgetWindow = 10 * time.Second
+	DefaultRetryMin   = 10               // see DefaultRetryRatio
+	RetryBudgetWindow = 10 * time.Second // the window a retry budget counts over
 )
 
 // retryBudget counts first attempts and retries over RetryBudgetWindow.
@@ -180,6 +180,9 @@ func sdkRetries(req *http.Request) bool {
 //   - then the policy (WithRetryPolicy), read as go-retryablehttp's
 //     Client.Do reads it: retry when it says true, whatever its error.
 func (t *Transport) retryable(ctx context.Context, req *http.Request, resp *http.Response, err error) bool {
+	if err == nil && resp.StatusCode > 0 && resp.StatusCode < 400 && t.cfg.checkRetry == nil {
+		return false // most responses: nothing below would retry them
+	}
 	if err != nil && (errors.Is(err, ErrRejected) || errors.Is(err, ErrClosed) || ctx.Err() != nil || permanent(err)) {
 		return false // not sent, the caller gave up, or it would fail again
 	}

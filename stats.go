@@ -121,6 +121,7 @@ func (t *Transport) LaneStats(key string) (LaneStats, bool) {
 func (l *lane) stats() LaneStats {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.reclaimLocked(false)
 	tick := l.clk.tick()
 	ls := LaneStats{
 		Key:      l.key,

@@ -8,6 +8,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/sluice-go/sluice/internal/verdict"
 )
 
 // Transport is an http.RoundTripper that paces and orders requests before
@@ -39,10 +41,6 @@ type Transport struct {
 	armed   atomic.Bool
 	sweepMu sync.Mutex
 	sweeper *time.Timer
-
-	// leaked holds the lanes that have warned of a response body not
-	// closed: each warns once.
-	leaked sync.Map // *lane → struct{}
 
 	closed atomic.Bool // see Close
 }
@@ -186,7 +184,6 @@ func (t *Transport) sweep() {
 				t.nLanes.Add(-1)
 			}
 			t.hot.CompareAndSwap(l, nil)
-			t.leaked.Delete(l)
 		}
 		return true
 	})
@@ -218,10 +215,13 @@ var (
 // could not be served in time, or the base transport's error.
 //
 // The in-flight slot is held until the response body is read to EOF, fails
-// a read or is closed, or the request's context ends; callers must close
-// response bodies, as net/http requires. As a last resort, a body that is
-// dropped unclosed gives its slot back when the garbage collector finds it
-// unreachable, and the lane logs a warning (once) naming the cause.
+// a read or is closed; callers must close response bodies, as net/http
+// requires. A response whose request's context ends first gives its slot
+// back once the slot is wanted: at once if a request waits for one, else
+// when the lane next reports its state (Stats) or is forgotten. As a last
+// resort, a body that is dropped unclosed gives its slot back when the
+// garbage collector finds it unreachable, and the lane logs a warning
+// (once) naming the cause.
 //
 // A base that returns a nil response and a nil error gives its slot back and
 // becomes an error. A base that panics gives its slot back, and the panic
@@ -250,87 +250,94 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 // attempt returns it for the next.
 func (t *Transport) attempt(l *lane, req *http.Request, p Priority, enq time.Duration, n int) (*http.Response, time.Duration, error) {
 	ctx := req.Context()
-	g, err := l.acquire(ctx, p, enq)
-	enq = g.enq
-	if err == errLaneGone {
-		return nil, enq, err // nothing was taken; do tries the live lane
-	}
+	h, enq, err := l.acquire(ctx, p, enq)
 	if err != nil {
-		closeBody(req)
-		if rej, ok := err.(*RejectedError); ok {
-			t.logRefusal(ctx, rej)
-			if ev := t.cfg.events; ev != nil {
-				ev.push(ctx, Event{Kind: EventRefused, Lane: l.key, Priority: p, Tenant: rej.Tenant, Attempt: n,
-					Reason: rej.Reason, Err: rej, Wait: rej.Wait})
-			}
+		if err != errLaneGone { // nothing was taken; do tries the live lane
+			t.refused(ctx, l, p, n, err)
+			closeBody(req)
 		}
 		return nil, enq, err
 	}
 	if ev := t.cfg.events; ev != nil {
-		ev.push(ctx, Event{Kind: EventGranted, Lane: l.key, Priority: p, Tenant: g.tn.id, Attempt: n, Wait: g.wait})
+		ev.push(ctx, Event{Kind: EventGranted, Lane: l.key, Priority: p, Tenant: h.tn.id, Attempt: n, Wait: h.wait})
 	}
 	if err := ctx.Err(); err != nil {
 		// Cancelled between grant and send: nothing was sent, so the token
 		// and the slot go back.
-		g.Drop()
+		h.Drop()
 		closeBody(req)
 		return nil, enq, err
 	}
-	sent := req
-	if g.spaced {
-		sent = l.traceWrite(req, g.at)
-	}
-	resp, err := t.send(sent, g)
+	resp, err := t.send(l, req, h)
 	if err != nil || resp == nil {
-		l.dropCharge(g.ch)
-	}
-	if err != nil {
-		g.Done(0)
+		l.dropCharge(h.ch)
+		h.Done(verdict.Failed)
+		if err == nil {
+			err = errNilResponse
+		}
 		return nil, enq, err
 	}
-	if resp == nil {
-		g.Done(0)
-		return nil, enq, errNilResponse
-	}
-	// status is what the lane learns from when the attempt is done: a
-	// refusal for the rate in another form (GitHub's 403) counts as a 429,
-	// neither accepted nor a latency sample.
-	status := resp.StatusCode
-	if signals(resp) {
-		if l.observe(ctx, resp, g.at, p, g.ch) {
-			status = http.StatusTooManyRequests
-		}
-		if l.be != nil {
-			l.shareCooldown()
-		}
-	} else {
-		l.dropCharge(g.ch)
-	}
+	h.kind = t.read(ctx, l, resp, p, h)
 	// A protocol switch keeps the connection for as long as it lives; it is
 	// not a request in flight, and its body must stay writable. A stream
 	// (see HoldStream) is done with the server's work when its headers
 	// come: its slot goes back, and its latency is the time to them.
 	if resp.StatusCode == http.StatusSwitchingProtocols || resp.Body == nil || resp.Body == http.NoBody ||
 		isStream(resp) && !holdsStream(ctx) {
-		g.Done(status)
+		h.Done(h.kind)
 		return resp, enq, nil
 	}
-	resp.Body = t.wrap(ctx, resp.Body, g, status)
+	resp.Body = wrap(resp.Body, h)
 	return resp, enq, nil
 }
 
-// send hands req to the base. If the base panics, the attempt's slot is
-// given back and the panic goes on: nothing is recovered.
-func (t *Transport) send(req *http.Request, g grant) (*http.Response, error) {
+// refused reports an attempt that acquire refused or failed.
+func (t *Transport) refused(ctx context.Context, l *lane, p Priority, n int, err error) {
+	rej, ok := err.(*RejectedError)
+	if !ok {
+		return
+	}
+	t.logRefusal(ctx, rej)
+	if ev := t.cfg.events; ev != nil {
+		ev.push(ctx, Event{Kind: EventRefused, Lane: l.key, Priority: p, Tenant: rej.Tenant, Attempt: n,
+			Reason: rej.Reason, Err: rej, Wait: rej.Wait})
+	}
+}
+
+// read passes what resp says about limits to l, and returns what the
+// attempt was to the server (see verdict), which the lane learns from when
+// the attempt is done.
+func (t *Transport) read(ctx context.Context, l *lane, resp *http.Response, p Priority, h *hold) verdict.Kind {
+	if !l.reads(resp) {
+		l.dropCharge(h.ch)
+		return verdict.Of(resp.StatusCode)
+	}
+	k := l.observe(ctx, resp, h.at, p, h.ch)
+	if l.be != nil {
+		l.shareCooldown()
+	}
+	return k
+}
+
+// send hands req to the base, with a trace of its write if the lane wants
+// it (see lane.traceWrite). If the base panics, the attempt's slot is given
+// back and the panic goes on: nothing is recovered.
+func (t *Transport) send(l *lane, req *http.Request, h *hold) (*http.Response, error) {
+	sent := req
+	if h.spaced {
+		sent = l.traceWrite(req, h.at)
+	}
 	returned := false
 	defer func() {
 		if !returned {
-			g.timed = false
-			g.Done(0)
+			h.finish(verdict.Failed, false)
 		}
 	}()
-	resp, err := t.baseRT().RoundTrip(req)
+	resp, err := t.baseRT().RoundTrip(sent)
 	returned = true
+	if resp != nil && resp.Request == sent {
+		resp.Request = req // the caller's, not the traced copy
+	}
 	return resp, err
 }
 

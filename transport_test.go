@@ -303,13 +303,13 @@ func TestCancelAfterGrantRefundsToken(t *testing.T) {
 		tr := mustNew(t, base, WithRate(1, time.Minute))
 		l := tr.lane("api.test")
 		ctx, cancel := context.WithCancel(t.Context())
-		g, err := l.acquire(ctx, Normal, firstAttempt)
+		h, _, err := l.acquire(ctx, Normal, firstAttempt)
 		if err != nil {
 			t.Fatal(err)
 		}
 		cancel()
 		// What attempt does when it finds the context ended after the grant.
-		l.refund(g.tn, nil, g.at)
+		h.Drop()
 		at := time.Now()
 		if err := get(t.Context(), tr, ""); err != nil {
 			t.Fatal(err)
@@ -489,8 +489,10 @@ func TestGrantWinsRaceWithCancel(t *testing.T) {
 			}
 			ctx, cancel := context.WithCancel(t.Context())
 			errc := make(chan error)
+			var h *hold
 			go func() {
-				_, err := l.acquire(ctx, Normal, firstAttempt)
+				var err error
+				h, _, err = l.acquire(ctx, Normal, firstAttempt)
 				errc <- err
 			}()
 			synctest.Wait() // queued, blocked in select; its dispatcher sleeps an hour
@@ -511,7 +513,7 @@ func TestGrantWinsRaceWithCancel(t *testing.T) {
 			l.mu.Unlock()
 			if err := <-errc; err == nil {
 				outcomes[0]++
-				l.refund(w.tn, nil, w.at) // what attempt does on finding ctx done after the grant
+				h.Drop() // what attempt does on finding ctx done after the grant
 			} else {
 				outcomes[1]++
 			}

@@ -24,7 +24,7 @@ import (
 // these allocation rates) delayed the server's clock reads by up to a few
 // milliseconds, and a strict (burst 1) limiter took requests sent 20 ms
 // apart for requests 17 ms apart: the instrument refused what the client
-// had paced right. NOTES.md, "The bench's server process", has the figures.
+// had paced right. docs/design.md, "The bench's server process", says why.
 const (
 	serveEnv   = "SLUICE_BENCH_SERVE"   // in the child: the model to serve, by name
 	latencyEnv = "SLUICE_BENCH_LATENCY" // in the child: the service latency

@@ -260,7 +260,7 @@ func TestSharesPriority(t *testing.T) {
 		}
 	}
 	// The target is 0.97 of the rate (measured 0.977-0.982 on two loaded
-	// cores without -race; see NOTES.md, shares); 0.96 here leaves a point
+	// cores without -race; see docs/design.md, "Fleet backend: shares"); 0.96 here leaves a point
 	// for a runner loaded further, or -race, to delay the lanes' timers.
 	if float64(total) < 0.96*rate*secs {
 		t.Errorf("the fleet sent %.1f/s, under 96%% of %d/s", float64(total)/secs, rate)

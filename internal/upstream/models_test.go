@@ -140,7 +140,7 @@ func TestGitHubSecondaryConcurrency(t *testing.T) {
 		}
 		wg.Wait() // the two finish at +1s
 		wantHeaders(t, "during", get(t, s), 403, "Retry-After", "4")
-		time.Sleep(start.Add(5 * time.Second).Sub(time.Now()))
+		time.Sleep(time.Until(start.Add(5 * time.Second)))
 		wantStatus(t, "after", get(t, s), 200)
 		if n := g.PenaltyArrivals(); n != 1 {
 			t.Fatalf("PenaltyArrivals = %d, want 1", n)

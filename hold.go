@@ -1,0 +1,163 @@
+package sluice
+
+import (
+	"context"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sluice-go/sluice/internal/verdict"
+)
+
+// A hold is an attempt's token and in-flight slot, from the grant that makes
+// it until it is given back: by Drop if the attempt is not sent, else by
+// Done when the attempt is finished (its response's body done, or at once
+// for a response without one). It also carries its tenant, its charge to
+// the lane's budgets and whether its latency is measured (see timeNext).
+//
+// Holds are recycled: a request that waits for nothing allocates none. A
+// hold goes back to the pool only from its owner's Done or Drop, and only
+// when nothing else can still reach it (see recycle).
+type hold struct {
+	l             *lane
+	ctx           context.Context // the attempt's
+	start         time.Duration   // on the lane's clock: latency is measured from it
+	at            time.Duration   // when it was granted, on the lane's clock
+	wait          time.Duration   // how long this attempt queued for it
+	tn            *tenant
+	ch            *charge      // what it cost the lane's budgets
+	timed, spaced bool         // spaced: the lane wants to know when it is written (see lane.traceWrite)
+	kind          verdict.Kind // the response's, once it came
+
+	// out: the caller has the response's body, which gives the hold back
+	// (see body). Only then may the lane give it back when the context
+	// ends: before, the attempt is still the base's.
+	out atomic.Bool
+
+	// Under the lane's lock.
+	done bool        // the slot went back
+	idx  int         // its index in the lane's held, while not done
+	stop func() bool // stops the context watch (see lane.reclaimLocked); nil if none
+
+	// Kept while the hold is recycled.
+	ended func()     // h.ctxEnded, bound once per hold
+	tok   *leakToken // its body's leak token, while no body has it (see wrap)
+}
+
+// holds recycles holds, each with its leak token: a request takes and puts
+// back one object. The pool is shared by the lanes, not kept per lane: a
+// million idle lanes keep no holds.
+var holds sync.Pool
+
+// newHold makes a hold for the pool, with its leak token's finalizer set.
+func newHold() any {
+	h := &hold{tok: new(leakToken)}
+	h.ended = h.ctxEnded
+	runtime.SetFinalizer(h.tok, (*leakToken).collected)
+	return h
+}
+
+func init() { holds.New = newHold } // set here: the finalizer reaches back to holds
+
+// recycle puts h, given back, in the pool with its leak token, once
+// nothing but its owner can reach it. It drops what h points to outside
+// the hold, so that the pool keeps no request's context or lane alive.
+func (h *hold) recycle() {
+	h.l, h.ctx, h.tn, h.ch = nil, nil, nil, nil
+	holds.Put(h)
+}
+
+// holdLocked hands out a hold on l's token and slot, which the caller has
+// taken, granted at at to an attempt of ctx, and puts it on the lane's list.
+func (l *lane) holdLocked(ctx context.Context, tn *tenant, ch *charge, at, wait time.Duration) *hold {
+	h := holds.Get().(*hold)
+	h.l, h.ctx, h.tn, h.ch = l, ctx, tn, ch
+	h.done = false
+	h.out.Store(false)
+	h.start, h.at, h.wait = at, at, wait
+	h.timed, h.spaced = l.timeNextLocked(at), l.pace.spaces()
+	h.idx = len(l.held)
+	l.held = append(l.held, h)
+	return h
+}
+
+// unholdLocked marks h given back and takes it off the lane's list. It
+// reports false if it already was.
+func (l *lane) unholdLocked(h *hold) bool {
+	if h.done {
+		return false
+	}
+	h.done = true
+	last := len(l.held) - 1
+	if h.idx != last {
+		m := l.held[last]
+		l.held[h.idx], m.idx = m, h.idx
+	}
+	l.held[last] = nil
+	l.held = l.held[:last]
+	return true
+}
+
+// Done gives back the slot of an attempt that was sent and is finished as k
+// (see verdict.Kind): the lane counts the response and, if the hold is
+// timed, its latency. The caller owns h no more.
+func (h *hold) Done(k verdict.Kind) { h.finish(k, h.timed) }
+
+// finish is Done, with sample false where the latency is not the server's.
+func (h *hold) finish(k verdict.Kind, sample bool) {
+	h.l.release(h, k, sample, true)
+}
+
+// Drop gives back the token and the slot of an attempt that was granted but
+// not sent, as if the grant had not been made. The caller owns h no more.
+func (h *hold) Drop() { h.l.refund(h) }
+
+// ctxEnded runs when a watched hold's context ends (see reclaimLocked): the
+// caller has given up on the response, so its slot goes back. Its latency
+// is not a sample: it is the caller's, not the server's.
+func (h *hold) ctxEnded() { h.l.release(h, h.kind, false, false) }
+
+// reclaimLocked gives back the slots of responses whose request's context
+// has ended though their body is not done, and reports whether it gave any
+// back. With watch, it also arms a watch on the context of every other
+// response out, so that its end gives the slot back at once.
+//
+// A response's context is not watched from the start: that would cost two
+// allocations a request, and its slot matters only when someone needs it.
+// The lane reclaims when it reports its state (Stats, forget) and when its
+// dispatcher waits for a slot or a tenant's turn, and watches from then on.
+// A watch that reclaim finds armed stays set: the owner must stop it before
+// the hold can be recycled. While the lane is watching (until its
+// dispatcher exits), a response that goes out is watched at once (see
+// wrap): the dispatcher reclaims once, when it starts waiting.
+func (l *lane) reclaimLocked(watch bool) bool {
+	released := false
+	if watch {
+		l.watching.Store(true) // before out is read: see wrap
+	}
+	for i := len(l.held) - 1; i >= 0; i-- {
+		// Backwards: releaseLocked moves the last hold to h's index.
+		h := l.held[i]
+		if h.out.Load() && h.ctx.Done() != nil {
+			if h.ctx.Err() != nil {
+				l.releaseLocked(h, h.kind, false, 0)
+				l.backendDone()
+				released = true
+			} else if watch && h.stop == nil {
+				h.stop = context.AfterFunc(h.ctx, h.ended)
+			}
+		}
+	}
+	return released
+}
+
+// watch arms h's context watch, for a lane whose dispatcher needs the slots
+// back, if h is not given back nor watched yet and its context can end.
+func (l *lane) watch(h *hold) {
+	l.mu.Lock()
+	if !h.done && h.stop == nil && h.ctx.Done() != nil {
+		h.stop = context.AfterFunc(h.ctx, h.ended)
+	}
+	l.mu.Unlock()
+}

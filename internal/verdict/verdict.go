@@ -1,0 +1,100 @@
+// Package verdict classifies a response for a lane: one pure decision, from
+// its status and what its headers say, that every part of the lane takes as
+// it is (the pace, the in-flight limit, the counters) instead of each
+// deciding from the status what a refusal is.
+//
+// A Verdict's Kind says what the attempt was to the server:
+//
+//	Served      it did the work (1xx-4xx that are not refusals): the
+//	            answer is accepted and its latency is a sample
+//	Errored     it failed at the work (500, 501, 505 and above, but for
+//	            the overload statuses): a latency sample, not an acceptance
+//	Throttled   it refused the attempt for the client's rate: 429; 403 with
+//	            Retry-After or with a quota that says nothing remains
+//	            (GitHub's primary and secondary limits)
+//	Paused      it asked for a pause: 502, 503, 504 or 529 with
+//	            Retry-After
+//	Overloaded  it is struggling: 502, 503, 504 or 529 (Anthropic's
+//	            overloaded_error) without Retry-After
+//	Failed      no response: the base transport failed
+//
+// A 403 without either sign is an ordinary answer (a missing permission),
+// and changes nothing.
+package verdict
+
+import "net/http"
+
+// Kind is what an attempt was to the server; see the package comment. The
+// zero value is Served.
+type Kind uint8
+
+const (
+	Served Kind = iota
+	Errored
+	Throttled
+	Paused
+	Overloaded
+	Failed
+)
+
+// StatusOverloaded is the status Anthropic's API answers when it is
+// overloaded ("overloaded_error"); net/http has no name for it.
+const StatusOverloaded = 529
+
+// Sample reports whether the attempt's latency is the server's work: a
+// sample for the in-flight limit. A refusal or an overload arrives fast
+// for want of work, and would teach the limit that the server is quick.
+func (k Kind) Sample() bool { return k == Served || k == Errored }
+
+// Accepted reports whether the server took the attempt within its limits:
+// what a lane's pace counts as accepted.
+func (k Kind) Accepted() bool { return k == Served }
+
+// Refused reports whether the server refused the attempt and asked the
+// client to wait: the lane pauses.
+func (k Kind) Refused() bool { return k == Throttled || k == Paused }
+
+func (k Kind) String() string {
+	switch k {
+	case Served:
+		return "served"
+	case Errored:
+		return "errored"
+	case Throttled:
+		return "throttled"
+	case Paused:
+		return "paused"
+	case Overloaded:
+		return "overloaded"
+	case Failed:
+		return "failed"
+	}
+	return "Kind(?)"
+}
+
+// Of returns the kind of a response with status that carries no rate-limit
+// header (status 0: no response).
+func Of(status int) Kind { return Classify(status, false, false) }
+
+// Classify returns the kind of a response with status; retryAfter says it
+// carries a Retry-After, exhausted that its quota of requests says nothing
+// remains.
+func Classify(status int, retryAfter, exhausted bool) Kind {
+	switch {
+	case status == 0:
+		return Failed
+	case status == http.StatusTooManyRequests:
+		return Throttled
+	case status == http.StatusForbidden && (retryAfter || exhausted):
+		return Throttled
+	case status == http.StatusBadGateway, status == http.StatusServiceUnavailable,
+		status == http.StatusGatewayTimeout, status == StatusOverloaded:
+		if retryAfter {
+			return Paused
+		}
+		return Overloaded
+	case status >= 500:
+		return Errored
+	}
+	return Served
+}

@@ -1,0 +1,66 @@
+package verdict
+
+import (
+	"net/http"
+	"testing"
+)
+
+func TestClassify(t *testing.T) {
+	for _, c := range []struct {
+		status            int
+		retryAfter, empty bool
+		want              Kind
+	}{
+		{0, false, false, Failed},
+		{200, false, false, Served},
+		{200, true, true, Served}, // a quota spent by this answer is no refusal
+		{304, false, false, Served},
+		{400, false, false, Served},
+		{403, false, false, Served}, // a missing permission
+		{403, true, false, Throttled},
+		{403, false, true, Throttled},
+		{404, false, false, Served},
+		{429, false, false, Throttled},
+		{429, true, false, Throttled},
+		{500, false, false, Errored},
+		{500, true, false, Errored},
+		{501, false, false, Errored},
+		{502, false, false, Overloaded},
+		{502, true, false, Paused},
+		{503, false, false, Overloaded},
+		{503, true, false, Paused},
+		{504, false, false, Overloaded},
+		{529, false, false, Overloaded},
+		{529, true, false, Paused},
+		{599, false, false, Errored},
+	} {
+		if got := Classify(c.status, c.retryAfter, c.empty); got != c.want {
+			t.Errorf("Classify(%d, retry-after %v, exhausted %v) = %v, want %v", c.status, c.retryAfter, c.empty, got, c.want)
+		}
+		if !c.retryAfter && !c.empty {
+			if got := Of(c.status); got != c.want {
+				t.Errorf("Of(%d) = %v, want %v", c.status, got, c.want)
+			}
+		}
+	}
+}
+
+// TestKindRoles: which kinds are latency samples, acceptances and
+// refusals; an overload is none of them.
+func TestKindRoles(t *testing.T) {
+	for k, want := range map[Kind][3]bool{
+		Served:     {true, true, false},
+		Errored:    {true, false, false},
+		Throttled:  {false, false, true},
+		Paused:     {false, false, true},
+		Overloaded: {false, false, false},
+		Failed:     {false, false, false},
+	} {
+		if got := [3]bool{k.Sample(), k.Accepted(), k.Refused()}; got != want {
+			t.Errorf("%v: sample, accepted, refused = %v, want %v", k, got, want)
+		}
+	}
+	if StatusOverloaded != 529 || http.StatusText(StatusOverloaded) != "" {
+		t.Errorf("StatusOverloaded %d: want 529, a status net/http does not name", StatusOverloaded)
+	}
+}

@@ -1,0 +1,152 @@
+package sluice
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/sluice-go/sluice/internal/verdict"
+)
+
+// overloadBase serves a call in latency while no more than capacity are in
+// it, and answers any beyond them at once with 529 (Anthropic's
+// overloaded_error), as a struggling server does. always: every call gets
+// 529.
+type overloadBase struct {
+	capacity int
+	latency  time.Duration
+	always   bool
+
+	mu             sync.Mutex
+	in             int
+	served, failed []time.Time
+}
+
+func (b *overloadBase) RoundTrip(req *http.Request) (*http.Response, error) {
+	b.mu.Lock()
+	if b.always || b.in >= b.capacity {
+		b.failed = append(b.failed, time.Now())
+		b.mu.Unlock()
+		return &http.Response{StatusCode: verdict.StatusOverloaded, Request: req,
+			Body: io.NopCloser(strings.NewReader(`{"type":"error","error":{"type":"overloaded_error"}}`))}, nil
+	}
+	b.in++
+	b.mu.Unlock()
+	select {
+	case <-time.After(b.latency):
+	case <-req.Context().Done():
+	}
+	b.mu.Lock()
+	b.in--
+	b.served = append(b.served, time.Now())
+	b.mu.Unlock()
+	return &http.Response{StatusCode: 200, Request: req, Body: io.NopCloser(strings.NewReader("ok"))}, nil
+}
+
+// count returns the calls served and refused from from on.
+func (b *overloadBase) count(from time.Time) (served, failed int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, t := range b.served {
+		if !t.Before(from) {
+			served++
+		}
+	}
+	for _, t := range b.failed {
+		if !t.Before(from) {
+			failed++
+		}
+	}
+	return served, failed
+}
+
+// closedLoop runs workers that send through tr as fast as it lets them
+// for d; a worker whose request fails tries again a millisecond later.
+func closedLoop(ctx context.Context, tr http.RoundTripper, workers int, d time.Duration) {
+	ctx, cancel := context.WithCancel(ctx) // no deadline: nothing is refused for it
+	defer cancel()
+	time.AfterFunc(d, cancel)
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				if err := get(ctx, tr, ""); err != nil {
+					time.Sleep(time.Millisecond)
+				}
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// TestOverloadCutsLimit: a server that answers a fast 529 once more than 8
+// calls are in it. The 529s are no latency samples (they would say the
+// server is fast and raise the limit) and each round of them cuts the
+// in-flight limit, so the lane settles near the server's capacity with few
+// 529s, where Little's law alone (50 calls at 1,000/s and 50 ms) would keep
+// most calls failing.
+func TestOverloadCutsLimit(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		base := &overloadBase{capacity: 8, latency: 50 * time.Millisecond}
+		tr := mustNew(t, base, WithRate(1000, time.Second), WithRetry(0))
+		start := time.Now()
+		closedLoop(t.Context(), tr, 64, 20*time.Second)
+		served, failed := base.count(start.Add(10 * time.Second))
+		s, _ := tr.LaneStats("api.test")
+		t.Logf("second half: %d served (%.0f/s), %d refused (%.1f%%); limit %d", served, float64(served)/10,
+			failed, 100*float64(failed)/float64(served+failed), s.Limit)
+		// The server's capacity is 8 / 50 ms = 160/s.
+		if float64(served)/10 < 0.75*160 {
+			t.Errorf("served %.0f/s, want at least 0.75 of the server's 160/s", float64(served)/10)
+		}
+		if share := float64(failed) / float64(served+failed); share > 0.2 {
+			t.Errorf("%.0f%% of the calls in the second half got 529, want at most 20%%", 100*share)
+		}
+	})
+}
+
+// TestOverloadNeverRaisesLimit: a phase of nothing but fast 529s leaves the
+// in-flight limit where it was or lower; it never raises it, on a lane
+// with no rate, which its latency alone sizes (fast answers would say the
+// server has room). And the lane, at its floor, pauses rather than send
+// as fast as the answers come.
+func TestOverloadNeverRaisesLimit(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		base := &overloadBase{capacity: 8, latency: 50 * time.Millisecond}
+		tr := mustNew(t, base, WithRetry(0))
+		closedLoop(t.Context(), tr, 16, 5*time.Second)
+		before, _ := tr.LaneStats("api.test")
+		base.mu.Lock()
+		base.always = true
+		base.mu.Unlock()
+		var most int
+		done := make(chan struct{})
+		end := time.Now().Add(5 * time.Second)
+		go func() {
+			defer close(done)
+			for time.Now().Before(end) {
+				s, _ := tr.LaneStats("api.test")
+				most = max(most, s.Limit)
+				time.Sleep(10 * time.Millisecond)
+			}
+		}()
+		phase := time.Now()
+		closedLoop(t.Context(), tr, 16, 5*time.Second)
+		<-done
+		if most > before.Limit {
+			t.Errorf("limit rose from %d to %d in a phase of 529s alone", before.Limit, most)
+		}
+		// At the limit's floor the lane pauses, twice as long at each
+		// overload: 5 s of instant 529s draw a few rounds, not a flood.
+		_, failed := base.count(phase)
+		t.Logf("limit %d before, at most %d during; %d calls in 5 s of instant 529s", before.Limit, most, failed)
+		if failed > 200 {
+			t.Errorf("%d calls in 5 s of instant 529s, want at most 200", failed)
+		}
+	})
+}
