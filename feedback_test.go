@@ -44,7 +44,7 @@ func answerWith(n int, status int, hdr ...string) func(*http.Request) *http.Resp
 // deadline falls inside the cooldown is refused at once.
 func TestRetryAfterCoolsWholeLane(t *testing.T) {
 	for _, ra := range []string{"Retry-After: 2", "Retry-After: 2.0", "Retry-After-Ms: 2000", "X-Ms-Retry-After-Ms: 2000",
-		"Retry-After: Sat, 01 Jan 2000 00:00:02 GMT"} { // synctest's clock starts at 2000-01-01 00:00:00 UTC
+		"Retry-After: Sat, 01 Jan 2000 00:00:01 GMT"} { // synctest's clock starts at 2000-01-01 00:00:00 UTC; a date's wait runs to the end of its second
 		t.Run(ra, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				base := &fakeBase{answer: answerWith(1, 429, ra)}

@@ -8,6 +8,7 @@
 //	cd bench && go run .              # every model x every client, 12 s each
 //	cd bench && go run . -short       # a 2 s smoke run of one model
 //	cd bench && go run . -d 20s -model gcra -client sluice
+//	cd bench && go run . -traces ../testdata/traces   # header traces of the real middleware
 //
 // It lives in its own module so that the peers' dependencies (failsafe-go)
 // stay out of the library's go.mod; its module path is under sluice's, so
@@ -37,9 +38,13 @@ import (
 // client is told (Limit per Per).
 type model struct {
 	name  string
-	limit int           // the published allowance: limit per per
-	per   time.Duration //
-	make  func() upstream.Model
+	limit int                   // the published allowance: limit per per
+	per   time.Duration         //
+	make  func() upstream.Model // a project model; nil for real middleware
+	// mw, if set, is real middleware (see realModels) serving the model
+	// instead of make; redis says it needs a redis-server.
+	mw    middleware
+	redis bool
 	// header, if set, is added to every request (token costs).
 	header http.Header
 	// penalty, if > 0, starts a GitHub secondary-limit penalty of that
@@ -47,7 +52,13 @@ type model struct {
 	penalty time.Duration
 }
 
+// models returns the project's server models, then the real middleware.
 func models() []model {
+	return append(projectModels(), realModels()...)
+}
+
+// projectModels returns the server models of internal/upstream.
+func projectModels() []model {
 	costs := http.Header{
 		upstream.CostTokensHeader:       {"100"},
 		upstream.CostInputTokensHeader:  {"100"},
@@ -195,6 +206,7 @@ type config struct {
 // result is one (model, client) cell.
 type result struct {
 	ratio     float64 // accepted/s in the measured half ÷ published rate
+	whole     float64 // accepted/s over the whole run ÷ published rate
 	refused   float64 // % of attempts in the measured half refused
 	attempts  int     // in the measured half
 	inPenalty int     // requests sent during a GitHub secondary penalty
@@ -205,7 +217,7 @@ func (r result) String() string {
 	if r.err != nil {
 		return "error: " + r.err.Error()
 	}
-	s := fmt.Sprintf("%.2f, %.1f%%", r.ratio, r.refused)
+	s := fmt.Sprintf("%.2f, %.1f%% (whole run %.2f)", r.ratio, r.refused, r.whole)
 	if r.inPenalty >= 0 {
 		s += fmt.Sprintf(", %d sent in the penalty", r.inPenalty)
 	}
@@ -274,8 +286,11 @@ func run(ctx context.Context, cfg config, m model, c client) result {
 	if err != nil {
 		return result{err: err}
 	}
-	var accepted, total int
+	var accepted, total, acceptedAll int
 	for _, a := range arrivals {
+		if a.Accepted && !a.At.Before(start) && a.At.Before(end) {
+			acceptedAll++
+		}
 		if a.At.Before(mid) || !a.At.Before(end) {
 			continue
 		}
@@ -285,7 +300,8 @@ func run(ctx context.Context, cfg config, m model, c client) result {
 		}
 	}
 	res.attempts = total
-	res.ratio = float64(accepted) / end.Sub(mid).Seconds() / m.make().Rate()
+	res.ratio = float64(accepted) / end.Sub(mid).Seconds() / m.rate()
+	res.whole = float64(acceptedAll) / end.Sub(start).Seconds() / m.rate()
 	if total > 0 {
 		res.refused = 100 * float64(total-accepted) / float64(total)
 	}
@@ -298,4 +314,12 @@ func run(ctx context.Context, cfg config, m model, c client) result {
 		cl.CloseIdleConnections()
 	}
 	return res
+}
+
+// rate is the model's published rate in requests per second.
+func (m model) rate() float64 {
+	if m.make != nil {
+		return m.make().Rate()
+	}
+	return float64(m.limit) / m.per.Seconds()
 }

@@ -60,10 +60,11 @@ func TestModelsBesidePeers(t *testing.T) {
 	if testing.Short() {
 		t.Skip("real-clock runs")
 	}
-	ms, cs, err := selectRuns("", "^(sluice at R|x/time/rate at R)")
+	_, cs, err := selectRuns("", "^(sluice at R|x/time/rate at R)")
 	if err != nil || len(cs) != 2 {
 		t.Fatalf("selectRuns: %d clients, %v", len(cs), err)
 	}
+	ms := projectModels()
 	cfg := config{d: 8 * time.Second, workers: 32, latency: 20 * time.Millisecond}
 	for _, m := range ms {
 		t.Run(m.name, func(t *testing.T) {
@@ -102,8 +103,16 @@ func TestSelectRuns(t *testing.T) {
 		t.Error("no error for a bad regexp")
 	}
 	ms, cs, err := selectRuns("", "")
-	if err != nil || len(ms) != 10 || len(cs) != 6 {
+	if err != nil || len(ms) != len(projectModels())+len(realModels()) || len(projectModels()) != 10 || len(realModels()) != 31 || len(cs) != 6 {
 		t.Errorf("selectRuns(all) = %d models, %d clients, %v", len(ms), len(cs), err)
+	}
+	// The child process finds its model by name.
+	seen := map[string]bool{}
+	for _, m := range ms {
+		if seen[m.name] || (m.make == nil) == (m.mw == nil) {
+			t.Errorf("model %q: a second of that name, or not exactly one of make and mw", m.name)
+		}
+		seen[m.name] = true
 	}
 }
 

@@ -27,8 +27,16 @@ func main() {
 		short    = flag.Bool("short", false, "smoke run: 2 s, the strict GCRA model only (no token scenario)")
 		outFile  = flag.String("out", "", "also write the tables to this results file, with the commit, Go version, CPU count and date")
 		splice   = flag.String("splice", "", "with -out: also replace the tables between the file's <!-- results/bench begin/end --> markers")
+		traces   = flag.String("traces", "", "record the real middleware's header traces into this directory, and run nothing else")
 	)
 	flag.Parse()
+	if *traces != "" {
+		if err := writeTraces(*traces, os.Stderr); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		return
+	}
 	cfg := config{d: *d, workers: *workers, latency: *latency}
 	if *short {
 		cfg.d = 2 * time.Second
@@ -85,7 +93,8 @@ func writeResults(path, doc, tables string) error {
 	}
 	command := "cd bench && go run . " + strings.Join(args, " ")
 	note := "Servers of internal/upstream, each enforcing its limit as the real API or middleware does, " +
-		"served from a child process on real loopback; the clients are described in bench/README.md."
+		"and servers built from the real rate-limiting middleware, " +
+		"served from a child process on real loopback; the servers and clients are described in bench/README.md."
 	if err := results.Write(path, "Clients against servers that enforce their limits", command, note, tables); err != nil {
 		return err
 	}
@@ -166,7 +175,7 @@ func bench(ctx context.Context, out, log io.Writer, cfg config, ms []model, cs [
 func writeTable(w io.Writer, cfg config, ms []model, cs []client, cells [][]result) {
 	fmt.Fprintf(w, "\n%d callers in a closed loop, %v service latency, second half of %v runs, real loopback; GOMAXPROCS %d, %s/%s, %s.\n",
 		cfg.workers, cfg.latency, cfg.d, runtime.GOMAXPROCS(0), runtime.GOOS, runtime.GOARCH, runtime.Version())
-	fmt.Fprintf(w, "Each cell: accepted/s ÷ published rate, %% of attempts refused.\n\n")
+	fmt.Fprintf(w, "Each cell: accepted/s ÷ published rate, %% of attempts refused, over the second half; then accepted/s ÷ published rate over the whole run.\n\n")
 	fmt.Fprintf(w, "| server |")
 	for _, c := range cs {
 		fmt.Fprintf(w, " %s |", c.name)

@@ -11,7 +11,9 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/sluice-go/sluice/internal/upstream"
@@ -52,6 +54,9 @@ func serve(name string, in io.Reader, out io.Writer) error {
 	latency, err := time.ParseDuration(os.Getenv(latencyEnv))
 	if err != nil {
 		return fmt.Errorf("%s: %w", latencyEnv, err)
+	}
+	if m.mw != nil {
+		return serveMiddleware(m, latency, in, out)
 	}
 	lim := m.make()
 	srv := upstream.NewTCP(upstream.Config{
@@ -213,4 +218,89 @@ func (r *remote) close() {
 		r.cmd.Process.Kill()
 		<-done
 	}
+}
+
+// serveMiddleware serves a model of real middleware as serve does: the
+// middleware around a handler that answers after latency, behind a
+// recorder of every arrival and whether it was served (status 200).
+func serveMiddleware(m model, latency time.Duration, in io.Reader, out io.Writer) error {
+	var addr string
+	if m.redis {
+		rs, err := startRedis()
+		if err != nil {
+			return err
+		}
+		defer rs.stop()
+		addr = rs.addr
+	}
+	inner := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		t := time.NewTimer(latency)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			io.WriteString(w, "ok")
+		case <-r.Context().Done():
+		}
+	})
+	h, stop, err := m.mw(inner, addr)
+	if err != nil {
+		return err
+	}
+	defer stop()
+	rec := &recorder{next: h}
+	srv := httptest.NewServer(rec)
+	defer srv.Close()
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /arrivals", func(w http.ResponseWriter, _ *http.Request) {
+		json.NewEncoder(w).Encode(rec.arrivals())
+	})
+	ctl := httptest.NewServer(mux)
+	defer ctl.Close()
+	if _, err := fmt.Fprintf(out, "%s %s\n", srv.URL, ctl.URL); err != nil {
+		return err
+	}
+	_, err = io.Copy(io.Discard, in) // until the parent closes it, or dies
+	return err
+}
+
+// recorder notes when each request arrived and whether the handler it
+// wraps served it. It is safe for concurrent use.
+type recorder struct {
+	next http.Handler
+	mu   sync.Mutex
+	as   []arrival
+}
+
+func (rec *recorder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	at := time.Now()
+	sw := &statusWriter{ResponseWriter: w, status: http.StatusOK}
+	rec.next.ServeHTTP(sw, r)
+	rec.mu.Lock()
+	rec.as = append(rec.as, arrival{At: at, Accepted: sw.status == http.StatusOK})
+	rec.mu.Unlock()
+}
+
+func (rec *recorder) arrivals() []arrival {
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	return slices.Clone(rec.as)
+}
+
+// statusWriter remembers the status a handler wrote.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+	wrote  bool
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if !w.wrote {
+		w.status, w.wrote = code, true
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(p []byte) (int, error) {
+	w.wrote = true
+	return w.ResponseWriter.Write(p)
 }

@@ -41,6 +41,10 @@ func FuzzRetryAfter(f *testing.F) {
 		{"", "", "Fri, 31 Dec 9999 23:59:59 GMT", "Mon, 01 Jan 0001 00:00:00 GMT"},
 		{"", "", "999999999", date},
 		{"0.0000000001", "", "1.0000000019", ""},
+		{"", "", "Tue, 02 Jan 2024 15:04:06 UTC", date},
+		{"", "", "Tue, 02 Jan 2024 15:04:06 UTC", ""},
+		{"", "", "Fri, 31 Dec 9999 23:59:59 UTC", ""},
+		{"", "", "Tue, 02 Jan 2024 15:04:06 utc", ""},
 	} {
 		f.Add(s.ms, s.msx, s.ra, s.date, int64(time.Hour))
 	}
@@ -99,6 +103,11 @@ func FuzzParse(f *testing.F) {
 		// Hostile values.
 		{`"p";q=-1;w=99999999`, `"p";r=4;t=1.5`, "10000000000000", "+5", "-3", "yesterday"},
 		{"", "", "1e9", "NaN", "99999999999999999999", "Fri, 31 Dec 9999 23:59:59 GMT"},
+		// Resets as dates (time.RFC1123 in UTC, and IMF-fixdate).
+		{"", "", "50", "0", "Tue, 02 Jan 2024 15:04:06 UTC", date},
+		{"", "", "50", "49", "Tue, 02 Jan 2024 15:04:06 GMT", ""},
+		{"", "", "50", "3", "Fri, 31 Dec 9999 23:59:59 UTC", ""},
+		{"", "", "50", "3", "Tue, 02 Jan 2024 15:04:06 PST", ""},
 	} {
 		f.Add(s.policy, s.rl, s.limit, s.remaining, s.reset, s.date)
 	}

@@ -21,6 +21,25 @@ func parseHTTPDate(s string) (time.Time, bool) {
 	return t, err == nil
 }
 
+// parseDate parses an HTTP-date as parseHTTPDate does, and also the
+// layout of Go's time.RFC1123 for a time in UTC, "Tue, 02 Jan 2024
+// 15:04:05 UTC": IMF-fixdate with the zone named "UTC" instead of "GMT",
+// which middleware that formats its reset with time.RFC1123 sends (for
+// instance in X-RateLimit-Reset and Retry-After). Only that exact form is
+// added; any other zone name is still rejected.
+func parseDate(s string) (time.Time, bool) {
+	if t, ok := parseHTTPDate(s); ok {
+		return t, true
+	}
+	if len(s) != len(http.TimeFormat) || s[25:] != " UTC" {
+		return time.Time{}, false
+	}
+	var buf [len(http.TimeFormat)]byte
+	copy(buf[:], s[:25])
+	copy(buf[25:], " GMT")
+	return parseIMFFixdate(string(buf[:]))
+}
+
 // parseIMFFixdate parses s if it is exactly of the form
 // "Mon, 02 Jan 2006 15:04:05 GMT" with a valid date and time of day. The
 // day name is not checked against the date, as time.Parse does not check

@@ -2,6 +2,7 @@ package headers
 
 import (
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 )
@@ -94,4 +95,65 @@ func sameTime(a, b time.Time) bool {
 	an, ao := a.Zone()
 	bn, bo := b.Zone()
 	return a.Equal(b) && an == bn && ao == bo
+}
+
+// parseDate accepts what parseHTTPDate accepts, and IMF-fixdate with the
+// zone "UTC" as the same instant; nothing else.
+func TestParseDate(t *testing.T) {
+	for _, tt := range []struct {
+		s    string
+		want time.Time
+		ok   bool
+	}{
+		{"Tue, 02 Jan 2024 15:04:05 UTC", time.Date(2024, time.January, 2, 15, 4, 5, 0, time.UTC), true},
+		{"Tue, 02 Jan 2024 15:04:05 GMT", time.Date(2024, time.January, 2, 15, 4, 5, 0, time.UTC), true},
+		{"Thu, 29 Feb 2024 23:59:59 UTC", time.Date(2024, time.February, 29, 23, 59, 59, 0, time.UTC), true},
+		{"Wed, 29 Feb 2023 00:00:00 UTC", time.Time{}, false},
+		{"Tue, 02 Jan 2024 24:00:00 UTC", time.Time{}, false},
+		{"Tue, 02 Jan 2024 15:04:05 utc", time.Time{}, false},
+		{"Tue, 02 Jan 2024 15:04:05 UTC ", time.Time{}, false},
+		{"Tue,  2 Jan 2024 15:04:05 UTC", time.Time{}, false},
+		{"Tue, 02 Jan 2024 15:04:05 EST", time.Time{}, false},
+		{"Tue, 02 Jan 2024 15:04:05 +0000", time.Time{}, false},
+		{"Tuesday, 02-Jan-24 15:04:05 UTC", time.Date(2024, time.January, 2, 15, 4, 5, 0, time.UTC), true}, // RFC 850: http.ParseTime takes any zone name there
+		{"", time.Time{}, false},
+	} {
+		got, ok := parseDate(tt.s)
+		if ok != tt.ok || !got.Equal(tt.want) {
+			t.Errorf("parseDate(%q) = %v, %v; want %v, %v", tt.s, got, ok, tt.want, tt.ok)
+		}
+	}
+	for _, s := range httpDateCases {
+		checkDate(t, s)
+	}
+}
+
+// FuzzParseDate checks parseDate against parseHTTPDate and, for the "UTC"
+// form, against time.Parse with time.RFC1123.
+func FuzzParseDate(f *testing.F) {
+	for _, s := range httpDateCases {
+		f.Add(s)
+	}
+	f.Add("Tue, 02 Jan 2024 15:04:05 UTC")
+	f.Add("Mon, 31 Apr 2024 00:00:00 UTC")
+	f.Fuzz(checkDate)
+}
+
+func checkDate(t *testing.T, s string) {
+	got, ok := parseDate(s)
+	if want, wantOK := parseHTTPDate(s); wantOK {
+		if !ok || !got.Equal(want) {
+			t.Errorf("parseDate(%q) = %v, %v; parseHTTPDate gives %v, true", s, got, ok, want)
+		}
+		return
+	}
+	if !ok {
+		return
+	}
+	// Only the exact UTC form is added, and it means what time.RFC1123
+	// means by it.
+	want, err := time.Parse(time.RFC1123, s)
+	if !strings.HasSuffix(s, " UTC") || len(s) != len(http.TimeFormat) || err != nil || !got.Equal(want) || got.Location() != time.UTC {
+		t.Errorf("parseDate(%q) = %v, true; time.Parse(RFC1123) gives %v, %v", s, got, want, err)
+	}
 }

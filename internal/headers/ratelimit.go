@@ -83,7 +83,8 @@ type Quota struct {
 	Resource  string        // GitHub's x-ratelimit-resource, the IETF policy name, or the token budget's name, if any
 	// Coarse reports that Reset was stated to the second only (whole
 	// seconds, or an instant in whole seconds): the true reset may be up
-	// to a second earlier, as servers round up.
+	// to a second earlier, as servers round up (a date, which servers
+	// truncate, is read as the end of its second for this reason).
 	Coarse bool
 	// Instant reports that Reset was stated as an instant (a Unix time or
 	// a date), not as a delay: a window's end, which the server states the
@@ -117,9 +118,13 @@ type Quota struct {
 //     -reset, where Reset is an RFC 3339 timestamp.
 //
 // An x-ratelimit or x-rate-limit reset value is a number of seconds,
-// possibly fractional. A value of at least 1e9 (2001-09-09 as a Unix time)
-// is a Unix time; a smaller one is a delay from now. Absolute times (Unix
-// times and RFC 3339 timestamps) are measured against the response's Date
+// possibly fractional, or a date. A number of at least 1e9 (2001-09-09 as
+// a Unix time) is a Unix time; a smaller one is a delay from now. A date
+// is an HTTP-date, or the layout of [time.RFC1123] for a time in UTC
+// ("Tue, 02 Jan 2024 15:04:05 UTC"), as middleware that formats its reset
+// with that layout sends; it names a whole second, and is read as the end
+// of that second, since servers truncate the instant they format. Absolute times (Unix times, dates and RFC 3339
+// timestamps) are measured against the response's Date
 // field when it parses, so that clock skew between client and server
 // cancels out, and against now otherwise. An absolute reset time in the
 // past gives Reset 0, meaning the window has already been refilled.
@@ -535,12 +540,18 @@ func parseXRateLimit(h http.Header, ref *refClock, p *picker, limitKey, remainin
 
 // parseReset parses an X-RateLimit-Reset value: seconds, possibly
 // fractional, that are a Unix time if at least epochThreshold and a delay
-// otherwise. A Unix time is measured from ref's time and clamped at 0.
-// coarse reports a value in whole seconds, instant a Unix time.
+// otherwise; or a date (see parseDate). A Unix time or a date is measured
+// from ref's time and clamped at 0. coarse reports a value in whole
+// seconds, instant a Unix time or a date.
 func parseReset(s string, ref *refClock) (d time.Duration, coarse, instant, ok bool) {
 	whole, frac, ok := parseDecimal(s)
 	if !ok {
-		return 0, false, false, false
+		t, ok := parseDate(s)
+		if !ok {
+			return 0, false, false, false
+		}
+		d, ok = untilTime(dateEnd(t), ref.get())
+		return d, ok, ok, ok
 	}
 	instant = whole >= epochThreshold
 	if instant {
@@ -551,14 +562,17 @@ func parseReset(s string, ref *refClock) (d time.Duration, coarse, instant, ok b
 	return d, ok && frac == 0, ok && instant, ok
 }
 
-// untilTime returns t-ref, clamped at 0 if t is in the past, and fails if
-// it exceeds maxDuration.
+// untilTime returns t-ref, clamped at 0 if t is in the past, and fails
+// (returning 0) if it exceeds maxDuration.
 func untilTime(t, ref time.Time) (time.Duration, bool) {
 	d := t.Sub(ref) // saturates rather than overflowing
-	if d < 0 {
+	switch {
+	case d < 0:
 		return 0, true
+	case d > maxDuration:
+		return 0, false
 	}
-	return d, d <= maxDuration
+	return d, true
 }
 
 // parseOpenAI reads OpenAI's request (not token) budget fields.

@@ -22,11 +22,14 @@ const (
 //   - "x-ms-retry-after-ms": milliseconds, in the same syntax;
 //   - "Retry-After": delay-seconds, an integer or decimal such as "120",
 //     "2.0" or "1.5"; or an HTTP-date in any of the three forms accepted by
-//     [http.ParseTime].
+//     [http.ParseTime], or in the layout of [time.RFC1123] for a time in
+//     UTC ("Tue, 02 Jan 2024 15:04:05 UTC").
 //
-// An HTTP-date is measured against the response's own Date field when that
-// parses, so that skew between the client's and the server's clocks cancels
-// out, and against now otherwise.
+// An HTTP-date names a whole second, and the instant the server meant lies
+// somewhere in it (servers format a finer time by truncating it), so the
+// wait runs to the end of that second. It is measured against the
+// response's own Date field when that parses, so that skew between the
+// client's and the server's clocks cancels out, and against now otherwise.
 //
 // Like h.Values, RetryAfter expects h's keys in canonical form, as
 // net/http and Header.Add and Header.Set store them. Only the first line
@@ -36,7 +39,7 @@ const (
 //
 // ok is false when no usable value is present: negative, zero, NaN, Inf,
 // empty or malformed values, numbers too long to parse as an int64, and
-// dates not in the future. A well-formed delay too large for a
+// dates whose second has ended. A well-formed delay too large for a
 // [time.Duration] (such as "99999999999" seconds) is a server asking for a
 // very long wait, so it saturates and is capped like any other large value.
 // A positive value above max is capped to max;
@@ -64,11 +67,11 @@ func RetryAfter(h http.Header, now time.Time, max time.Duration) (d time.Duratio
 		}
 		return 0, false
 	}
-	t, err := http.ParseTime(v)
-	if err != nil {
+	t, ok := parseDate(v)
+	if !ok {
 		return 0, false
 	}
-	d = t.Sub(refTime(h, now))
+	d = dateEnd(t).Sub(refTime(h, now))
 	// Sub saturates instead of overflowing; a saturated result is as
 	// unusable as an overflowing number.
 	if d <= 0 || d == math.MaxInt64 {
@@ -124,3 +127,9 @@ func refTime(h http.Header, now time.Time) time.Time {
 // refTime ignores: a response's Date is stamped before its headers cross
 // the network.
 const dateSkew = time.Second
+
+// dateEnd returns the end of the second t names: a date states an instant
+// to the second only, and a server formatting a finer instant truncates
+// it, so the end of the second is the first instant sure not to be
+// before the one the server meant.
+func dateEnd(t time.Time) time.Time { return t.Add(time.Second) }

@@ -40,23 +40,33 @@ func TestRetryAfter(t *testing.T) {
 		{"IMF-fixdate against Date", header(
 			"Date", "Tue, 02 Jan 2024 14:04:05 GMT", // server clock 1h behind
 			"Retry-After", "Tue, 02 Jan 2024 14:05:35 GMT",
-		), max, 90 * time.Second, true},
-		{"IMF-fixdate against now", header("Retry-After", httpDate(now.Add(45*time.Second))), max, 45 * time.Second, true},
-		{"IMF-fixdate with garbage Date", header("Date", "yesterday", "Retry-After", httpDate(now.Add(45*time.Second))), max, 45 * time.Second, true},
+		), max, 91 * time.Second, true}, // to the end of the second named
+		{"IMF-fixdate against now", header("Retry-After", httpDate(now.Add(45*time.Second))), max, 46 * time.Second, true},
+		{"IMF-fixdate with garbage Date", header("Date", "yesterday", "Retry-After", httpDate(now.Add(45*time.Second))), max, 46 * time.Second, true},
+		{"IMF-fixdate of the current second", header("Retry-After", httpDate(now)), max, time.Second, true},
 		{"RFC 850 date", header(
 			"Date", "Sunday, 06-Nov-94 08:48:37 GMT",
 			"Retry-After", "Sunday, 06-Nov-94 08:49:37 GMT",
-		), max, time.Minute, true},
+		), max, 61 * time.Second, true},
 		{"asctime date", header(
 			"Date", "Sun Nov  6 08:49:07 1994",
 			"Retry-After", "Sun Nov  6 08:49:37 1994",
-		), max, 30 * time.Second, true},
+		), max, 31 * time.Second, true},
 		{"retry-after-ms", header("retry-after-ms", "250"), max, 250 * time.Millisecond, true},
 		{"retry-after-ms decimal", header("retry-after-ms", "12.5"), max, 12500 * time.Microsecond, true},
 		{"x-ms-retry-after-ms", header("x-ms-retry-after-ms", "1000"), max, time.Second, true},
 		{"retry-after-ms wins", header("Retry-After", "10", "x-ms-retry-after-ms", "300", "retry-after-ms", "250"), max, 250 * time.Millisecond, true},
 		{"x-ms-retry-after-ms beats Retry-After", header("Retry-After", "10", "x-ms-retry-after-ms", "300"), max, 300 * time.Millisecond, true},
 		{"bad retry-after-ms falls through", header("retry-after-ms", "soon", "Retry-After", "3"), max, 3 * time.Second, true},
+		{"RFC 1123 date in UTC", header("Retry-After", now.Add(45*time.Second).Format(time.RFC1123)), max, 46 * time.Second, true},
+		{"RFC 1123 date in UTC against Date", header(
+			"Date", "Tue, 02 Jan 2024 14:04:05 GMT", // server clock 1h behind
+			"Retry-After", "Tue, 02 Jan 2024 14:04:06 UTC",
+		), max, 2 * time.Second, true},
+		{"RFC 1123 date in UTC capped", header("Retry-After", now.Add(48*time.Hour).Format(time.RFC1123)), max, max, true},
+		{"RFC 1123 date in UTC, past", header("Retry-After", now.Add(-time.Second).Format(time.RFC1123)), max, 0, false},
+		{"RFC 1123 date in another zone", header("Retry-After", "Tue, 02 Jan 2024 15:05:05 PST"), max, 0, false},
+		{"RFC 1123 date, lower-case utc", header("Retry-After", "Tue, 02 Jan 2024 15:05:05 utc"), max, 0, false},
 		{"first line only", header("Retry-After", "5", "Retry-After", "500"), max, 5 * time.Second, true},
 		{"capped to max", header("Retry-After", "999999999"), max, max, true},
 		{"capped date", header("Retry-After", httpDate(now.Add(48*time.Hour))), max, max, true},
@@ -84,7 +94,8 @@ func TestRetryAfter(t *testing.T) {
 		{"empty", header("Retry-After", ""), max, 0, false},
 		{"garbage", header("Retry-After", "abc"), max, 0, false},
 		{"date in 1999", header("Retry-After", "Fri, 31 Dec 1999 23:59:59 GMT"), max, 0, false},
-		{"date equal to Date", header("Date", httpDate(now), "Retry-After", httpDate(now)), max, 0, false},
+		{"date equal to Date: its second to run", header("Date", httpDate(now), "Retry-After", httpDate(now)), max, time.Second, true},
+		{"date a second before Date", header("Date", httpDate(now), "Retry-After", httpDate(now.Add(-time.Second))), max, 0, false},
 		{"too long", header("Retry-After", strings.Repeat("1", maxFieldLen+1)), max, 0, false},
 	}
 	for _, tt := range tests {
@@ -109,5 +120,21 @@ func TestHeaderNamesCanonical(t *testing.T) {
 		if c := http.CanonicalHeaderKey(k); c != k {
 			t.Errorf("%q is not canonical; want %q", k, c)
 		}
+	}
+}
+
+// A date names a whole second: read later in that second, the wait is
+// what is left of it; read after it, there is none.
+func TestRetryAfterDateEndsWithItsSecond(t *testing.T) {
+	h := header("Retry-After", now.Format(time.RFC1123))
+	if d, ok := RetryAfter(h, now.Add(600*time.Millisecond), time.Minute); !ok || d != 400*time.Millisecond {
+		t.Errorf("0.6 s into the second named: RetryAfter = %v, %v; want 400ms, true", d, ok)
+	}
+	if d, ok := RetryAfter(h, now.Add(time.Second), time.Minute); ok {
+		t.Errorf("at the end of the second named: RetryAfter = %v, true; want none", d)
+	}
+	q, ok := Parse(header("X-RateLimit-Remaining", "0", "X-RateLimit-Reset", now.Format(time.RFC1123)), now.Add(600*time.Millisecond))
+	if !ok || q.Reset != 400*time.Millisecond || !q.Instant || !q.Coarse {
+		t.Errorf("0.6 s into the second named: Parse = %+v, %v; want a reset of 400ms, an instant, coarse", q, ok)
 	}
 }
