@@ -155,7 +155,7 @@ func TestFleetFreezeChild(t *testing.T) {
 	start, stop := time.Unix(0, env("FLEET_START")), time.Unix(0, env("FLEET_STOP"))
 	proc, url := os.Getenv("FLEET_PROC"), os.Getenv("FLEET_URL")
 
-	b, err := New(newClient(t, os.Getenv("FLEET_REDIS")), WithInFlight(freezeCap, 30*time.Second))
+	b, err := NewTokens(newClient(t, os.Getenv("FLEET_REDIS")), WithInFlight(freezeCap, 30*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,8 +14,6 @@ import (
 	"github.com/sluice-go/sluice"
 )
 
-var _ sluice.Leaser = (*Backend)(nil)
-
 var (
 	//go:embed share.lua
 	shareSrc    string
@@ -122,11 +120,8 @@ type member struct {
 	est       [levels]float64
 }
 
-// Join adds a lane on key to those this Backend divides the key's share
-// among, when WithShares is set (see sluice.Leaser); it returns false
-// otherwise, and after Close. The first lane on a key makes the key's
-// first refresh happen at once; until it answers the lane sends nothing.
-func (b *Backend) Join(key string, demand func() (sluice.Demand, bool), grant func(sluice.Share)) bool {
+// join serves Backend.Join.
+func (b *backend) join(key string, demand func() (sluice.Demand, bool), grant func(sluice.Share)) bool {
 	if b.cfg.refresh == 0 || !b.enter() {
 		return false
 	}
@@ -162,7 +157,7 @@ func (b *Backend) Join(key string, demand func() (sluice.Demand, bool), grant fu
 
 // refreshLoop refreshes each key's share when it is due, and exits when no
 // key has lanes left, or at Close.
-func (b *Backend) refreshLoop() {
+func (b *backend) refreshLoop() {
 	defer b.wg.Done()
 	b.startNudges()
 	defer b.stopNudges()
@@ -185,7 +180,7 @@ func (b *Backend) refreshLoop() {
 
 // refreshDue refreshes the keys due at now, and returns when the next is
 // due; false when no key is left, having marked the loop stopped.
-func (b *Backend) refreshDue(now time.Time) (time.Time, bool) {
+func (b *backend) refreshDue(now time.Time) (time.Time, bool) {
 	s := &b.shares
 	s.mu.Lock()
 	var due, watch, pushed []*shareKey
@@ -261,7 +256,7 @@ func (b *Backend) refreshDue(now time.Time) (time.Time, bool) {
 // refresh asks Redis for this process's share of sk's budget, by what its
 // lanes want, and hands the lanes their parts. Without an answer it keeps
 // the last share until its lease ends, and then falls back (see fallbackShare).
-func (b *Backend) refresh(sk *shareKey) {
+func (b *backend) refresh(sk *shareKey) {
 	lanes := b.live(sk)
 	if len(lanes) == 0 {
 		// The key's last lane is gone: its share goes back to the fleet now
@@ -377,7 +372,7 @@ func (m *member) urgent(l, waiting int, refresh time.Duration) bool {
 // watch reads the demand of sk's lanes between refreshes, and brings the
 // next refresh forward if an Interactive queue is urgent. Called by the
 // refresher goroutine, while no refresh of sk runs.
-func (b *Backend) watch(sk *shareKey) {
+func (b *backend) watch(sk *shareKey) {
 	b.shares.mu.Lock()
 	lanes := append([]*member(nil), sk.lanes...)
 	b.shares.mu.Unlock()
@@ -392,7 +387,7 @@ func (b *Backend) watch(sk *shareKey) {
 // applyPushed hands sk's lanes the larger share another process's refresh
 // granted this one, unless this process has since refreshed (see
 // share.lua). Called by the refresher goroutine, while no refresh of sk runs.
-func (b *Backend) applyPushed(sk *shareKey) {
+func (b *backend) applyPushed(sk *shareKey) {
 	s := &b.shares
 	s.mu.Lock()
 	p := sk.pushed
@@ -407,7 +402,7 @@ func (b *Backend) applyPushed(sk *shareKey) {
 }
 
 // live reads the demand of sk's lanes and drops those that are gone.
-func (b *Backend) live(sk *shareKey) []*member {
+func (b *backend) live(sk *shareKey) []*member {
 	b.shares.mu.Lock()
 	lanes := append([]*member(nil), sk.lanes...)
 	b.shares.mu.Unlock()
@@ -442,7 +437,7 @@ func (b *Backend) live(sk *shareKey) []*member {
 // shared it at the last refresh (WithFallbackShare of it if this process
 // never had a share), a little slower by a factor drawn at random per
 // outage, so that processes that lose Redis together do not send in step.
-func (b *Backend) fallbackShare(sk *shareKey, lanes []*member, wants [][levels]float64, places [][levels]int, rate float64, burst int, err error) {
+func (b *backend) fallbackShare(sk *shareKey, lanes []*member, wants [][levels]float64, places [][levels]int, rate float64, burst int, err error) {
 	if !sk.fallen {
 		sk.fallen = true
 		frac := b.cfg.share
@@ -470,7 +465,7 @@ func (b *Backend) fallbackShare(sk *shareKey, lanes []*member, wants [][levels]f
 
 // hand divides a share of rate and places among lanes by their wants, and
 // grants each its part.
-func (b *Backend) hand(lanes []*member, wants [][levels]float64, places [][levels]int, rate float64, nplaces int, keyRate float64, keyBurst int, cool time.Time) {
+func (b *backend) hand(lanes []*member, wants [][levels]float64, places [][levels]int, rate float64, nplaces int, keyRate float64, keyBurst int, cool time.Time) {
 	var rates []float64
 	if keyRate > 0 {
 		rates = apportion(rate, wants)

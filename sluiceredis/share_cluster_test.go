@@ -98,7 +98,7 @@ func TestSharesClusterNodeDown(t *testing.T) {
 			onNode[node] = key
 		}
 	}
-	opts := []Option{WithShares(refresh), WithTimeout(DefaultTimeout)}
+	opts := []Option{WithRefresh(refresh), WithTimeout(DefaultTimeout)}
 	a, err := New(newCluster(), opts...)
 	if err != nil {
 		t.Fatal(err)

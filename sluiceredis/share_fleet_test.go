@@ -34,7 +34,7 @@ type shareFleet struct {
 	workers     int           // Batch workers per process
 	redisAddr   string        // "": a redis-server of the test's own
 	bopts       []Option
-	perToken    bool // a token per request (no WithShares), to compare
+	perToken    bool // Tokens rather than a Backend, to compare
 	transports  int  // Transports per process (sharing its Backend); 0: 1
 }
 
@@ -77,19 +77,23 @@ func (f shareFleet) start(t *testing.T) shareResult {
 
 	type proc struct {
 		trs []*sluice.Transport
-		b   *Backend
-		n   *counter
+		b   interface {
+			sluice.Backend
+			Close() error
+		}
+		n *counter
 	}
 	ps := make([]proc, f.procs)
 	for i := range ps {
 		c := newClient(t, addr)
 		n := countCalls(c)
-		opts := f.bopts
-		if !f.perToken {
-			opts = append([]Option{WithShares(f.refresh)}, opts...)
+		ps[i].n = n
+		if f.perToken {
+			ps[i].b = newTokens(t, c, f.bopts...)
+		} else {
+			ps[i].b = newBackend(t, c, append([]Option{WithRefresh(f.refresh)}, f.bopts...)...)
 		}
-		b := newBackend(t, c, opts...)
-		ps[i] = proc{b: b, n: n}
+		b := ps[i].b
 		for range max(f.transports, 1) {
 			tr, err := sluice.New(nil, sluice.WithRate(int(f.rate), time.Second), sluice.WithBurst(f.burst),
 				sluice.WithBackend(b), sluice.WithRetry(0))

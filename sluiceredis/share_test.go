@@ -14,23 +14,22 @@ import (
 	"github.com/sluice-go/sluice"
 )
 
-func TestWithSharesValidated(t *testing.T) {
+func TestWithRefreshValidated(t *testing.T) {
 	c := newClient(t, "127.0.0.1:1")
 	for _, d := range []time.Duration{0, -time.Second, 9 * time.Millisecond, time.Minute + 1} {
-		_, err := New(c, WithShares(d))
-		if !errors.Is(err, ErrInvalidOption) || !strings.Contains(err.Error(), "WithShares("+d.String()+")") ||
+		_, err := New(c, WithRefresh(d))
+		if !errors.Is(err, ErrInvalidOption) || !strings.Contains(err.Error(), "WithRefresh("+d.String()+")") ||
 			!strings.HasPrefix(err.Error(), "sluiceredis: ") {
-			t.Errorf("WithShares(%v): %v", d, err)
+			t.Errorf("WithRefresh(%v): %v", d, err)
 		}
 	}
 	for _, d := range []time.Duration{10 * time.Millisecond, DefaultRefresh, time.Minute} {
-		if _, err := New(c, WithShares(d)); err != nil {
-			t.Errorf("WithShares(%v): %v", d, err)
+		if _, err := New(c, WithRefresh(d)); err != nil {
+			t.Errorf("WithRefresh(%v): %v", d, err)
 		}
 	}
-	b, _ := New(c)
-	if b.Join("k", nil, nil) {
-		t.Error("Join without WithShares: want false, so that lanes take tokens")
+	if _, err := NewTokens(c, WithRefresh(time.Second)); !errors.Is(err, ErrInvalidOption) || !strings.Contains(err.Error(), "WithRefresh") {
+		t.Errorf("NewTokens(WithRefresh): %v, want ErrInvalidOption naming WithRefresh", err)
 	}
 }
 
@@ -185,9 +184,9 @@ func TestSharesOutage(t *testing.T) {
 	const refresh = 100 * time.Millisecond
 	srv := startRedis(t)
 	var lg logs
-	opts := []Option{WithShares(refresh), WithTimeout(DefaultTimeout), WithLogger(slog.New(&lg))}
+	opts := []Option{WithRefresh(refresh), WithTimeout(DefaultTimeout), WithLogger(slog.New(&lg))}
 	a := newBackend(t, newClient(t, srv.Addr()), opts...)
-	b := newBackend(t, newClient(t, srv.Addr()), WithShares(refresh), WithTimeout(DefaultTimeout))
+	b := newBackend(t, newClient(t, srv.Addr()), WithRefresh(refresh), WithTimeout(DefaultTimeout))
 	defer a.Close()
 	defer b.Close()
 	// Interactive: 8 waiting, to be served within two refreshes, is 40/s.
@@ -254,7 +253,7 @@ func TestSharesDeadProcess(t *testing.T) {
 	key := newKeys(DefaultPrefix, "api").shares()
 	exp := tm.Add(time.Second).UnixMicro()
 	c.HSet(ctx, key, "dead", fmt.Sprintf("%d 100 4 0 70 -1 0 0 500 0 0 0", exp))
-	a := newBackend(t, c, WithShares(refresh))
+	a := newBackend(t, c, WithRefresh(refresh))
 	defer a.Close()
 	l := joinLane(t, a, "api", batch100)
 	start := time.Now()
@@ -271,7 +270,7 @@ func TestSharesDeadProcess(t *testing.T) {
 func TestSharesInFlight(t *testing.T) {
 	const refresh = 50 * time.Millisecond
 	srv := startRedis(t)
-	opts := []Option{WithShares(refresh), WithInFlight(4, 30*time.Second)}
+	opts := []Option{WithRefresh(refresh), WithInFlight(4, 30*time.Second)}
 	a := newBackend(t, newClient(t, srv.Addr()), opts...)
 	b := newBackend(t, newClient(t, srv.Addr()), opts...)
 	defer a.Close()
@@ -334,7 +333,7 @@ func TestSharesInFlight(t *testing.T) {
 func TestSharesFreeze(t *testing.T) {
 	const refresh = 100 * time.Millisecond
 	srv := startRedis(t)
-	opts := []Option{WithShares(refresh), WithTimeout(DefaultTimeout)}
+	opts := []Option{WithRefresh(refresh), WithTimeout(DefaultTimeout)}
 	a := newBackend(t, newClient(t, srv.Addr()), opts...)
 	b := newBackend(t, newClient(t, srv.Addr()), opts...)
 	defer a.Close()
@@ -381,7 +380,7 @@ func TestSharesManyKeys(t *testing.T) {
 	)
 	srv := startRedis(t)
 	p := startDelayProxy(t, srv.Addr(), 5*time.Millisecond)
-	b := newBackend(t, newClient(t, p.addr()), WithShares(refresh), WithTimeout(time.Second))
+	b := newBackend(t, newClient(t, p.addr()), WithRefresh(refresh), WithTimeout(time.Second))
 	defer b.Close()
 	start := time.Now()
 	lanes := make([]*shareLane, n)
