@@ -51,14 +51,18 @@
 // places in flight, for three refreshes. A level wants its smoothed rate of
 // arrivals plus its queue, to be served within two refreshes; a Normal or
 // Batch queue asks for the whole rate, as a closed loop of workers uses
-// whatever it gets; and an Interactive queue that did not empty during the
-// last refresh (its process saw it waiting at every look, eight a refresh)
-// asks for twice what it was granted, so that a process whose Interactive
-// demand exceeds its share reaches the rate in a few refreshes (from 32/s
-// to 90/s of 100/s in two). The budget is apportioned by priority first (a
-// level's wants across the fleet are met before any lower level's), but a
-// lower level that wants some keeps one part in its lanes' low share
-// (sluice.WithLowShare: a tenth by default), max-min fairly within a
+// whatever it gets. An Interactive queue that held eight or more at every
+// look for half a refresh (its process looks eight times a refresh) is
+// backed up: it asks for what it was let send since the last refresh and
+// for its queue within half a refresh, so a process whose Interactive
+// demand exceeds its share grows it by its queue twice a refresh (one
+// process of 16 Interactive workers beside three Batch ones on 100/s: 30
+// to 72 in the first second, 87 to 90 in the second, 90 from the third;
+// go test -run TestSharesPriorityConverges -v). The budget is apportioned
+// by priority first (a level's wants across the fleet are met before any
+// lower level's), except that while a level below another wants some, the
+// lowest such level is first given its part of the rate by its lanes'
+// sluice.WithLowShare (a tenth by default); max-min fairly within a
 // level, and what nobody wants is spread evenly. A process is never granted
 // more than the other processes' grants leave. A share moves without
 // waiting for the refreshes at their turn: a process owed a share that
