@@ -603,7 +603,14 @@ func (b *backend) fallback(bg *budget, now time.Time, rate float64, burst int) (
 // failed records that Redis did not answer a call for bg, and logs it
 // once per outage of the key.
 func (b *backend) failed(bg *budget, now time.Time, err error) {
-	if !bg.health.fail(now, err) {
+	first := bg.health.fail(now, err)
+	if b.lost() {
+		// A replica may have taken the key's slot over: the map of the
+		// slots is being reloaded, and the key probed again sooner than
+		// at its turn, so that it is back within a probe of a failover.
+		bg.health.probeBy(now.Add(b.cfg.probeEvery / retryRefreshes))
+	}
+	if !first {
 		return
 	}
 	if b.cfg.share == 0 {
@@ -624,6 +631,20 @@ func (b *backend) recovered(bg *budget, now time.Time) {
 		default:
 		}
 	}
+}
+
+// lost has a Redis Cluster client reload its map of the slots after a
+// call found Redis unreachable: go-redis reloads it by itself only on a
+// MOVED reply or once a minute, so that after a master dies and a replica
+// takes its slots over, calls would go on failing on the dead address.
+// The client runs one reload at a time, and at most one more after it.
+// It reports whether the client is a Cluster's.
+func (b *backend) lost() bool {
+	c, ok := b.client.(*redis.ClusterClient)
+	if ok {
+		c.ReloadState(context.Background())
+	}
+	return ok
 }
 
 // takeLocal answers a Take for taker by without Redis when it can: during
@@ -820,7 +841,8 @@ func (bg *budget) requeue(ids []string) {
 // probe succeeds), rather than an error reply about this call, which is
 // returned to its caller and changes nothing else. A transport error, a
 // timeout and anything that is not a reply count as unreachable; so do the
-// replies by which a server says it cannot serve any key at the moment.
+// replies by which a server says it cannot serve any key at the moment,
+// and those of a Cluster whose slot moved.
 func unreachable(err error) bool {
 	var re redis.Error
 	if !errors.As(err, &re) {
@@ -832,7 +854,11 @@ func unreachable(err error) bool {
 	return redis.IsLoadingError(err) || redis.IsReadOnlyError(err) || redis.IsOOMError(err) ||
 		redis.IsMasterDownError(err) || redis.IsClusterDownError(err) || redis.IsNoReplicasError(err) ||
 		redis.IsMaxClientsError(err) || redis.IsAuthError(err) ||
-		redis.HasErrorPrefix(err, "BUSY") || redis.HasErrorPrefix(err, "MISCONF")
+		redis.HasErrorPrefix(err, "BUSY") || redis.HasErrorPrefix(err, "MISCONF") ||
+		// A Cluster moving a key's slot (a failover, a resharding) that
+		// the client has not followed yet.
+		redis.HasErrorPrefix(err, "MOVED") || redis.HasErrorPrefix(err, "ASK") ||
+		redis.HasErrorPrefix(err, "TRYAGAIN")
 }
 
 func toAny(ss []string) []any {

@@ -115,8 +115,13 @@
 // takes no more than the fallback's rate: Redis has forgotten the entries
 // meanwhile (they expired on its clock, or it restarted empty). No caller
 // sees an error. Health is per key, so on a Redis Cluster a dead master
-// sends only its own keys to the fallback, and they are back within a
-// refresh of the failover.
+// sends only its own keys to the fallback; and a key whose call failed
+// has the client reload its map of the slots and is tried again four times
+// a refresh, so that it is back within a refresh of its replica taking
+// over (120-260ms at a refresh of 500ms; go test -run TestClusterFailover
+// -v). Give a ClusterClient DialerRetries: 1, so that a call to a dead
+// master fails at once rather than after go-redis's five dials, or at
+// WithTimeout.
 //
 // # How Tokens take
 //
@@ -182,7 +187,9 @@
 // key) is not an outage: it fails that call only (see Tokens.Take).
 // Health is per key, as for a Backend: on a Redis Cluster a dead master
 // sends only its own keys to the fallback, and one Take a second per key
-// tries it again.
+// tries it again (four a second on a Cluster, whose map of the slots is
+// reloaded meanwhile, so that a key is back within a second of a
+// failover).
 //
 // A call that times out on a stalled Redis is still in the server's input,
 // and runs when the server resumes. Each lease is taken under a member

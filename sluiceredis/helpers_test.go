@@ -249,3 +249,24 @@ func healthy(b *backend) bool {
 	}
 	return true
 }
+
+// times returns when records of level naming key (their "key" attribute)
+// were logged.
+func (l *logs) times(level slog.Level, key string) []time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []time.Time
+	for _, r := range l.recs {
+		if r.Level != level {
+			continue
+		}
+		r.Attrs(func(a slog.Attr) bool {
+			if a.Key == "key" && a.Value.String() == key {
+				out = append(out, r.Time)
+				return false
+			}
+			return true
+		})
+	}
+	return out
+}

@@ -57,6 +57,10 @@ const (
 	backedUpQueue = urgentLeast
 	backedUpFor   = 2 // a refresh divided by this
 
+	// retryRefreshes: a key whose refresh failed is refreshed again this
+	// many times a refresh until Redis answers for it.
+	retryRefreshes = 4
+
 	// refreshParallel is how many keys' refreshes run at once.
 	refreshParallel = 16
 )
@@ -324,7 +328,9 @@ func (b *backend) refresh(sk *shareKey) {
 			now := max(arrived, 0) / elapsed.Seconds()
 			gain := 1 - math.Pow(1-estGain, min(elapsed.Seconds()/b.cfg.refresh.Seconds(), 1))
 			m.est[l] += gain * (now - m.est[l])
-			backed := m.backedUp(l, sent, b.cfg.refresh) && !m.at.IsZero()
+			// Backed up, and granted some since the last refresh: a lane
+			// granted nothing is not held back by its share.
+			backed := m.backedUp(l, sent, b.cfg.refresh) && !m.at.IsZero() && cur.Granted[l] > d.Granted[l]
 			wants[i][l] = m.est[l] + float64(cur.Waiting[l])/(backlogRefreshes*b.cfg.refresh.Seconds())
 			switch {
 			case cur.Waiting[l] == 0:
@@ -405,8 +411,16 @@ func (b *backend) refresh(sk *shareKey) {
 			// their next refreshes, and this one asks again after them.
 			next = b.cfg.refresh / 2
 		}
-	} else if now.After(sk.until) || !sk.leased {
-		b.fallbackShare(sk, lanes, wants, places, rate, burst, lowShare, err)
+	} else {
+		if unreachable(err) {
+			b.lost()
+		}
+		if now.After(sk.until) || !sk.leased {
+			b.fallbackShare(sk, lanes, wants, places, rate, burst, lowShare, err)
+		}
+		// Asked again sooner than at its turn, so that a key whose
+		// master failed over is back within a refresh of it.
+		next = b.cfg.refresh / retryRefreshes
 	}
 	// Each process refreshes at its own phase, a little off the interval,
 	// so that a fleet that starts together does not refresh together.
