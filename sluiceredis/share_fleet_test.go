@@ -264,10 +264,16 @@ func TestSharesPriority(t *testing.T) {
 		}
 	}
 	// The target is 0.97 of the rate (measured 0.977-0.982 on two loaded
-	// cores without -race; see docs/design.md, "Fleet backend: shares"); 0.96 here leaves a point
-	// for a runner loaded further, or -race, to delay the lanes' timers.
-	if float64(total) < 0.96*rate*secs {
-		t.Errorf("the fleet sent %.1f/s, under 96%% of %d/s", float64(total)/secs, rate)
+	// cores without -race; see docs/design.md, "Fleet backend: shares");
+	// 0.96 here leaves a point for a runner loaded further. Under -race,
+	// whose cost delays the lanes' timers and the Poisson sender's, it
+	// measured 0.937-0.975 on two cores: 0.92 there.
+	floor := 0.96
+	if raceEnabled {
+		floor = 0.92
+	}
+	if float64(total) < floor*rate*secs {
+		t.Errorf("the fleet sent %.1f/s, under %.2f of %d/s", float64(total)/secs, floor, rate)
 	}
 	if p99(fleet.waits) > p99(alone.waits)+refresh {
 		t.Errorf("Interactive p99 %v in the fleet, more than a refresh (%v) over %v alone", p99(fleet.waits), refresh, p99(alone.waits))
