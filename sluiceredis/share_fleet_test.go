@@ -222,7 +222,7 @@ func checkBound(t *testing.T, arrivals []time.Time, rate float64, burst, procs i
 }
 
 // shareSlack is the tokens per process a share adds to rate x T + burst
-// (see the package doc, "Shares or tokens"): its burst's rounding up to a
+// (see the package doc, "How a Backend leases"): its burst's rounding up to a
 // whole token, and the lane's own token of late charging; plus one here
 // for the network between sluice and the upstream, which timestamps
 // arrivals after a hop of varying delay.

@@ -12,12 +12,12 @@ import (
 var _ sluice.Backend = (*Tokens)(nil)
 
 // Tokens is a sluice.Backend that takes its tokens from Redis one call at
-// a time (see the package doc, "Tokens"): the fleet sends at most
+// a time (see the package doc, "How Tokens take"): the fleet sends at most
 // rate x T + burst in any window T, exactly, at the cost of about one Redis
 // call per request (and with WithInFlight one more, in Done). Use it
-// against a server that refuses the first request over its limit at a rate
-// of a few a second or less, where Backend's slack of two tokens a process
-// would be refused; use Backend otherwise.
+// against a server whose burst is smaller than about twice the number of
+// processes, which would refuse what a Backend's slack of two tokens a
+// process lets through; use a Backend otherwise.
 //
 // Create Tokens with NewTokens; the zero value is not usable. Tokens are
 // safe for concurrent use, and run goroutines only while they have work:
