@@ -52,8 +52,8 @@ const (
 	// granted (a closed loop of workers, whose arrivals follow its grants,
 	// says no more of its need): it asks for what it was let send since
 	// the last refresh, if more than its smoothed arrivals, and for its
-	// queue as an urgent one does. A queue that empties, or a short one, asks
-	// for its smoothed arrivals and its queue.
+	// queue as an urgent one does. A queue that empties, or a short one,
+	// asks for its smoothed arrivals and its queue.
 	backedUpQueue = urgentLeast
 	backedUpFor   = 2 // a refresh divided by this
 
@@ -337,9 +337,9 @@ func (b *backend) refresh(sk *shareKey) {
 			case backed:
 				// Backed up (see backedUpQueue): what it was let send since
 				// the last refresh (arrivals follow grants: not a slow
-				// average of them), and its queue within urgentDrain, so that its share grows
-				// by its queue each half a refresh until its queue empties
-				// or it has the rate.
+				// average of them), and its queue within urgentDrain, so
+				// that its share grows by its queue each half a refresh
+				// until its queue empties or it has the rate.
 				wants[i][l] = max(m.est[l], now) + float64(cur.Waiting[l])/(urgentDrain*b.cfg.refresh.Seconds())
 			case l > int(sluice.Interactive) && cur.Rate > 0:
 				// A Normal or Batch queue uses whatever it is given (a
@@ -354,7 +354,7 @@ func (b *backend) refresh(sk *shareKey) {
 				// idles whenever its queue is empty, so the margin is kept
 				// small, at the cost of a queue that its Poisson noise
 				// makes grow and shrink. A long one is drained at once.
-				wants[i][l] = max(m.est[l], now) + float64(cur.Waiting[l])/(urgentDrain*b.cfg.refresh.Seconds())
+				wants[i][l] = m.est[l] + float64(cur.Waiting[l])/(urgentDrain*b.cfg.refresh.Seconds())
 			}
 			places[i][l] = cur.Waiting[l] + cur.InFlight[l]
 			total[l] += wants[i][l]
@@ -435,8 +435,8 @@ func (m *member) urgent(l, waiting int, refresh time.Duration) bool {
 }
 
 // watch reads the demand of sk's lanes between refreshes (see look), and
-// brings the next refresh forward if an Interactive queue is urgent. Called by the
-// refresher goroutine, while no refresh of sk runs.
+// brings the next refresh forward if an Interactive queue is urgent.
+// Called by the refresher goroutine, while no refresh of sk runs.
 func (b *backend) watch(sk *shareKey) {
 	b.shares.mu.Lock()
 	lanes := append([]*member(nil), sk.lanes...)
