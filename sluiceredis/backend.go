@@ -860,11 +860,3 @@ func unreachable(err error) bool {
 		redis.HasErrorPrefix(err, "MOVED") || redis.HasErrorPrefix(err, "ASK") ||
 		redis.HasErrorPrefix(err, "TRYAGAIN")
 }
-
-func toAny(ss []string) []any {
-	a := make([]any, len(ss))
-	for i, s := range ss {
-		a[i] = s
-	}
-	return a
-}
