@@ -102,6 +102,10 @@ type Demand struct {
 	Waiting  [Batch + 1]int
 	InFlight [Batch + 1]int
 	Granted  [Batch + 1]uint64 // grows by one with each attempt granted
+	// LowShare is the lane's WithLowShare: while a level waits below
+	// another, the lowest waiting level is owed at least 1/LowShare of the
+	// rate (0: strict priority).
+	LowShare int
 }
 
 // A Share is the part of a key's budget a Leaser grants one lane until its
@@ -203,7 +207,7 @@ func (l *lane) demand() (Demand, bool) {
 		return Demand{}, false
 	}
 	l.reclaimLocked(false) // what in flight was given up on is not demand
-	d := Demand{Rate: l.currentRateLocked(), Burst: l.cfg.burst}
+	d := Demand{Rate: l.currentRateLocked(), Burst: l.cfg.burst, LowShare: l.cfg.lowShare}
 	for p := range l.q.levels {
 		lv := &l.q.levels[p]
 		d.Waiting[p] = lv.n

@@ -12,36 +12,31 @@ const levels = 3
 // among processes, and a process's share among its lanes: level by level
 // (every want at level 0 is met before any at level 1), max-min fairly
 // within a level (the smallest wants are met in full, and the others share
-// equally what is left), then what nobody wants evenly among all. The
-// parts add up to c (to rounding) when there is at least one want.
-func apportion(c float64, wants [][levels]float64) []float64 {
+// equally what is left), then what nobody wants evenly among all. But
+// while a level below another wants some, the lowest such level is given
+// up to c/lowShare first (lowShare >= 2; 0: strict priority), as
+// sluice.WithLowShare keeps a lane's lowest waiting level at 1/lowShare of
+// its rate. The parts add up to c (to rounding) when there is at least one
+// want.
+func apportion(c float64, wants [][levels]float64, lowShare int) []float64 {
 	give := make([]float64, len(wants))
 	if len(wants) == 0 || !(c > 0) {
 		return give
 	}
 	left := c
-	idx := make([]int, 0, len(wants))
+	var given [levels][]float64 // given at a level, by want
+	if l := lowLevel(wants); l >= 0 && lowShare >= 2 {
+		given[l] = fill(c/float64(lowShare), wants, l, nil)
+		for i, g := range given[l] {
+			give[i] += g
+			left -= g
+		}
+	}
 	for l := range levels {
 		if left <= 0 {
 			break
 		}
-		idx = idx[:0]
-		for i, w := range wants {
-			if w[l] > 0 {
-				idx = append(idx, i)
-			}
-		}
-		slices.SortStableFunc(idx, func(a, b int) int {
-			switch {
-			case wants[a][l] < wants[b][l]:
-				return -1
-			case wants[a][l] > wants[b][l]:
-				return 1
-			}
-			return 0
-		})
-		for k, i := range idx {
-			g := min(wants[i][l], left/float64(len(idx)-k))
+		for i, g := range fill(left, wants, l, given[l]) {
 			give[i] += g
 			left -= g
 		}
@@ -50,6 +45,61 @@ func apportion(c float64, wants [][levels]float64) []float64 {
 		for i := range give {
 			give[i] += left / float64(len(give))
 		}
+	}
+	return give
+}
+
+// lowLevel returns the lowest level with wants if a level above it has
+// some too, else -1.
+func lowLevel(wants [][levels]float64) int {
+	top, low := -1, -1
+	for l := range levels {
+		for _, w := range wants {
+			if w[l] > 0 {
+				if top < 0 {
+					top = l
+				}
+				low = l
+				break
+			}
+		}
+	}
+	if low > top {
+		return low
+	}
+	return -1
+}
+
+// fill divides up to c among the wants at level l, less what given (nil:
+// nothing) already gave each, max-min fairly.
+func fill(c float64, wants [][levels]float64, l int, given []float64) []float64 {
+	give := make([]float64, len(wants))
+	rest := func(i int) float64 {
+		if given == nil {
+			return wants[i][l]
+		}
+		return wants[i][l] - given[i]
+	}
+	idx := make([]int, 0, len(wants))
+	for i := range wants {
+		if rest(i) > 0 {
+			idx = append(idx, i)
+		}
+	}
+	slices.SortStableFunc(idx, func(a, b int) int {
+		switch {
+		case rest(a) < rest(b):
+			return -1
+		case rest(a) > rest(b):
+			return 1
+		}
+		return 0
+	})
+	left := c
+	for k, i := range idx {
+		g := min(rest(i), left/float64(len(idx)-k))
+		give[i] = g
+		left -= g
 	}
 	return give
 }

@@ -22,24 +22,22 @@ import (
 	"github.com/sluice-go/sluice"
 )
 
-var _ sluice.Backend = (*Backend)(nil)
-
-// A Backend is a sluice.Backend that keeps budgets in Redis, so that every
-// process using the same Redis and the same key draws on one budget. Create
-// it with New; the zero Backend is not usable. A Backend is safe for
-// concurrent use. It runs goroutines only while it has work: one while it
-// holds in-flight leases (see WithInFlight), to renew them, which exits
-// once the last lease is given back (at Done, or, for a reserved token
-// nobody came for, when the reservation goes stale); and one while leases
-// asked for by calls that failed or timed out may still be taken in Redis,
-// to give them back once it answers. Close gives back every lease and
-// stops both. The client stays the caller's to close.
-type Backend struct {
+// backend is what Backend and Tokens are made of: the Redis client, the
+// health of its nodes, the budgets of the token protocol (see Tokens) and
+// the shares of the share protocol (see Backend), and the goroutines that
+// serve them. Its fields are guarded as noted; it is safe for concurrent
+// use. It runs goroutines only while it has work: one while it holds
+// in-flight leases (see WithInFlight), to renew them, which exits once the
+// last lease is given back (at Done, or, for a reserved token nobody came
+// for, when the reservation goes stale); one while leases asked for by
+// calls that failed or timed out may still be taken in Redis, to give them
+// back once it answers; and, with shares, one that refreshes them while a
+// key has lanes. shutdown gives back every lease and stops them all.
+type backend struct {
 	client redis.UniversalClient
 	cfg    config
 	self   string // starts this Backend's lease members
 	seq    atomic.Uint64
-	health health
 	rand   func() float64 // in [0, 1); the fallback's phase and slowdown
 
 	closed    atomic.Bool   // set under mu by Close
@@ -64,7 +62,12 @@ type Backend struct {
 // budget is this process's side of one key's budget. Its fields are guarded
 // by mu, which is never held across a Redis call.
 type budget struct {
+	key  string
 	keys keys
+	// health is whether Redis answers for this key: on a Redis Cluster a
+	// key lives on one master, and a dead master sends only its own keys
+	// to their fallbacks.
+	health health
 
 	mu      sync.Mutex
 	cool    time.Time     // the latest cooldown end this process knows of
@@ -145,18 +148,17 @@ func staleAfter(rate float64) time.Duration {
 	return stale
 }
 
-// New returns a Backend that keeps its budgets in the Redis behind client.
-// It fails if an option is invalid, or if client is a *redis.Client,
-// *redis.ClusterClient or *redis.Ring without ContextTimeoutEnabled: go-redis
-// would then ignore the deadline of every call and wait up to its own
-// ReadTimeout (3s by default) on a stalled Redis, and WithTimeout could not
-// keep its promise. (A client of another type must honour context
-// deadlines too.)
-func New(client redis.UniversalClient, opts ...Option) (*Backend, error) {
+// open checks client and opts, as New and NewTokens document, and returns
+// a backend: one that leases shares (see Backend) if shares is set, else
+// one that takes tokens (see Tokens). name is the constructor's, for errors.
+func open(name string, client redis.UniversalClient, shares bool, opts []Option) (*backend, error) {
 	if client == nil {
-		return nil, errors.New("sluiceredis: New: nil client")
+		return nil, fmt.Errorf("sluiceredis: %s: nil client", name)
 	}
 	cfg := defaultConfig()
+	if shares {
+		cfg.refresh = DefaultRefresh
+	}
 	for _, o := range opts {
 		if o == nil {
 			return nil, invalid("nil Option")
@@ -165,16 +167,18 @@ func New(client redis.UniversalClient, opts ...Option) (*Backend, error) {
 			return nil, err
 		}
 	}
+	if !shares && cfg.refresh > 0 {
+		return nil, invalid("WithRefresh(%v) with NewTokens: tokens are not leased, so there is nothing to refresh", cfg.refresh)
+	}
 	if !contextTimeouts(client) {
-		return nil, fmt.Errorf("sluiceredis: New: the client's options have ContextTimeoutEnabled false, so go-redis would not bound calls by WithTimeout (%v); set ContextTimeoutEnabled: true", cfg.timeout)
+		return nil, fmt.Errorf("sluiceredis: %s: the client's options have ContextTimeoutEnabled false, so go-redis would not bound calls by WithTimeout (%v); set ContextTimeoutEnabled: true", name, cfg.timeout)
 	}
 	var id [8]byte
 	_, _ = rand.Read(id[:]) // never fails (crypto/rand panics instead)
-	return &Backend{
+	return &backend{
 		client:  client,
 		cfg:     cfg,
 		self:    hex.EncodeToString(id[:]),
-		health:  health{every: cfg.probeEvery},
 		rand:    mrand.Float64,
 		budgets: make(map[string]*budget),
 		idle:    make(chan struct{}, 1),
@@ -195,59 +199,8 @@ func contextTimeouts(c redis.UniversalClient) bool {
 	return true
 }
 
-// Take takes a token from the budget named key, refilling at rate tokens
-// per second up to burst (see sluice.Backend), and with WithInFlight a
-// lease with it. It returns 0 when both are the caller's, or how long to
-// wait before asking again.
-//
-// A token that is not due yet is reserved in Redis for this process, and
-// the wait returned is until it is due; asking again then takes it without
-// a Redis call. So each token granted costs at most one Redis call, however
-// many processes contend. A caller (sluice.TakerOf: a Transport's lane)
-// that has lately been granted more than one token per round trip to Redis
-// takes several with one call, reserved for it alone (see the package
-// doc). A reservation is dropped (its token wasted) when
-// nobody asks for it within max(1/rate, 10ms) of its due time, because a
-// token used late would add to a window the rest of the fleet has already
-// filled, and when this process learns of a cooldown that ends after its
-// due time (see Cool).
-//
-// Every process sharing key shares one GCRA state, whatever rate each
-// passes: each token a process takes moves the state on by its own
-// 1/rate. So processes that pass different rates for one key (one has
-// learned a lower rate from the server and another not yet) are together
-// bounded by the highest rate among them, not the lowest, until each has
-// learned. Rates are paced to a fraction of a microsecond per token (never
-// faster than asked; slower by at most 1/4us per token, 1% at 40,000/s),
-// above 1,000,000/s at 1,000,000/s, and a burst is cut to about 3 years'
-// worth of tokens.
-//
-// When Redis cannot be reached within the timeout, Take falls back to a
-// local budget of WithFallbackShare of the rate and returns no error, or,
-// with a share of 0, returns an error wrapping ErrUnavailable. While Redis
-// is down, one Take a second tries it again; the others do not wait for it.
-// Redis answering with an error that concerns this call (for example
-// WRONGTYPE, when something else wrote one of the budget's keys) is not an
-// outage: that Take returns the error, and other keys are not affected. An
-// error reply that says the server cannot serve at all (LOADING, BUSY,
-// READONLY, OOM, MASTERDOWN, CLUSTERDOWN, NOREPLICAS, MISCONF, NOAUTH, max
-// clients) counts as Redis being unreachable. An error is also returned if
-// ctx ends during the call.
-//
-// A call that fails or times out may still run in Redis later (a stalled
-// server runs what it had received when it resumes), and with WithInFlight
-// take a lease that nobody holds. Such a lease is given back in the
-// background once Redis answers, and a run that comes after that takes
-// nothing; so a fault costs at most the places in flight during it, not
-// the lease ttl.
-//
-// With WithInFlight, a Take that finds every lease held waits, up to
-// 250ms, until a lease is given back somewhere in the fleet and this
-// process's turn comes (see the package doc), and then returns a wait of a
-// microsecond: the caller asks again at once.
-//
-// After Close, Take returns an error wrapping ErrClosed.
-func (b *Backend) Take(ctx context.Context, key string, rate float64, burst int) (time.Duration, error) {
+// take serves Tokens.Take.
+func (b *backend) take(ctx context.Context, key string, rate float64, burst int) (time.Duration, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
@@ -276,7 +229,7 @@ func (b *Backend) Take(ctx context.Context, key string, rate float64, burst int)
 	}
 	bg.mu.Unlock()
 
-	if !b.health.use(now) {
+	if !bg.health.use(now) {
 		bg.requeue(release)
 		return b.fallback(bg, now, rate, burst)
 	}
@@ -307,9 +260,9 @@ func (b *Backend) Take(ctx context.Context, key string, rate float64, burst int)
 		switch {
 		case gaveUp: // the caller gave up; that says nothing of Redis
 		case !down:
-			b.recovered(now) // it answered
+			b.recovered(bg, now) // it answered
 		default:
-			b.failed(now, err)
+			b.failed(bg, now, err)
 		}
 		if lease != "" {
 			for i := range want {
@@ -324,7 +277,7 @@ func (b *Backend) Take(ctx context.Context, key string, rate float64, burst int)
 		}
 		return b.fallback(bg, now, rate, burst)
 	}
-	b.recovered(now)
+	b.recovered(bg, now)
 	w = bg.apply(now, sent, st, waits, lates, lease, rate, by)
 	switch {
 	case st == cancelled:
@@ -347,7 +300,7 @@ func (b *Backend) Take(ctx context.Context, key string, rate float64, burst int)
 // its place for long; one that lives renews its leases every third of the
 // ttl, so that an attempt longer than the ttl (a streamed response) keeps
 // its place. The ttl can then be short whatever the calls' length.
-func (b *Backend) keepRenewing() {
+func (b *backend) keepRenewing() {
 	b.mu.Lock()
 	if !b.renewing && !b.closed.Load() {
 		b.renewing = true
@@ -362,7 +315,7 @@ func (b *Backend) keepRenewing() {
 // once when that Done gave back the last lease of its budget. It also
 // gives back the leases of reservations nobody came for once they go stale,
 // so that they do not hold places in flight until the key's next call.
-func (b *Backend) renew() {
+func (b *backend) renew() {
 	defer b.wg.Done()
 	t := time.NewTicker(max(b.cfg.leaseTTL/3, time.Millisecond))
 	defer t.Stop()
@@ -407,24 +360,22 @@ func resetTimer(t *time.Timer, at time.Time) {
 }
 
 // releaseStale gives back the leases queued for release (those of stale
-// reservations) on every budget, one call per budget, if Redis is up.
-func (b *Backend) releaseStale() {
-	if !b.health.up() {
-		return
-	}
+// reservations) on every budget whose Redis is up, one call per budget.
+func (b *backend) releaseStale() {
 	b.mu.Lock()
 	budgets := slices.Collect(maps.Values(b.budgets))
 	b.mu.Unlock()
 	for _, bg := range budgets {
+		if !bg.health.up() {
+			continue
+		}
 		bg.mu.Lock()
 		ids := bg.takeRelease()
 		bg.mu.Unlock()
 		if len(ids) == 0 {
 			continue
 		}
-		if !b.release(bg, ids) {
-			return
-		}
+		b.release(bg, ids)
 	}
 }
 
@@ -432,13 +383,13 @@ func (b *Backend) releaseStale() {
 // Redis was reached. If not, they are queued again and the Backend marked
 // down. An error reply (the lease key holds another type) would come
 // again: the leases are left to expire.
-func (b *Backend) release(bg *budget, ids []string) bool {
+func (b *backend) release(bg *budget, ids []string) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), b.cfg.timeout)
 	err := runDone(ctx, b.client, bg.keys, ids)
 	cancel()
 	if err != nil && unreachable(err) {
 		bg.requeue(ids)
-		b.failed(time.Now(), err)
+		b.failed(bg, time.Now(), err)
 		return false
 	}
 	return true
@@ -447,7 +398,7 @@ func (b *Backend) release(bg *budget, ids []string) bool {
 // maybeIdle lets the renewer look at once, rather than at its next tick,
 // whether it has anything left to do, if bg holds no lease now. bg.mu must
 // be held.
-func (b *Backend) maybeIdle(bg *budget) {
+func (b *backend) maybeIdle(bg *budget) {
 	if bg.leased() {
 		return
 	}
@@ -461,7 +412,7 @@ func (b *Backend) maybeIdle(bg *budget) {
 // and when the first of their reservations goes stale (zero: none).
 // When there are none it marks the renewer stopped, under mu: a lease taken
 // after that finds it stopped and starts another (see keepRenewing).
-func (b *Backend) leasedBudgets() ([]*budget, time.Time) {
+func (b *backend) leasedBudgets() ([]*budget, time.Time) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	var (
@@ -496,14 +447,14 @@ func (b *Backend) leasedBudgets() ([]*budget, time.Time) {
 // takes its turn at probing, as Take does, so that a process whose every
 // attempt is a long stream (and which makes no Take) learns when Redis is
 // back before its leases expire.
-func (b *Backend) renewAll(work []*budget) {
-	if !b.health.use(time.Now()) {
-		// Not tried now: the leases may expire there, as they would for a
-		// process that died, and the fallback budget bounds this process
-		// meanwhile.
-		return
-	}
+func (b *backend) renewAll(work []*budget) {
 	for _, bg := range work {
+		if !bg.health.use(time.Now()) {
+			// Not tried now: the leases may expire there, as they would
+			// for a process that died, and the fallback budget bounds this
+			// process meanwhile.
+			continue
+		}
 		bg.mu.Lock()
 		ids := bg.leases()
 		bg.mu.Unlock()
@@ -514,10 +465,10 @@ func (b *Backend) renewAll(work []*budget) {
 			cancel()
 			now := time.Now()
 			if err != nil && unreachable(err) {
-				b.failed(now, err)
-				return
+				b.failed(bg, now, err)
+				break
 			}
-			b.recovered(now)
+			b.recovered(bg, now)
 			if err != nil {
 				// An error reply (the lease key holds another type) would
 				// come again: those leases are left to expire.
@@ -528,17 +479,8 @@ func (b *Backend) renewAll(work []*budget) {
 	}
 }
 
-// Done releases one of this process's leases on key, when WithInFlight is
-// set; otherwise it does nothing. The release is one Redis call bounded by
-// the timeout, which also gives back the leases of this process's stale
-// reservations on key and those whose release did not reach Redis earlier,
-// and wakes the process that has waited longest for a lease on key.
-// While Redis is unreachable it is not tried, and the lease goes with the
-// next call for key (Take, Done or Cool). A lease whose key sees no further
-// call is held until its ttl (WithInFlight) runs out.
-//
-// After Close, Done does nothing: Close gave every lease back.
-func (b *Backend) Done(key string) {
+// finish serves Tokens.Done.
+func (b *backend) finish(key string) {
 	if b.cfg.leases == 0 || !b.enter() {
 		return
 	}
@@ -561,7 +503,7 @@ func (b *Backend) Done(key string) {
 		}
 		b.maybeIdle(bg)
 	}
-	if len(bg.release) == 0 || !b.health.up() {
+	if len(bg.release) == 0 || !bg.health.up() {
 		bg.mu.Unlock()
 		return
 	}
@@ -570,26 +512,8 @@ func (b *Backend) Done(key string) {
 	b.release(bg, ids)
 }
 
-// Cool records that nothing may be sent under key before until, in this
-// process at once and, through Redis, in every process that shares key.
-// The cooldown is sent to Redis as a duration from now, so process clocks
-// do not matter; a cooldown longer than 24 hours holds in full in this
-// process, and for 24 hours in the others (who learn the rest from the
-// server when it ends).
-//
-// A process that learns of a cooldown, from Cool or from a Take that meets
-// it in Redis, drops its reservations due before the cooldown ends and
-// gives back their leases: sending them when it ends, on top of the burst
-// the budget has regained by then, would overshoot. (Its next Take after
-// the cooldown reserves again, for one round trip.) Other processes learn
-// of a cooldown at their next Take for key that reaches Redis: until then,
-// one that holds a reservation may still send it during the cooldown, one
-// token per reservation, which Take answers without Redis.
-//
-// If Redis cannot be reached, the cooldown holds in this process only and
-// Cool returns an error wrapping ErrUnavailable. If Redis answers with an
-// error reply about this call (see Take), Cool returns it.
-func (b *Backend) Cool(ctx context.Context, key string, until time.Time) error {
+// cool serves Tokens.Cool and Backend.Cool.
+func (b *backend) cool(ctx context.Context, key string, until time.Time) error {
 	if !b.enter() {
 		return fmt.Errorf("sluiceredis: cooldown of %q not shared: %w", key, ErrClosed)
 	}
@@ -605,8 +529,8 @@ func (b *Backend) Cool(ctx context.Context, key string, until time.Time) error {
 	if d <= 0 {
 		return nil
 	}
-	if !b.health.use(now) {
-		return fmt.Errorf("sluiceredis: cooldown of %q not shared: %w", key, b.health.unavailable())
+	if !bg.health.use(now) {
+		return fmt.Errorf("sluiceredis: cooldown of %q not shared: %w", key, bg.health.unavailable())
 	}
 	bg.mu.Lock()
 	release := bg.takeRelease()
@@ -621,31 +545,31 @@ func (b *Backend) Cool(ctx context.Context, key string, until time.Time) error {
 			return ctx.Err()
 		}
 		if !unreachable(err) {
-			b.recovered(now)
+			b.recovered(bg, now)
 			return fmt.Errorf("sluiceredis: cooldown of %q not shared: %w", key, err)
 		}
-		b.failed(now, err)
+		b.failed(bg, now, err)
 		return fmt.Errorf("sluiceredis: cooldown of %q not shared: %w: %w", key, ErrUnavailable, err)
 	}
-	b.recovered(now)
+	b.recovered(bg, now)
 	return nil
 }
 
-func (b *Backend) budget(key string) *budget {
+func (b *backend) budget(key string) *budget {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	bg := b.budgets[key]
 	if bg == nil {
-		bg = &budget{keys: newKeys(b.cfg.prefix, key)}
+		bg = &budget{key: key, keys: newKeys(b.cfg.prefix, key), health: health{every: b.cfg.probeEvery}}
 		b.budgets[key] = bg
 	}
 	return bg
 }
 
 // fallback serves a Take from the local budget while Redis is unreachable.
-func (b *Backend) fallback(bg *budget, now time.Time, rate float64, burst int) (time.Duration, error) {
+func (b *backend) fallback(bg *budget, now time.Time, rate float64, burst int) (time.Duration, error) {
 	if b.cfg.share == 0 {
-		return 0, b.health.unavailable()
+		return 0, bg.health.unavailable()
 	}
 	bg.mu.Lock()
 	defer bg.mu.Unlock()
@@ -676,27 +600,51 @@ func (b *Backend) fallback(bg *budget, now time.Time, rate float64, burst int) (
 	return 0, nil
 }
 
-func (b *Backend) failed(now time.Time, err error) {
-	if !b.health.fail(now, err) {
+// failed records that Redis did not answer a call for bg, and logs it
+// once per outage of the key.
+func (b *backend) failed(bg *budget, now time.Time, err error) {
+	first := bg.health.fail(now, err)
+	if b.lost() {
+		// A replica may have taken the key's slot over: the map of the
+		// slots is being reloaded, and the key probed again sooner than
+		// at its turn, so that it is back within a probe of a failover.
+		bg.health.probeBy(now.Add(b.cfg.probeEvery / retryRefreshes))
+	}
+	if !first {
 		return
 	}
 	if b.cfg.share == 0 {
 		b.cfg.logger.Warn("sluiceredis: redis unreachable; refusing requests until it answers",
-			"err", err, "probe", b.cfg.probeEvery)
+			"key", bg.key, "err", err, "probe", b.cfg.probeEvery)
 		return
 	}
 	b.cfg.logger.Warn("sluiceredis: redis unreachable; using a local budget until it answers",
-		"err", err, "share", b.cfg.share, "probe", b.cfg.probeEvery)
+		"key", bg.key, "err", err, "share", b.cfg.share, "probe", b.cfg.probeEvery)
 }
 
-func (b *Backend) recovered(now time.Time) {
-	if d := b.health.ok(now); d > 0 {
-		b.cfg.logger.Info("sluiceredis: redis answers again; using the shared budget", "down", d)
+// recovered records that Redis answered a call for bg.
+func (b *backend) recovered(bg *budget, now time.Time) {
+	if d := bg.health.ok(now); d > 0 {
+		b.cfg.logger.Info("sluiceredis: redis answers again; using the shared budget", "key", bg.key, "down", d)
 		select {
 		case b.back <- struct{}{}: // the releaser need not wait for its turn to probe
 		default:
 		}
 	}
+}
+
+// lost has a Redis Cluster client reload its map of the slots after a
+// call found Redis unreachable: go-redis reloads it by itself only on a
+// MOVED reply or once a minute, so that after a master dies and a replica
+// takes its slots over, calls would go on failing on the dead address.
+// The client runs one reload at a time, and at most one more after it.
+// It reports whether the client is a Cluster's.
+func (b *backend) lost() bool {
+	c, ok := b.client.(*redis.ClusterClient)
+	if ok {
+		c.ReloadState(context.Background())
+	}
+	return ok
 }
 
 // takeLocal answers a Take for taker by without Redis when it can: during
@@ -893,7 +841,8 @@ func (bg *budget) requeue(ids []string) {
 // probe succeeds), rather than an error reply about this call, which is
 // returned to its caller and changes nothing else. A transport error, a
 // timeout and anything that is not a reply count as unreachable; so do the
-// replies by which a server says it cannot serve any key at the moment.
+// replies by which a server says it cannot serve any key at the moment,
+// and those of a Cluster whose slot moved.
 func unreachable(err error) bool {
 	var re redis.Error
 	if !errors.As(err, &re) {
@@ -905,13 +854,9 @@ func unreachable(err error) bool {
 	return redis.IsLoadingError(err) || redis.IsReadOnlyError(err) || redis.IsOOMError(err) ||
 		redis.IsMasterDownError(err) || redis.IsClusterDownError(err) || redis.IsNoReplicasError(err) ||
 		redis.IsMaxClientsError(err) || redis.IsAuthError(err) ||
-		redis.HasErrorPrefix(err, "BUSY") || redis.HasErrorPrefix(err, "MISCONF")
-}
-
-func toAny(ss []string) []any {
-	a := make([]any, len(ss))
-	for i, s := range ss {
-		a[i] = s
-	}
-	return a
+		redis.HasErrorPrefix(err, "BUSY") || redis.HasErrorPrefix(err, "MISCONF") ||
+		// A Cluster moving a key's slot (a failover, a resharding) that
+		// the client has not followed yet.
+		redis.HasErrorPrefix(err, "MOVED") || redis.HasErrorPrefix(err, "ASK") ||
+		redis.HasErrorPrefix(err, "TRYAGAIN")
 }

@@ -27,27 +27,27 @@ func TestNewRejectsBadOptions(t *testing.T) {
 		{WithLogger(nil), "WithLogger(nil)"},
 		{nil, "nil Option"},
 	} {
-		_, err := New(c, tc.opt)
+		_, err := NewTokens(c, tc.opt)
 		if !errors.Is(err, ErrInvalidOption) || !strings.Contains(err.Error(), tc.want) ||
 			!strings.HasPrefix(err.Error(), "sluiceredis: ") {
-			t.Errorf("New(%s): err = %v, want ErrInvalidOption naming %s", tc.want, err, tc.want)
+			t.Errorf("NewTokens(%s): err = %v, want ErrInvalidOption naming %s", tc.want, err, tc.want)
 		}
 	}
-	if _, err := New(c, WithPrefix("app:"), WithTimeout(time.Second), WithFallbackShare(0),
+	if _, err := NewTokens(c, WithPrefix("app:"), WithTimeout(time.Second), WithFallbackShare(0),
 		WithInFlight(1, time.Minute)); err != nil {
 		t.Errorf("New with good options: %v", err)
 	}
-	if _, err := New(nil); err == nil {
-		t.Error("New(nil): no error")
+	if _, err := NewTokens(nil); err == nil {
+		t.Error("NewTokens(nil): no error")
 	}
 }
 
 func TestNewRequiresContextTimeouts(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: deadAddr(t)})
 	defer c.Close()
-	_, err := New(c)
+	_, err := NewTokens(c)
 	if err == nil || !strings.Contains(err.Error(), "ContextTimeoutEnabled") {
-		t.Fatalf("New(client without ContextTimeoutEnabled): err = %v, want one naming it", err)
+		t.Fatalf("NewTokens(client without ContextTimeoutEnabled): err = %v, want one naming it", err)
 	}
 }
 
@@ -58,7 +58,7 @@ func TestTakeSharesBudget(t *testing.T) {
 	srv := startRedis(t)
 	c1, c2 := newClient(t, srv.Addr()), newClient(t, srv.Addr())
 	n1 := countCalls(c1)
-	b1, b2 := newBackend(t, c1), newBackend(t, c2)
+	b1, b2 := newTokens(t, c1), newTokens(t, c2)
 	ctx := context.Background()
 	// rate 4/s: the interval and the staleness allowance (max(1/rate,
 	// 10ms)) are long enough for a slow machine's scheduling not to matter.
@@ -107,7 +107,7 @@ func TestTakeSharesBudget(t *testing.T) {
 func TestTakeOneRoundTripPerGrant(t *testing.T) {
 	srv := startRedis(t)
 	c := newClient(t, srv.Addr())
-	b := newBackend(t, c)
+	b := newTokens(t, c)
 	b.Take(context.Background(), "warm", 1, 1) // loads the script: EVALSHA, then EVAL
 	n := countCalls(c)
 	// At 50/s a reservation is dropped when its taker oversleeps by more
@@ -127,7 +127,7 @@ func TestTakeOneRoundTripPerGrant(t *testing.T) {
 func TestCoolIsShared(t *testing.T) {
 	srv := startRedis(t)
 	c := newClient(t, srv.Addr())
-	b1, b2 := newBackend(t, c), newBackend(t, newClient(t, srv.Addr()))
+	b1, b2 := newTokens(t, c), newTokens(t, newClient(t, srv.Addr()))
 	ctx := context.Background()
 
 	// Waits are checked against a cooldown of 2s from below by 1s, which
@@ -148,7 +148,7 @@ func TestCoolIsShared(t *testing.T) {
 		t.Fatalf("Take on a key without cooldown = %v, %v", w, err)
 	}
 	// Unpaced budgets obey cooldowns too.
-	if w, err := newBackend(t, c).Take(ctx, "api", 0, 1); w <= cool/2 || err != nil {
+	if w, err := newTokens(t, c).Take(ctx, "api", 0, 1); w <= cool/2 || err != nil {
 		t.Fatalf("unpaced Take during a cooldown = %v, %v; want about %v", w, err, cool)
 	}
 	if ttl := c.PTTL(ctx, "sluice:{api}:cool").Val(); ttl <= cool/2 || ttl > cool {
@@ -168,7 +168,7 @@ func TestKeysAreTaggedAndExpire(t *testing.T) {
 	srv := startRedis(t)
 	c := newClient(t, srv.Addr())
 	bc := newClient(t, srv.Addr())
-	b := newBackend(t, bc, WithPrefix("app:"), WithInFlight(4, 200*time.Millisecond))
+	b := newTokens(t, bc, WithPrefix("app:"), WithInFlight(4, 200*time.Millisecond))
 	ctx := context.Background()
 	if w, err := b.Take(ctx, "api.example.com", 20, 1); w != 0 || err != nil {
 		t.Fatalf("Take = %v, %v", w, err)
@@ -199,7 +199,7 @@ func TestKeysAreTaggedAndExpire(t *testing.T) {
 func TestUnpacedTakesWithoutGCRA(t *testing.T) {
 	srv := startRedis(t)
 	c := newClient(t, srv.Addr())
-	b := newBackend(t, c)
+	b := newTokens(t, c)
 	for range 50 {
 		if w, err := b.Take(context.Background(), "api", 0, 1); w != 0 || err != nil {
 			t.Fatalf("unpaced Take = %v, %v", w, err)
@@ -212,7 +212,7 @@ func TestUnpacedTakesWithoutGCRA(t *testing.T) {
 
 func TestTakeHonoursCallerContext(t *testing.T) {
 	srv := startRedis(t)
-	b := newBackend(t, newClient(t, srv.Addr()))
+	b := newTokens(t, newClient(t, srv.Addr()))
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	if _, err := b.Take(ctx, "api", 1, 1); !errors.Is(err, context.Canceled) {

@@ -26,7 +26,7 @@ func BenchmarkTake(b *testing.B) {
 		b.Run(name, func(b *testing.B) {
 			srv := startRedis(b)
 			c := newClient(b, srv.Addr())
-			be := newBackend(b, c, opts...)
+			be := newTokens(b, c, opts...)
 			ctx := context.Background()
 			be.Take(ctx, "warm", 1, 1) // loads the script
 			n := countCalls(c)
@@ -54,11 +54,11 @@ func BenchmarkTakeFleet(b *testing.B) {
 		grants atomic.Int64
 		wg     sync.WaitGroup
 	)
-	backends := make([]*Backend, procs)
+	backends := make([]*Tokens, procs)
 	counters := make([]*counter, procs)
 	for i := range backends {
 		c := newClient(b, srv.Addr())
-		backends[i] = newBackend(b, c)
+		backends[i] = newTokens(b, c)
 		backends[i].Take(context.Background(), "warm", 1, 1) // loads the script
 		counters[i] = countCalls(c)
 	}
@@ -114,7 +114,7 @@ func BenchmarkRoundTrip(b *testing.B) {
 			if backend == "redis" {
 				srv := startRedis(b)
 				c := newClient(b, srv.Addr())
-				be := newBackend(b, c)
+				be := newTokens(b, c)
 				be.Take(context.Background(), "warm", 1, 1)
 				n = countCalls(c)
 				opts = append(opts, sluice.WithBackend(be))

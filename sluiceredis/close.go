@@ -25,7 +25,7 @@ const maxOrphans = 4 * maxRelease
 // later (a stalled server runs what it had received when it resumes). A
 // goroutine gives such leases back, and cancels the calls still to run,
 // once Redis answers (see releaseOrphans). bg.mu must not be held.
-func (b *Backend) orphan(bg *budget, id string) {
+func (b *backend) orphan(bg *budget, id string) {
 	bg.mu.Lock()
 	bg.orphans = append(bg.orphans, id)
 	if n := len(bg.orphans) - maxOrphans; n > 0 {
@@ -37,7 +37,7 @@ func (b *Backend) orphan(bg *budget, id string) {
 
 // keepReleasing makes sure that a goroutine gives back orphans while there
 // are any. mu and no budget's mu may be held.
-func (b *Backend) keepReleasing() {
+func (b *backend) keepReleasing() {
 	b.mu.Lock()
 	if !b.releasing && !b.closed.Load() {
 		b.releasing = true
@@ -52,7 +52,7 @@ func (b *Backend) keepReleasing() {
 // Close. While Redis is unreachable it waits until a call finds it back, or
 // takes its turn at probing it once per probe interval: it never adds to
 // the calls a down Redis receives, and never makes a caller wait.
-func (b *Backend) releaseOrphans() {
+func (b *backend) releaseOrphans() {
 	defer b.wg.Done()
 	t := time.NewTimer(b.cfg.probeEvery)
 	defer t.Stop()
@@ -77,7 +77,7 @@ func (b *Backend) releaseOrphans() {
 // orphaned returns the budgets with orphans. When there are none it marks
 // the releaser stopped, under mu: an orphan recorded after that finds it
 // stopped and starts another (see keepReleasing).
-func (b *Backend) orphaned() []*budget {
+func (b *backend) orphaned() []*budget {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	var work []*budget
@@ -96,12 +96,15 @@ func (b *Backend) orphaned() []*budget {
 }
 
 // releaseAll gives back up to maxRelease orphans of each budget in work.
-// It returns false if Redis could not be asked, or did not answer.
-func (b *Backend) releaseAll(work []*budget) bool {
-	if !b.health.up() && !b.health.use(time.Now()) {
-		return false
-	}
+// It returns false if Redis could not be asked for one of them, or did not
+// answer.
+func (b *backend) releaseAll(work []*budget) bool {
+	all := true
 	for _, bg := range work {
+		if !bg.health.up() && !bg.health.use(time.Now()) {
+			all = false
+			continue
+		}
 		bg.mu.Lock()
 		n := min(len(bg.orphans), maxRelease)
 		ids := slices.Clone(bg.orphans[:n])
@@ -115,21 +118,22 @@ func (b *Backend) releaseAll(work []*budget) bool {
 			bg.mu.Lock()
 			bg.orphans = append(ids, bg.orphans...)
 			bg.mu.Unlock()
-			b.failed(now, err)
-			return false
+			b.failed(bg, now, err)
+			all = false
+			continue
 		}
 		// An error reply (a key of the budget holds another type) would
 		// come again: those leases are left to expire with their ttl.
-		b.recovered(now)
+		b.recovered(bg, now)
 	}
-	return true
+	return all
 }
 
 // releaseNow gives back ids, leases of bg this process holds or may hold,
 // with one call per maxRelease bounded by the timeout, and cancels those
 // whose call is still to run. It returns how many it could not give back,
 // and why.
-func (b *Backend) releaseNow(bg *budget, ids []string) (int, error) {
+func (b *backend) releaseNow(bg *budget, ids []string) (int, error) {
 	for len(ids) > 0 {
 		n := min(len(ids), maxRelease)
 		ctx, cancel := context.WithTimeout(context.Background(), b.cfg.timeout)
@@ -143,25 +147,15 @@ func (b *Backend) releaseNow(bg *budget, ids []string) (int, error) {
 	return 0, nil
 }
 
-// Close gives back every lease this Backend holds in Redis (for attempts
-// still in flight too: call it once they are done, or when their places no
-// longer matter, as the process exits) and any its failed calls may hold,
-// and stops the goroutines it started. It waits for them and for the calls
-// of Take, Done and Cool under way (each bounded by the timeout), then for
-// at most one timeout (WithTimeout) per budget for Redis; leases it cannot give
-// back (Redis is unreachable) expire with their ttl, and Close then returns
-// an error saying how many. After Close, Take and Cool return an error
-// wrapping ErrClosed, and Done does nothing. Close is safe to call more than
-// once and concurrently; later calls return what the first returned. It
-// does not close the Redis client, which stays the caller's.
-func (b *Backend) Close() error {
+// shutdown serves Close: once, and later calls return what it returned.
+func (b *backend) shutdown() error {
 	b.closeOnce.Do(func() { b.closeErr = b.close() })
 	return b.closeErr
 }
 
 // enter registers a call of Take, Done or Cool, which Close waits for. It
 // returns false once Close has begun: the call must then do nothing.
-func (b *Backend) enter() bool {
+func (b *backend) enter() bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.closed.Load() {
@@ -172,7 +166,7 @@ func (b *Backend) enter() bool {
 }
 
 // leave ends a call registered by enter.
-func (b *Backend) leave() {
+func (b *backend) leave() {
 	b.mu.Lock()
 	b.calls--
 	if b.calls == 0 && b.drained != nil {
@@ -182,7 +176,7 @@ func (b *Backend) leave() {
 	b.mu.Unlock()
 }
 
-func (b *Backend) close() error {
+func (b *backend) close() error {
 	b.mu.Lock()
 	b.closed.Store(true)
 	close(b.done)
@@ -221,10 +215,6 @@ func (b *Backend) close() error {
 		if len(ids) == 0 {
 			continue
 		}
-		if first != nil && unreachable(first) {
-			left += len(ids) // not tried: the timeout would only repeat
-			continue
-		}
 		n, err := b.releaseNow(bg, ids)
 		left += n
 		if err != nil && first == nil {
@@ -238,11 +228,11 @@ func (b *Backend) close() error {
 	return nil
 }
 
-// closeShares gives back this process's shares (see WithShares), so that
+// closeShares gives back this process's shares (see Backend), so that
 // the fleet has them at its next refreshes rather than at the end of the
 // leases, and leaves the lanes a share of nothing: a Transport still in use
 // sends nothing more through a closed Backend. The refresher has stopped.
-func (b *Backend) closeShares() {
+func (b *backend) closeShares() {
 	s := &b.shares
 	s.mu.Lock()
 	keys := slices.Collect(maps.Values(s.keys))

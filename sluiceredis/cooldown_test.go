@@ -11,13 +11,13 @@ import (
 func TestCoolFarAway(t *testing.T) {
 	srv := startRedis(t)
 	c := newClient(t, srv.Addr())
-	b1, b2 := newBackend(t, c), newBackend(t, newClient(t, srv.Addr()))
+	b1, b2 := newTokens(t, c), newTokens(t, newClient(t, srv.Addr()))
 	ctx := context.Background()
 	far := time.Date(9999, 1, 1, 0, 0, 0, 0, time.UTC)
 	if err := b1.Cool(ctx, "api", far); err != nil {
 		t.Fatalf("Cool 8000 years away: %v", err)
 	}
-	if !b1.health.up() {
+	if !healthy(b1.backend) {
 		t.Fatal("Cool far away marked Redis down")
 	}
 	w, err := b2.Take(ctx, "api", 10, 1)
@@ -38,7 +38,7 @@ func TestCoolFarAway(t *testing.T) {
 func TestCoolDropsReservations(t *testing.T) {
 	srv := startRedis(t)
 	c := newClient(t, srv.Addr())
-	b := newBackend(t, c, WithInFlight(10, time.Minute))
+	b := newTokens(t, c, WithInFlight(10, time.Minute))
 	ctx := context.Background()
 	zcard := func() int64 { return c.ZCard(ctx, "sluice:{api}:lease").Val() }
 	const rate, burst = 10, 2
@@ -73,7 +73,7 @@ func TestCoolDropsReservations(t *testing.T) {
 // no more than the burst, even though a token was reserved before it.
 func TestCoolBurstAfterCooldown(t *testing.T) {
 	srv := startRedis(t)
-	b := newBackend(t, newClient(t, srv.Addr()))
+	b := newTokens(t, newClient(t, srv.Addr()))
 	ctx := context.Background()
 	const rate, burst = 10, 2
 	for range burst {

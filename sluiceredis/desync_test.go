@@ -11,18 +11,19 @@ import (
 	"github.com/sluice-go/sluice/internal/upstream"
 )
 
-// onFallback returns a Backend that serves every Take from its local
+// onFallback returns Tokens that serve every Take on "api" from their local
 // fallback for the next hour: Redis is down (client points nowhere), and
 // no probe falls due. The fallback is local, so the test can run in a
 // synctest bubble.
-func onFallback(t *testing.T, opts ...Option) *Backend {
+func onFallback(t *testing.T, opts ...Option) *Tokens {
 	t.Helper()
 	c := newClient(t, "127.0.0.1:1")
-	b, err := New(c, opts...)
+	b, err := NewTokens(c, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b.health.down, b.health.next = true, time.Now().Add(time.Hour)
+	h := &b.budget("api").health
+	h.down, h.next = true, time.Now().Add(time.Hour)
 	return b
 }
 

@@ -5,66 +5,92 @@
 //	rdb := redis.NewClient(&redis.Options{Addr: "redis:6379", ContextTimeoutEnabled: true})
 //	b, err := sluiceredis.New(rdb)
 //	...
+//	defer b.Close()
 //	tr, err := sluice.New(nil, sluice.WithRate(500, time.Minute), sluice.WithBackend(b))
 //
 // Every process that uses the same Redis, the same prefix and the same lane
-// key (the URL host by default) draws on one budget: together they send at
-// most rate x T + burst requests in any window T, and together they can use
-// all of the rate. Each process still orders its own waiters by priority and
-// still learns the rate from the server; a cooldown one process learns from
-// a Retry-After reaches the others through Redis.
+// key (the URL host by default) draws on one budget, and together they can
+// use all of its rate. Each process still orders its own waiters by
+// priority and still learns the rate from the server; a cooldown one
+// process learns from a Retry-After reaches the others through Redis.
 //
-// # Shares or tokens
+// # Backend or Tokens
 //
-// A Backend works in one of two modes. By default it takes tokens from
-// Redis as requests need them (below, "How"): the bound is exact (rate x T
-// + burst in any window T), but a request pays a Redis round trip unless
-// its token was taken ahead, priority is decided inside each process
-// only, and WithInFlight adds a call per request in Done.
+// New returns a Backend, which leases shares: every refresh (WithRefresh,
+// a second by default) each process asks Redis for its share of each key's
+// rate, by what its lanes want at each priority level, and its lanes pace
+// themselves inside their shares with no Redis call per request. The fleet
+// sends at most rate x T + burst + 2N in any window T, for N processes;
+// priority holds across the fleet (a process's Interactive requests are
+// served before any process's Batch ones, less the low share); a distant
+// Redis costs no throughput; and a Redis Cluster that loses a master
+// affects only the keys on it.
 //
-// With WithShares(refresh) it leases shares instead. Every refresh
-// (DefaultRefresh, 1s, is a good start), each process tells Redis what its
-// lanes on a key want at each priority level (a smoothed rate of arrivals
-// plus its queue; a Normal or Batch queue asks for the whole rate, as a
-// closed loop of workers uses whatever it gets), and one script call
-// (share.lua, on that key's hash slot) grants it a share of the key's rate,
-// and with WithInFlight of its places in flight, for three refreshes. The
-// budget is apportioned by priority first (a level's wants across the
-// fleet are met before any lower level's), max-min fairly within a level,
-// and what nobody wants is spread evenly. A process is never granted more
-// than the other processes' grants leave. A share moves without waiting
-// for the refreshes at their turn: a process owed a share that others hold
-// has them named on a channel of the key, and they refresh at once and give
-// it up; and a refresh that leaves part of the rate unheld grants it, in
-// the same call, to the processes owed it, and tells them their new rate
-// on the channel (each Backend subscribes to the channels of its keys, on
-// one connection). A process refreshes at most once a quarter of a refresh
-// for such names (about 2.2 calls a second a process, one Interactive and
-// three Batch processes at 100/s). An Interactive queue is asked for on
-// top of its smoothed arrival rate, to be served within two refreshes; one
-// that holds more than a quarter of a refresh's arrivals is urgent, asked
-// for to be served within half a refresh, and its process looks for one
-// eight times a refresh, locally, and refreshes at once when it finds it:
-// so the Interactive grant stays close to its use (what it is granted and
-// does not use is idle until its next refresh), and a burst of its calls
-// waits about a quarter of a refresh, not one. Between refreshes the lanes
-// pace themselves locally inside their shares (a lane's share is its part of
-// its process's, by the same rule), with no Redis call per request, in
-// Done or anywhere on a request's path; a key's first request waits for
-// its first refresh. Several Transports may share one Backend: each of
-// their lanes gets its own part.
+// NewTokens returns Tokens, which take a token per request: one Lua script
+// call decides each admission on the Redis server's clock, so the fleet
+// sends at most rate x T + burst in any window T, exactly, at the cost of
+// about one Redis call per request (and with WithInFlight a second, in
+// Done); priority holds inside each process only. Against a server that
+// refuses the first request over a small burst, that exactness is what
+// keeps a fleet from being refused: three processes at 50/s against an
+// upstream with a burst of 2 (go run ./examples/fleet -burst 2) send about
+// 1.00 of the rate with no refusal with Tokens (-tokens), while the
+// Backend's processes, each pacing its own share at its own phase, meet
+// on the server a few times a second, and each refusal's Retry-After of a
+// second pauses the fleet. With a burst of 10 (the example's default) the
+// Backend sends 1.00 of the rate with no refusal too.
 //
-// The bound with shares: the fleet sends at most rate x T + burst + 2N in
-// any window T, for N processes. Each process's share has a burst of its
-// fraction of the burst rounded down, at least one token (at most one
-// token more than its fraction, per process); and each lane charges a
-// late wake-up's token up to one token's time early (one more). On top of
-// that, a share that moves is cut in the old holder when its reply arrives,
-// and may be granted to the new one as soon as the same call's message
-// reaches it, so the overlap is at most a round trip of the share that
-// moves (a tenth of a token for 10/s moved with Redis 5ms away each way).
-// Moving shares between refreshes changes none of this. A refresh whose
-// reply is lost (a Redis stall longer than WithTimeout) may leave its
+// Use a Backend unless the server's burst is smaller than about twice the
+// number of processes; then use Tokens.
+//
+// # How a Backend leases
+//
+// Every refresh, each process tells Redis what its lanes on a key want at
+// each priority level, and one script call (share.lua, on that key's hash
+// slot) grants it a share of the key's rate, and with WithInFlight of its
+// places in flight, for three refreshes. A level wants its smoothed rate of
+// arrivals plus its queue, to be served within two refreshes; a Normal or
+// Batch queue asks for the whole rate, as a closed loop of workers uses
+// whatever it gets. An Interactive queue that held eight or more at every
+// look for half a refresh (its process looks eight times a refresh) is
+// backed up: it asks for what it was let send since the last refresh and
+// for its queue within half a refresh, so a process whose Interactive
+// demand exceeds its share grows it by its queue twice a refresh (one
+// process of 16 Interactive workers beside three Batch ones on 100/s: 30
+// to 72 in the first second, 87 to 90 in the second, 90 from the third;
+// go test -run TestSharesPriorityConverges -v). The budget is apportioned
+// by priority first (a level's wants across the fleet are met before any
+// lower level's), except that while a level below another wants some, the
+// lowest such level is first given its part of the rate by its lanes'
+// sluice.WithLowShare (a tenth by default); max-min fairly within a
+// level, and what nobody wants is spread evenly. A process is never granted
+// more than the other processes' grants leave. A share moves without
+// waiting for the refreshes at their turn: a process owed a share that
+// others hold has them named on a channel of the key, and they refresh at
+// once and give it up; and a refresh that leaves part of the rate unheld
+// grants it, in the same call, to the processes owed it, and tells them
+// their new rate on the channel (each Backend subscribes to the channels
+// of its keys, on one connection). A process refreshes at most once a
+// quarter of a refresh for such names. An Interactive queue that holds more
+// than a quarter of a refresh's arrivals is urgent, asked for to be served
+// within half a refresh, and its process looks for one eight times a
+// refresh, locally, and refreshes at once when it finds it: so a burst of
+// Interactive calls waits about a quarter of a refresh, not one. Between
+// refreshes the lanes pace themselves locally inside their shares (a
+// lane's share is its part of its process's, by the same rule), with no
+// Redis call per request, in Done or anywhere on a request's path; a key's
+// first request waits for its first refresh (one round trip). Several
+// Transports may share one Backend: each of their lanes gets its own part.
+//
+// The bound: the fleet sends at most rate x T + burst + 2N in any window
+// T, for N processes. Each process's share has a burst of its fraction of
+// the burst rounded down, at least one token (at most one token more than
+// its fraction, per process); and each lane charges a late wake-up's token
+// up to one token's time early (one more). On top of that, a share that
+// moves is cut in the old holder when its reply arrives, and may be
+// granted to the new one as soon as the same call's message reaches it, so
+// the overlap is at most a round trip of the share that moves. A refresh
+// whose reply is lost (a Redis stall longer than WithTimeout) may leave its
 // process sending at its previous share, for at most the rest of its
 // lease, while Redis has recorded a smaller one; a message lost costs only
 // the wait for the next refresh. A Redis that loses its data (restarted
@@ -75,43 +101,31 @@
 //
 // Costs: one script call per key per process per refresh (about 1.7 a
 // second a process with the jitter and the early refreshes of a process
-// that is owed a share; at most four a refresh while shares move, see
-// above), whatever the request rate, and one subscription connection per
-// Backend; Redis time for each
-// call grows with the number of live processes on the key (the script
-// reads every entry). A distant Redis costs nothing in throughput.
+// that is owed a share; at most four a refresh while shares move), whatever
+// the request rate, and one subscription connection per Backend; Redis
+// time for each call grows with the number of live processes on the key
+// (the script reads every entry).
 //
-// Token mode costs more calls than shares: about one per request (fewer
-// for a lane that sends several per round trip, which takes them ahead),
-// and with WithInFlight a second, to release the lease (sluice makes it
-// from a goroutine of its own, not inside the response body's Close). A
-// lane that finds every place in flight taken does not ask again on a
-// fixed period: it waits until a release wakes it (see "How"). Several
-// Transports may share one Backend in either mode: tokens taken ahead are
-// kept for the Transport whose lane took them (see sluice.TakerOf).
-//
-// In token mode Redis's health is one for the Backend: on a Redis Cluster a
-// dead master sends every key of the Backend to its local fallback (which
-// keeps each within its bound), not only its own keys.
-//
-// Pick tokens for a small fleet against a strict server, where the exact
-// bound matters more than the round trip; pick shares for a large fleet, a
-// high rate, a distant Redis, fleet-wide priority, or a Redis Cluster.
-//
-// Shares when Redis is down: a process keeps its last share until its
-// lease (three refreshes) ends, trying Redis once a refresh; then it
-// falls back to a local share of the rate divided by the number of
+// A Backend when Redis is down for a key: a process keeps its last share
+// until its lease (three refreshes) ends, trying Redis once a refresh;
+// then it falls back to a local share of the rate divided by the number of
 // processes at its last refresh (WithFallbackShare of it if it never had
 // one), 95-100% of it at random per outage so that processes do not send
 // in step. The first refresh that Redis answers ends the fallback, and
-// takes no more than the fallback's rate: Redis has forgotten the
-// entries meanwhile (they expired on its clock, or it restarted empty).
-// Health is per key, so on a Redis Cluster a dead master sends only its
-// own keys to the fallback.
+// takes no more than the fallback's rate: Redis has forgotten the entries
+// meanwhile (they expired on its clock, or it restarted empty). No caller
+// sees an error. Health is per key, so on a Redis Cluster a dead master
+// sends only its own keys to the fallback; and a key whose call failed
+// has the client reload its map of the slots and is tried again four times
+// a refresh, so that it is back within a refresh of its replica taking
+// over (120-260ms at a refresh of 500ms; go test -run TestClusterFailover
+// -v). Give a ClusterClient DialerRetries: 1, so that a call to a dead
+// master fails at once rather than after go-redis's five dials, or at
+// WithTimeout.
 //
-// # How
+// # How Tokens take
 //
-// In token mode, one Lua script decides an admission in one round trip, on the Redis
+// One Lua script decides an admission in one round trip, on the Redis
 // server's clock (so process clocks do not matter): it checks the key's
 // shared cooldown, then its in-flight leases (WithInFlight), then runs GCRA.
 // A token not yet due is reserved for the asking process, which sends when
@@ -121,9 +135,9 @@
 // as it used in about one and a half horizons, where the horizon is two
 // round trips, of those due within the horizon; they are reserved for that
 // lane (of that Transport), and its next Takes are answered without Redis
-// until they run out. So a distant Redis costs a lane no throughput (one
-// process at 200/s with Redis 5ms away each way: 0.45 of the rate when a
-// call took one token, 1.000 now, at 0.13 calls a request). Each token
+// until they run out, so a distant Redis costs a busy lane fewer calls a
+// request than one. (A lane at a few requests per round trip still pays
+// the round trip for most of them: Tokens suit a low rate.) Each token
 // may be sent until its theoretical arrival time (its due time plus the
 // burst's tolerance), which keeps the bound; a lane that wakes up later
 // than that sends one such late token, as when a call took one token, and
@@ -133,13 +147,12 @@
 //
 // With WithInFlight, a Take that finds every place taken lines its process
 // up in Redis, and waits for a release on a channel it subscribes to (one
-// connection per Backend, while it waits on some key and for 10 s after):
+// connection per Tokens, while it waits on some key and for 10 s after):
 // each lease given back wakes the process that waited longest, whose Take
 // asks once more. A Take that is not woken asks again after 250ms at most
 // (a lease that expired wakes nobody). Four processes over a cap of 4, on
-// calls of 200ms: 12.0 Redis calls a request when waiting lanes asked
-// every 20ms, 3.1 now (the Take that waits, the one that takes, the
-// release). On a Redis Cluster the channel is an ordinary one, which
+// calls of 200ms, make about 3 Redis calls a request (the Take that waits,
+// the one that takes, the release). On a Redis Cluster the channel is an ordinary one, which
 // PUBLISH sends to every node.
 //
 // With WithInFlight, Done costs one more call, to
@@ -156,10 +169,10 @@
 // passes. A cooldown (Cool) reaches another process at its next Take that
 // asks Redis; a token it reserved before may still be sent in between.
 //
-// # When Redis is down
+// # When Redis is down for Tokens
 //
 // Every call is bounded by WithTimeout (DefaultTimeout, 50ms). When Redis
-// does not answer, a Backend falls back to a local budget of
+// does not answer for a key, Tokens fall back to a local budget of
 // WithFallbackShare of the rate (DefaultFallbackShare, a quarter), logs
 // once, tries Redis again once a second, and logs once more when it is
 // back. No request waits on a dead Redis for more than the timeout. A fleet
@@ -171,11 +184,16 @@
 // WithFallbackShare(0) it refuses instead: Take returns an error wrapping
 // ErrUnavailable, and sluice fails the request with it. An error reply
 // about one call (such as WRONGTYPE, when something else wrote a budget's
-// key) is not an outage: it fails that call only (see Backend.Take).
+// key) is not an outage: it fails that call only (see Tokens.Take).
+// Health is per key, as for a Backend: on a Redis Cluster a dead master
+// sends only its own keys to the fallback, and one Take a second per key
+// tries it again (four a second on a Cluster, whose map of the slots is
+// reloaded meanwhile, so that a key is back within a second of a
+// failover).
 //
 // A call that times out on a stalled Redis is still in the server's input,
 // and runs when the server resumes. Each lease is taken under a member
-// unique to its call, so the Backend gives back the lease such a call may
+// unique to its call, so Tokens give back the lease such a call may
 // have taken, from a goroutine, as soon as Redis answers again; and a call
 // that runs after that release takes nothing. So a stall costs the fleet
 // its length and a round trip, not the lease ttl. (Its token, if it took
@@ -183,9 +201,11 @@
 //
 // # Leases, shutdown and crashes
 //
-// Close gives back every lease a Backend holds and stops its goroutines;
-// call it when the process shuts down, after its Transports are done.
-// A process that dies without Close (killed, crashed, or cut off from
+// A Backend's Close gives its shares back to the fleet, and Tokens' Close
+// gives back every lease they hold; both stop their goroutines. Call it
+// when the process shuts down, after its Transports are done. A Backend
+// that dies without Close holds its shares, and its places in flight,
+// until their lease (three refreshes) ends. Tokens that die without Close (killed, crashed, or cut off from
 // Redis) cannot give its leases back: they expire on the Redis clock
 // within the ttl passed to WithInFlight. That ttl is a trade-off. A short
 // one frees a dead process's places sooner, but costs each live process one

@@ -18,9 +18,13 @@ import (
 )
 
 // Every process of a fleet builds its Transport this way; those that use
-// the same Redis and call the same host share its 500 requests a minute,
-// and at most 20 of their requests are in flight at once. (This example is
-// compiled, not run: it needs the Redis server it names. ExampleBackend
+// the same Redis and call the same host share its 500 requests a second,
+// and at most 20 of their requests are in flight at once. Each process
+// asks Redis once a second for its share of each key's rate, by what its
+// lanes want at each priority level, and paces its requests inside it
+// with no Redis call per request: a process whose requests are
+// Interactive is served before any process's Batch ones. (This example
+// is compiled, not run: it needs the Redis server it names. ExampleTokens
 // runs.)
 func Example() {
 	rdb := redis.NewClient(&redis.Options{
@@ -32,34 +36,12 @@ func Example() {
 	defer rdb.Close()
 
 	b, err := sluiceredis.New(rdb,
-		// 20 in flight across the fleet. A dead process's places free up
-		// within 30s; a live one renews its leases, so calls may be longer.
+		// 20 in flight across the fleet, shared out as the rate is.
 		sluiceredis.WithInFlight(20, 30*time.Second),
-		// Eight processes: while Redis is down, each keeps to an eighth.
+		// Eight processes: a process that never had a share keeps to an
+		// eighth while Redis is down.
 		sluiceredis.WithFallbackShare(1.0/8),
 		sluiceredis.WithLogger(slog.Default()))
-	if err != nil {
-		log.Fatal(err)
-	}
-	tr, err := sluice.New(nil, sluice.WithRate(500, time.Minute), sluice.WithBackend(b))
-	if err != nil {
-		log.Fatal(err)
-	}
-	client := &http.Client{Transport: tr}
-	_ = client // use it as any http.Client
-}
-
-// A large fleet, or one whose Redis is in another zone, leases shares
-// instead: each process asks Redis once a second for its share of each
-// key's rate, by what its lanes want at each priority level, and paces its
-// requests inside it with no Redis call per request. A process whose
-// requests are Interactive is served before any process's Batch ones.
-// (This example is compiled, not run: it needs the Redis server it names.)
-func ExampleWithShares() {
-	rdb := redis.NewClient(&redis.Options{Addr: "redis.other-zone:6379", ContextTimeoutEnabled: true})
-	defer rdb.Close()
-
-	b, err := sluiceredis.New(rdb, sluiceredis.WithShares(sluiceredis.DefaultRefresh))
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -76,12 +58,35 @@ func ExampleWithShares() {
 	_ = req // send it with &http.Client{Transport: tr}
 }
 
+// A server that allows 10 requests a minute and refuses the first one
+// over: a fleet of Tokens sends at most 10 in any minute, plus the burst,
+// at one Redis call per request. (This example is compiled, not run: it
+// needs the Redis server it names.)
+func ExampleNewTokens() {
+	rdb := redis.NewClient(&redis.Options{Addr: "redis.internal:6379", ContextTimeoutEnabled: true})
+	defer rdb.Close()
+
+	b, err := sluiceredis.NewTokens(rdb)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer b.Close()
+	tr, err := sluice.New(nil, sluice.WithRate(10, time.Minute), sluice.WithBackend(b))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer tr.Close()
+	client := &http.Client{Transport: tr}
+	_ = client // use it as any http.Client
+}
+
 // Two Transports on one Redis, as two processes of a fleet would be, share
-// one budget per host: here two requests a second. The first process's
-// request takes the budget's token; the second process's, sent right
-// after, waits for the next, half a second later, as one process's
-// second request would. (miniredis, an in-process fake, plays Redis here.)
-func ExampleBackend() {
+// one budget per host through Tokens: here two requests a second. The
+// first process's request takes the budget's token; the second process's,
+// sent right after, waits for the next, half a second later, as one
+// process's second request would. (miniredis, an in-process fake, plays
+// Redis here.)
+func ExampleTokens() {
 	mr := miniredis.NewMiniRedis()
 	if err := mr.Start(); err != nil {
 		log.Fatal(err)
@@ -96,7 +101,7 @@ func ExampleBackend() {
 	for range 2 {
 		rdb := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
 		defer rdb.Close()
-		b, err := sluiceredis.New(rdb)
+		b, err := sluiceredis.NewTokens(rdb)
 		if err != nil {
 			log.Fatal(err)
 		}

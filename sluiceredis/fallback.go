@@ -74,6 +74,15 @@ func (h *health) fail(now time.Time, err error) bool {
 	return true
 }
 
+// probeBy brings the next probe forward to at, if Redis is down.
+func (h *health) probeBy(at time.Time) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.down && at.Before(h.next) {
+		h.next = at
+	}
+}
+
 // unavailable returns the error for a call that cannot go to Redis.
 func (h *health) unavailable() error {
 	h.mu.Lock()

@@ -11,7 +11,7 @@ import (
 
 // run calls Take as a lane's dispatcher does until stop, and returns the
 // grants and the longest single Take.
-func run(t *testing.T, b *Backend, rate float64, stop time.Time) (grants int, longest time.Duration) {
+func run(t *testing.T, b *Tokens, rate float64, stop time.Time) (grants int, longest time.Duration) {
 	t.Helper()
 	for time.Now().Before(stop) {
 		start := time.Now()
@@ -44,7 +44,7 @@ func TestFallbackWhileRedisIsDown(t *testing.T) {
 		share = 0.5
 		probe = 250 * time.Millisecond
 	)
-	b := newBackend(t, c, WithTimeout(DefaultTimeout), WithLogger(slog.New(log)), WithFallbackShare(share),
+	b := newTokens(t, c, WithTimeout(DefaultTimeout), WithLogger(slog.New(log)), WithFallbackShare(share),
 		withProbeEvery(probe))
 
 	n, _ := run(t, b, rate, time.Now().Add(500*time.Millisecond))
@@ -92,7 +92,7 @@ func TestFallbackWhileRedisIsDown(t *testing.T) {
 func TestRefuseWhenRedisIsDown(t *testing.T) {
 	c := newClient(t, deadAddr(t))
 	calls := countCalls(c)
-	b := newBackend(t, c, WithTimeout(DefaultTimeout), WithFallbackShare(0))
+	b := newTokens(t, c, WithTimeout(DefaultTimeout), WithFallbackShare(0))
 	for i := range 3 {
 		w, err := b.Take(context.Background(), "api", 10, 1)
 		if !errors.Is(err, ErrUnavailable) || !strings.HasPrefix(err.Error(), "sluiceredis: ") || w != 0 {
@@ -114,7 +114,7 @@ func TestRefuseWhenRedisIsDown(t *testing.T) {
 func TestStalledRedisCostsOneTimeout(t *testing.T) {
 	srv := startRedis(t)
 	c := newClient(t, srv.Addr())
-	b := newBackend(t, c, WithTimeout(DefaultTimeout), WithInFlight(3, time.Minute))
+	b := newTokens(t, c, WithTimeout(DefaultTimeout), WithInFlight(3, time.Minute))
 	ctx := context.Background()
 	if w, err := b.Take(ctx, "api", 100, 1); w != 0 || err != nil {
 		t.Fatalf("Take = %v, %v", w, err)

@@ -118,7 +118,7 @@ func TestFleetChild(t *testing.T) {
 	// A second, not DefaultTimeout: one slow call on a busy machine would
 	// send this process to its fallback, whose budget comes on top of the
 	// shared one and breaks the bound checked.
-	b := newBackend(t, newClient(t, os.Getenv("FLEET_REDIS")), WithTimeout(time.Second))
+	b := newTokens(t, newClient(t, os.Getenv("FLEET_REDIS")), WithTimeout(time.Second))
 	tr, err := sluice.New(nil, sluice.WithRate(fleetRate, time.Second), sluice.WithBurst(fleetBurst),
 		sluice.WithBackend(b), sluice.WithRetry(0))
 	if err != nil {

@@ -128,11 +128,13 @@ func TestFleetFreeze(t *testing.T) {
 			t.Errorf("%d arrivals in a window of %v while Redis was frozen, over rate x T + burst + (processes - 1) = %.0f", got, w, bound)
 		}
 	}
-	// A loaded 2-core runner under -race paces this fleet at 0.95-1.0 of
-	// the rate before the freeze; 0.85 leaves room for it, and is far
-	// above what leases nobody holds leave (none: the cap is taken).
-	if after < 0.85*freezeRate {
-		t.Errorf("the fleet sent %.1f/s from 1s after Redis resumed, under 85%% of %d/s", after, freezeRate)
+	// After the freeze, the fleet is back to its pace before it: 0.85 of
+	// it leaves room for a loaded runner (which paced this fleet at
+	// 0.91-1.0 of the rate before the freeze under -race on two cores),
+	// and is far above what leases nobody holds leave (none: the cap is
+	// taken).
+	if after < 0.85*before {
+		t.Errorf("the fleet sent %.1f/s from 1s after Redis resumed, under 0.85 of its %.1f/s before the freeze", after, before)
 	}
 	if n := newClient(t, srv.Addr()).ZCard(context.Background(), "sluice:{"+hostOf(up.URL)+"}:lease").Val(); n != 0 {
 		t.Errorf("%d leases left in Redis after every process closed its Backend: %v", n, newClient(t, srv.Addr()).ZRangeWithScores(context.Background(), "sluice:{"+hostOf(up.URL)+"}:lease", 0, -1).Val())
@@ -155,7 +157,7 @@ func TestFleetFreezeChild(t *testing.T) {
 	start, stop := time.Unix(0, env("FLEET_START")), time.Unix(0, env("FLEET_STOP"))
 	proc, url := os.Getenv("FLEET_PROC"), os.Getenv("FLEET_URL")
 
-	b, err := New(newClient(t, os.Getenv("FLEET_REDIS")), WithInFlight(freezeCap, 30*time.Second))
+	b, err := NewTokens(newClient(t, os.Getenv("FLEET_REDIS")), WithInFlight(freezeCap, 30*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -52,7 +52,7 @@ func TestGCRARange(t *testing.T) {
 		}
 	}
 	srv := startRedis(t)
-	b := newBackend(t, newClient(t, srv.Addr()))
+	b := newTokens(t, newClient(t, srv.Addr()))
 	ctx := context.Background()
 	// One a day, burst 50: the whole burst at once, then a day's wait.
 	for i := range 50 {

@@ -50,19 +50,19 @@ func newClient(t testing.TB, addr string) *redis.Client {
 	return c
 }
 
-// newBackend is New that fails t on error. Its timeout is a second, not
-// DefaultTimeout, so that a slow call on a busy test machine does not send
-// a test that is not about the fallback to it (which would add the
+// newTokens is NewTokens that fails t on error. Its timeout is a second,
+// not DefaultTimeout, so that a slow call on a busy test machine does not
+// send a test that is not about the fallback to it (which would add the
 // fallback share to the shared budget); tests of the fallback pass
 // WithTimeout(DefaultTimeout), which comes later and wins.
-func newBackend(t testing.TB, c redis.UniversalClient, opts ...Option) *Backend {
+func newTokens(t testing.TB, c redis.UniversalClient, opts ...Option) *Tokens {
 	t.Helper()
-	b, err := New(c, append([]Option{WithTimeout(time.Second)}, opts...)...)
+	b, err := NewTokens(c, append([]Option{WithTimeout(time.Second)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		checkRenewerStops(t, b)
+		checkLeasesBack(t, b.backend)
 		// A Take that waited for a lease keeps its key's channel
 		// subscribed for a while (see wakers): Close ends that.
 		b.Close()
@@ -70,10 +70,22 @@ func newBackend(t testing.TB, c redis.UniversalClient, opts ...Option) *Backend 
 	return b
 }
 
+// newBackend is New that fails t on error, with a timeout of a second (see
+// newTokens).
+func newBackend(t testing.TB, c redis.UniversalClient, opts ...Option) *Backend {
+	t.Helper()
+	b, err := New(c, append([]Option{WithTimeout(time.Second)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	return b
+}
+
 // giveBack calls Done for every lease b holds, as the core would once the
 // attempts are done, for tests that take leases they do not need to release
 // one by one.
-func giveBack(b *Backend) {
+func giveBack(b *Tokens) {
 	b.mu.Lock()
 	n := map[string]int{}
 	for key, bg := range b.budgets {
@@ -89,23 +101,22 @@ func giveBack(b *Backend) {
 	}
 }
 
-// checkRenewerStops fails t unless b's lease renewer stops within a second:
-// a test must give back every lease it takes (as the core does for every
-// attempt), or the renewer would outlive it.
-func checkRenewerStops(t testing.TB, b *Backend) {
+// checkLeasesBack fails t if b holds a lease for an attempt that was never
+// Done: a test must give back every lease it takes (as the core does for
+// every attempt), or the renewer would renew it for as long as b lives.
+// (Leases of reservations nobody came for go back on their own when they
+// go stale, and Close gives back the rest.)
+func checkLeasesBack(t testing.TB, b *backend) {
 	t.Helper()
-	for deadline := time.Now().Add(time.Second); ; {
-		b.mu.Lock()
-		running := b.renewing
-		b.mu.Unlock()
-		if !running {
-			return
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for key, bg := range b.budgets {
+		bg.mu.Lock()
+		n := len(bg.held) - bg.local
+		bg.mu.Unlock()
+		if n > 0 {
+			t.Errorf("%d leases on %q were never given back (Done)", n, key)
 		}
-		if time.Now().After(deadline) {
-			t.Error("the lease renewer still runs at the end of the test: a lease was not given back")
-			return
-		}
-		time.Sleep(10 * time.Millisecond)
 	}
 }
 
@@ -192,7 +203,7 @@ func deadAddr(t testing.TB) string {
 // takeUntil calls Take in a loop as a lane's dispatcher does (sleeping the
 // wait it is given) until stop, and returns the times of the grants. Every
 // grant is reported Done at once.
-func takeUntil(t testing.TB, b *Backend, key string, rate float64, burst int, stop time.Time) []time.Time {
+func takeUntil(t testing.TB, b *Tokens, key string, rate float64, burst int, stop time.Time) []time.Time {
 	t.Helper()
 	var grants []time.Time
 	for time.Now().Before(stop) {
@@ -209,4 +220,53 @@ func takeUntil(t testing.TB, b *Backend, key string, rate float64, burst int, st
 		b.Done(key)
 	}
 	return grants
+}
+
+// waitRenewerStops waits until b's lease renewer has stopped, as it must
+// once every lease is given back; a renewer that never stops fails the
+// test by its timeout.
+func waitRenewerStops(t testing.TB, b *backend) {
+	t.Helper()
+	for {
+		b.mu.Lock()
+		running := b.renewing
+		b.mu.Unlock()
+		if !running {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// healthy reports whether Redis is up for every key b has used.
+func healthy(b *backend) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, bg := range b.budgets {
+		if !bg.health.up() {
+			return false
+		}
+	}
+	return true
+}
+
+// times returns when records of level naming key (their "key" attribute)
+// were logged.
+func (l *logs) times(level slog.Level, key string) []time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []time.Time
+	for _, r := range l.recs {
+		if r.Level != level {
+			continue
+		}
+		r.Attrs(func(a slog.Attr) bool {
+			if a.Key == "key" && a.Value.String() == key {
+				out = append(out, r.Time)
+				return false
+			}
+			return true
+		})
+	}
+	return out
 }

@@ -10,12 +10,12 @@ import (
 func TestInFlightCapAcrossProcesses(t *testing.T) {
 	srv := startRedis(t)
 	c := newClient(t, srv.Addr())
-	b1 := newBackend(t, c, WithInFlight(2, 10*time.Second))
-	b2 := newBackend(t, newClient(t, srv.Addr()), WithInFlight(2, 10*time.Second))
+	b1 := newTokens(t, c, WithInFlight(2, 10*time.Second))
+	b2 := newTokens(t, newClient(t, srv.Addr()), WithInFlight(2, 10*time.Second))
 	ctx := context.Background()
 	zcard := func() int64 { return c.ZCard(ctx, "sluice:{api}:lease").Val() }
 
-	for _, b := range []*Backend{b1, b2} {
+	for _, b := range []*Tokens{b1, b2} {
 		if w, err := b.Take(ctx, "api", 0, 1); w != 0 || err != nil {
 			t.Fatalf("Take under the cap = %v, %v", w, err)
 		}
@@ -53,8 +53,8 @@ func TestLeasesOfACrashedProcessExpire(t *testing.T) {
 	srv := startRedis(t)
 	const ttl = 300 * time.Millisecond
 	cc := newClient(t, srv.Addr())
-	crashed := newBackend(t, cc, WithInFlight(1, ttl))
-	alive := newBackend(t, newClient(t, srv.Addr()), WithInFlight(1, ttl))
+	crashed := newTokens(t, cc, WithInFlight(1, ttl))
+	alive := newTokens(t, newClient(t, srv.Addr()), WithInFlight(1, ttl))
 	ctx := context.Background()
 	start := time.Now()
 	if w, err := crashed.Take(ctx, "api", 0, 1); w != 0 || err != nil {
@@ -90,7 +90,7 @@ func TestLeasesOfACrashedProcessExpire(t *testing.T) {
 func TestReservedTokenCarriesLease(t *testing.T) {
 	srv := startRedis(t)
 	c := newClient(t, srv.Addr())
-	b := newBackend(t, c, WithInFlight(5, 10*time.Second))
+	b := newTokens(t, c, WithInFlight(5, 10*time.Second))
 	ctx := context.Background()
 	zcard := func() int64 { return c.ZCard(ctx, "sluice:{api}:lease").Val() }
 	if w, err := b.Take(ctx, "api", 20, 1); w != 0 || err != nil {
@@ -128,8 +128,8 @@ func TestLeaseRenewedWhileHeld(t *testing.T) {
 	srv := startRedis(t)
 	const ttl = 600 * time.Millisecond
 	c := newClient(t, srv.Addr())
-	long := newBackend(t, newClient(t, srv.Addr()), WithInFlight(1, ttl))
-	other := newBackend(t, newClient(t, srv.Addr()), WithInFlight(1, ttl))
+	long := newTokens(t, newClient(t, srv.Addr()), WithInFlight(1, ttl))
+	other := newTokens(t, newClient(t, srv.Addr()), WithInFlight(1, ttl))
 	ctx := context.Background()
 	if w, err := long.Take(ctx, "api", 0, 1); w != 0 || err != nil {
 		t.Fatalf("Take = %v, %v", w, err)
@@ -144,8 +144,8 @@ func TestLeaseRenewedWhileHeld(t *testing.T) {
 		t.Fatalf("Take after the attempt was done = %v, %v", w, err)
 	}
 	other.Done("api")
-	for _, b := range []*Backend{long, other} {
-		checkRenewerStops(t, b)
+	for _, b := range []*Tokens{long, other} {
+		waitRenewerStops(t, b.backend)
 	}
 }
 
@@ -158,9 +158,9 @@ func TestLeaseRenewalSurvivesAStall(t *testing.T) {
 	const ttl = 600 * time.Millisecond
 	c := newClient(t, srv.Addr())
 	log := &logs{}
-	long := newBackend(t, newClient(t, srv.Addr()), WithInFlight(1, ttl),
+	long := newTokens(t, newClient(t, srv.Addr()), WithInFlight(1, ttl),
 		WithTimeout(DefaultTimeout), withProbeEvery(50*time.Millisecond), WithLogger(slog.New(log)))
-	other := newBackend(t, newClient(t, srv.Addr()), WithInFlight(1, ttl))
+	other := newTokens(t, newClient(t, srv.Addr()), WithInFlight(1, ttl))
 	ctx := context.Background()
 	if w, err := long.Take(ctx, "api", 0, 1); w != 0 || err != nil {
 		t.Fatalf("Take = %v, %v", w, err)
@@ -178,7 +178,7 @@ func TestLeaseRenewalSurvivesAStall(t *testing.T) {
 	if grantedWithin(t, other, "api", 3*ttl) {
 		t.Fatal("another process got the only place while the stream still ran")
 	}
-	if !long.health.up() {
+	if !healthy(long.backend) {
 		t.Error("Redis still marked down in the streaming process")
 	}
 	long.Done("api")
@@ -186,7 +186,7 @@ func TestLeaseRenewalSurvivesAStall(t *testing.T) {
 
 // grantedWithin asks b for a place on key every 20ms (or sooner, as told) for
 // d, and reports whether it was granted one, which it then gives back.
-func grantedWithin(t *testing.T, b *Backend, key string, d time.Duration) (granted bool) {
+func grantedWithin(t *testing.T, b *Tokens, key string, d time.Duration) (granted bool) {
 	t.Helper()
 	for end := time.Now().Add(d); time.Now().Before(end); {
 		w, err := b.Take(context.Background(), key, 0, 1)

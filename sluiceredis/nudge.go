@@ -11,7 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// nudges lets a process in share mode refresh a key's share as soon as
+// nudges lets a Backend's process refresh a key's share as soon as
 // share.lua names it, instead of at its turn. A share that moves from one
 // process to another is given up by the first at its refresh and taken by
 // the second at its own, and idles in between; a process owed a share
@@ -39,7 +39,7 @@ const nudgeGap = 4 // refresh / 4
 
 // startNudges subscribes for names, and starts the goroutine that reads
 // them; stopNudges undoes it. Both are called by the refresher goroutine.
-func (b *Backend) startNudges() {
+func (b *backend) startNudges() {
 	n := &b.shares.nudges
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -49,7 +49,7 @@ func (b *Backend) startNudges() {
 	go b.readNudges(n.ps)
 }
 
-func (b *Backend) stopNudges() {
+func (b *backend) stopNudges() {
 	n := &b.shares.nudges
 	n.mu.Lock()
 	ps := n.ps
@@ -60,7 +60,7 @@ func (b *Backend) stopNudges() {
 
 // listen subscribes to sk's channel if it is not yet; on failure the next
 // refresh tries again. Called by the refresher goroutine.
-func (b *Backend) listen(sk *shareKey) {
+func (b *backend) listen(sk *shareKey) {
 	n := &b.shares.nudges
 	n.mu.Lock()
 	ps := n.ps
@@ -83,7 +83,7 @@ func (b *Backend) listen(sk *shareKey) {
 }
 
 // unlisten unsubscribes from the channel of a key that has no lanes left.
-func (b *Backend) unlisten(sk *shareKey) {
+func (b *backend) unlisten(sk *shareKey) {
 	n := &b.shares.nudges
 	n.mu.Lock()
 	ps := n.ps
@@ -100,7 +100,7 @@ func (b *Backend) unlisten(sk *shareKey) {
 
 // readNudges reads ps until it is closed, and brings forward the refresh
 // of each key a message names this Backend for.
-func (b *Backend) readNudges(ps *redis.PubSub) {
+func (b *backend) readNudges(ps *redis.PubSub) {
 	defer b.wg.Done()
 	n := &b.shares.nudges
 	for {
@@ -170,7 +170,7 @@ func names(msg, id string) (named bool, seq int64, rate float64) {
 
 // push records a larger share granted to sk by another process's refresh,
 // for the refresher goroutine to apply at once (see applyPushed).
-func (b *Backend) push(sk *shareKey, seq int64, rate float64) {
+func (b *backend) push(sk *shareKey, seq int64, rate float64) {
 	s := &b.shares
 	s.mu.Lock()
 	if seq > sk.pushed.seq {
@@ -185,7 +185,7 @@ func (b *Backend) push(sk *shareKey, seq int64, rate float64) {
 
 // nudge brings sk's next refresh forward to now, or to nudgeGap after its
 // last one.
-func (b *Backend) nudge(sk *shareKey) {
+func (b *backend) nudge(sk *shareKey) {
 	s := &b.shares
 	s.mu.Lock()
 	at := time.Now()

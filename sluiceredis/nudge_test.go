@@ -137,7 +137,7 @@ func TestSharesNames(t *testing.T) {
 		}
 	}
 
-	b := newBackend(t, newClient(t, "127.0.0.1:1"), WithShares(time.Second))
+	b := newBackend(t, newClient(t, "127.0.0.1:1"), WithRefresh(time.Second))
 	var got []sluice.Share
 	m := &member{grant: func(s sluice.Share) { got = append(got, s) }}
 	sk := &shareKey{leased: true, until: time.Now().Add(time.Hour), rate: 20, seq: 5, places: -1, keyRate: 100, keyBurst: 4}
@@ -164,11 +164,11 @@ func TestSharesNames(t *testing.T) {
 func TestSharesMoveBetweenRefreshes(t *testing.T) {
 	const refresh = 4 * time.Second
 	srv := startRedis(t)
-	a := newBackend(t, newClient(t, srv.Addr()), WithShares(refresh))
+	a := newBackend(t, newClient(t, srv.Addr()), WithRefresh(refresh))
 	defer a.Close()
 	la := joinLane(t, a, "api", batch100)
 	waitShare(t, la, 100, "alone")
-	b := newBackend(t, newClient(t, srv.Addr()), WithShares(refresh))
+	b := newBackend(t, newClient(t, srv.Addr()), WithRefresh(refresh))
 	defer b.Close()
 	start := time.Now()
 	lb := joinLane(t, b, "api", batch100)

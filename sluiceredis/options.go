@@ -11,7 +11,7 @@ import (
 
 // Defaults, and why.
 const (
-	// DefaultPrefix starts every Redis key the Backend writes, so that its
+	// DefaultPrefix starts every Redis key written, so that its
 	// keys can be told apart (and scanned for) in a shared Redis.
 	DefaultPrefix = "sluice:"
 
@@ -37,9 +37,10 @@ const (
 	// fallback without asking Redis.
 	probeEvery = time.Second
 
-	// DefaultRefresh is the refresh interval WithShares is documented with:
-	// a second moves a share to where it is needed within two, and costs
-	// a fleet of 1,000 processes 1,000 script calls a second per key.
+	// DefaultRefresh is how often a Backend refreshes its shares (see
+	// WithRefresh): a second moves a share to where it is needed within
+	// two, and costs a fleet of 1,000 processes 1,000 script calls a
+	// second per key.
 	DefaultRefresh = time.Second
 
 	// leasePoll is the wait Take returns when every in-flight lease is held:
@@ -52,8 +53,8 @@ const (
 // ErrInvalidOption is wrapped by the errors New returns for a bad option.
 var ErrInvalidOption = errors.New("sluiceredis: invalid option")
 
-// An Option configures a Backend. Options are checked by New, which returns
-// an error naming any bad value.
+// An Option configures a Backend or Tokens. Options are checked by New and
+// NewTokens, which return an error naming any bad value.
 type Option interface {
 	apply(*config) error
 }
@@ -70,7 +71,7 @@ type config struct {
 	leaseTTL   time.Duration // how long a lease outlives its process
 	logger     *slog.Logger
 	probeEvery time.Duration
-	refresh    time.Duration // share mode's refresh interval; 0: per token
+	refresh    time.Duration // a Backend's refresh interval; 0: Tokens
 }
 
 func defaultConfig() config {
@@ -87,7 +88,7 @@ func invalid(format string, args ...any) error {
 	return fmt.Errorf("%w: "+format, append([]any{ErrInvalidOption}, args...)...)
 }
 
-// WithPrefix sets what every key the Backend writes starts with. The keys
+// WithPrefix sets what every Redis key written starts with. The keys
 // of a budget named key are prefix + "{" + key + "}" + a suffix: the braces
 // are a Redis Cluster hash tag, so that one budget's keys share a slot and
 // one script can touch them all. So the prefix must not contain braces
@@ -105,11 +106,12 @@ func WithPrefix(p string) Option {
 	})
 }
 
-// WithTimeout bounds every Redis call (Take's script, Cool, and the lease
-// release in Done). A call that runs out of time counts as Redis being
-// unreachable, and sends the Backend to its fallback for at least a probe
-// interval (a second): set it well above the slowest answer you expect
-// from a healthy Redis. Default DefaultTimeout (50ms).
+// WithTimeout bounds every Redis call: a Backend's refreshes and Cool;
+// Tokens' Take, Done and Cool. A call that runs out of time counts as
+// Redis being unreachable for its key: Tokens go to their fallback for at
+// least a probe interval (a second), and a Backend keeps its share until
+// its lease ends. Set it well above the slowest answer you expect from a
+// healthy Redis. Default DefaultTimeout (50ms).
 func WithTimeout(d time.Duration) Option {
 	return optionFunc(func(c *config) error {
 		if d <= 0 {
@@ -121,9 +123,12 @@ func WithTimeout(d time.Duration) Option {
 }
 
 // WithFallbackShare sets what each process may use while Redis is
-// unreachable: a local budget of f times the rate (and, with WithInFlight,
-// of f times the in-flight cap, at least 1), 0 <= f <= 1. f = 0 means no
-// local budget: Take then fails with an error wrapping ErrUnavailable.
+// unreachable for a key: a local budget of f times the rate (and, with
+// WithInFlight, of f times the in-flight cap, at least 1), 0 <= f <= 1. A
+// Backend uses it only for a key it never had a share of (after one, it
+// falls back to the rate divided by the processes it last shared with).
+// For Tokens, f = 0 means no local budget: Take then fails with an error
+// wrapping ErrUnavailable.
 // Each outage, the local budget starts empty at a random phase and runs at
 // a random 95-100% of f times the rate, so that processes that lose Redis
 // together do not send in step. Default DefaultFallbackShare (0.25).
@@ -138,9 +143,12 @@ func WithFallbackShare(f float64) Option {
 }
 
 // WithInFlight caps the attempts in flight under one key across every
-// process at n. Each attempt holds a lease, an entry in a Redis sorted set
+// process at n. A Backend shares the n places out as it shares the rate,
+// by what each process's lanes have waiting and in flight at each level,
+// for three refreshes, and ttl does not apply. With Tokens, each attempt
+// holds a lease, an entry in a Redis sorted set
 // that expires after ttl, from Take until Done. While a process holds
-// leases, a goroutine of its Backend renews them every ttl/3, so an attempt
+// leases, a goroutine renews them every ttl/3, so an attempt
 // may run for longer than ttl (a streamed response) and keep its place; a
 // process that dies, or loses Redis, holds its leases for at most ttl. So
 // ttl need not cover the longest call: it is how long a dead process's
@@ -161,27 +169,27 @@ func WithInFlight(n int, ttl time.Duration) Option {
 	})
 }
 
-// WithShares makes the Backend lease shares instead of taking a token per
-// request (see the package doc, "Shares or tokens"): every refresh, each
-// process tells Redis what its lanes on a key want at each priority level,
-// and is granted a share of the key's rate (and, with WithInFlight, of its
-// places in flight) for shareLeases (3) refreshes; its lanes pace
-// themselves inside it with no Redis call per request. refresh must be
-// between 10ms and 1 minute; DefaultRefresh (1s) suits most fleets. A
-// shorter one moves shares between processes sooner, at one script call
-// per key per refresh per process.
-func WithShares(refresh time.Duration) Option {
+// WithRefresh sets how often a Backend refreshes its shares: every
+// refresh, each process tells Redis what its lanes on a key want at each
+// priority level, and is granted a share of the key's rate (and, with
+// WithInFlight, of its places in flight) for three refreshes. A shorter
+// refresh moves shares between processes sooner, at one script call per
+// key per refresh per process. refresh must be between 10ms and 1 minute;
+// the default, DefaultRefresh (1s), suits most fleets. NewTokens refuses
+// it: tokens are not leased.
+func WithRefresh(refresh time.Duration) Option {
 	return optionFunc(func(c *config) error {
 		if refresh < 10*time.Millisecond || refresh > time.Minute {
-			return invalid("WithShares(%v): refresh must be between 10ms and 1m", refresh)
+			return invalid("WithRefresh(%v): refresh must be between 10ms and 1m", refresh)
 		}
 		c.refresh = refresh
 		return nil
 	})
 }
 
-// WithLogger sets where the Backend logs: once (warning) when it falls back
-// because Redis is unreachable, and once (info) when Redis answers again.
+// WithLogger sets where a Backend or Tokens log: once per key (warning)
+// when it falls back because Redis is unreachable, and once (info) when
+// Redis answers again.
 // Default: nowhere.
 func WithLogger(l *slog.Logger) Option {
 	return optionFunc(func(c *config) error {

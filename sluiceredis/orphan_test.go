@@ -16,7 +16,7 @@ import (
 func TestTimedOutTakeLeavesNoLease(t *testing.T) {
 	srv := startRedis(t)
 	c := newClient(t, srv.Addr())
-	b := newBackend(t, newClient(t, srv.Addr()), WithTimeout(DefaultTimeout),
+	b := newTokens(t, newClient(t, srv.Addr()), WithTimeout(DefaultTimeout),
 		WithInFlight(4, time.Minute), withProbeEvery(100*time.Millisecond))
 	ctx := context.Background()
 	// Load the script, so that the stalled call is one EVALSHA.
@@ -37,7 +37,7 @@ func TestTimedOutTakeLeavesNoLease(t *testing.T) {
 	if d := time.Since(start); d > time.Second {
 		t.Errorf("Take on a stalled Redis returned after %v", d)
 	}
-	if b.health.up() {
+	if healthy(b.backend) {
 		t.Fatal("the timed-out Take did not mark Redis down")
 	}
 	if err := srv.Resume(); err != nil {
@@ -106,7 +106,7 @@ func TestReleaseBeforeLateRun(t *testing.T) {
 func TestCloseGivesBackEverything(t *testing.T) {
 	srv := startRedis(t)
 	c := newClient(t, srv.Addr())
-	b := newBackend(t, newClient(t, srv.Addr()), WithInFlight(10, time.Minute), WithTimeout(DefaultTimeout))
+	b := newTokens(t, newClient(t, srv.Addr()), WithInFlight(10, time.Minute), WithTimeout(DefaultTimeout))
 	ctx := context.Background()
 	zcard := func(key string) int64 { return c.ZCard(ctx, "sluice:{"+key+"}:lease").Val() }
 	for range 2 {
@@ -175,7 +175,7 @@ func TestCloseGivesBackEverything(t *testing.T) {
 // not answer, and says how many leases it could not give back.
 func TestCloseWithRedisDown(t *testing.T) {
 	srv := startRedis(t)
-	b := newBackend(t, newClient(t, srv.Addr()), WithInFlight(10, time.Minute), WithTimeout(DefaultTimeout))
+	b := newTokens(t, newClient(t, srv.Addr()), WithInFlight(10, time.Minute), WithTimeout(DefaultTimeout))
 	ctx := context.Background()
 	for _, key := range []string{"a", "b", "c"} {
 		if w, err := b.Take(ctx, key, 0, 1); w != 0 || err != nil {

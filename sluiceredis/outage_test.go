@@ -20,7 +20,7 @@ func TestErrorReplyIsNotAnOutage(t *testing.T) {
 	srv := startRedis(t)
 	c := newClient(t, srv.Addr())
 	log := new(logs)
-	b := newBackend(t, c, WithLogger(slog.New(log)), WithInFlight(8, time.Minute))
+	b := newTokens(t, c, WithLogger(slog.New(log)), WithInFlight(8, time.Minute))
 	ctx := context.Background()
 	for _, k := range []string{"sluice:{bad}:tat", "sluice:{badcool}:cool"} {
 		if err := c.HSet(ctx, k, "f", "v").Err(); err != nil {
@@ -54,7 +54,7 @@ func TestErrorReplyIsNotAnOutage(t *testing.T) {
 	c.Del(ctx, "sluice:{later}:lease")
 	c.HSet(ctx, "sluice:{later}:lease", "f", "v")
 	b.Done("later")
-	if !b.health.up() {
+	if !healthy(b.backend) {
 		t.Error("an error reply marked Redis down")
 	}
 	if n := log.count(slog.LevelWarn); n != 0 {
@@ -76,7 +76,7 @@ func TestOOMIsAnOutage(t *testing.T) {
 	srv := startRedis(t)
 	c := newClient(t, srv.Addr())
 	log := new(logs)
-	b := newBackend(t, c, WithLogger(slog.New(log)))
+	b := newTokens(t, c, WithLogger(slog.New(log)))
 	ctx := context.Background()
 	if err := c.ConfigSet(ctx, "maxmemory", "1").Err(); err != nil {
 		t.Fatal(err)
@@ -90,7 +90,7 @@ func TestOOMIsAnOutage(t *testing.T) {
 			t.Fatalf("Take %d on an OOM Redis = %v, %v; want the fallback", i, w, err)
 		}
 	}
-	if b.health.up() {
+	if healthy(b.backend) {
 		t.Error("Redis answering OOM is still taken as up")
 	}
 	if n := log.count(slog.LevelWarn); n != 1 {

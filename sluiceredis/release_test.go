@@ -12,7 +12,7 @@ import (
 func TestDoneGivesBackStaleLeases(t *testing.T) {
 	srv := startRedis(t)
 	c := newClient(t, srv.Addr())
-	b := newBackend(t, c, WithInFlight(5, time.Minute))
+	b := newTokens(t, c, WithInFlight(5, time.Minute))
 	ctx := context.Background()
 	zcard := func() int64 { return c.ZCard(ctx, "sluice:{api}:lease").Val() }
 	if w, err := b.Take(ctx, "api", 20, 1); w != 0 || err != nil {
@@ -36,7 +36,7 @@ func TestDoneGivesBackStaleLeases(t *testing.T) {
 func TestReleasesAreBounded(t *testing.T) {
 	srv := startRedis(t)
 	c := newClient(t, srv.Addr())
-	b := newBackend(t, c, WithInFlight(5, time.Minute))
+	b := newTokens(t, c, WithInFlight(5, time.Minute))
 	ctx := context.Background()
 	bg := b.budget("api")
 	const queued = 10000
@@ -54,7 +54,7 @@ func TestReleasesAreBounded(t *testing.T) {
 			t.Fatalf("%d releases left after %d Takes, want %d", left, i, queued-i*maxRelease)
 		}
 	}
-	if !b.health.up() {
+	if !healthy(b.backend) {
 		t.Error("Redis marked down")
 	}
 	giveBack(b)

@@ -83,7 +83,7 @@ func newKeys(prefix, key string) keys {
 
 func (k keys) lease() string { return k[2] }
 
-// shares names the hash of the processes' entries in share mode (see
+// shares names the hash of the processes' entries of a Backend (see
 // share.lua), beside the budget's other keys and in their slot.
 func (k keys) shares() string { return k[0][:len(k[0])-len("tat")] + "shares" }
 func (k keys) gone() string   { return k[3] }

@@ -14,8 +14,6 @@ import (
 	"github.com/sluice-go/sluice"
 )
 
-var _ sluice.Leaser = (*Backend)(nil)
-
 var (
 	//go:embed share.lua
 	shareSrc    string
@@ -48,6 +46,20 @@ const (
 	// watchEvery: a key with Interactive demand has its queues looked at
 	// (locally) this many times a refresh, for an urgent one (see watch).
 	watchEvery = 8
+	// An Interactive queue that held backedUpQueue or more at every look
+	// (watchEvery a refresh, and at each refresh) for a refresh divided by
+	// backedUpFor or longer is backed up: its lane wants more than it was
+	// granted (a closed loop of workers, whose arrivals follow its grants,
+	// says no more of its need): it asks for what it was let send since
+	// the last refresh, if more than its smoothed arrivals, and for its
+	// queue as an urgent one does. A queue that empties, or a short one,
+	// asks for its smoothed arrivals and its queue.
+	backedUpQueue = urgentLeast
+	backedUpFor   = 2 // a refresh divided by this
+
+	// retryRefreshes: a key whose refresh failed is refreshed again this
+	// many times a refresh until Redis answers for it.
+	retryRefreshes = 4
 
 	// refreshParallel is how many keys' refreshes run at once.
 	refreshParallel = 16
@@ -89,10 +101,11 @@ type shareKey struct {
 	seq int64 // the entry's version of the share held (see share.lua)
 	// handed is what the last share was divided by, to divide a pushed one.
 	handed struct {
-		lanes  []*member
-		wants  [][levels]float64
-		places [][levels]int
-		cool   time.Time
+		lanes    []*member
+		wants    [][levels]float64
+		places   [][levels]int
+		cool     time.Time
+		lowShare int
 	}
 
 	leased   bool      // a share was ever granted by Redis
@@ -120,13 +133,32 @@ type member struct {
 	prev, now sluice.Demand // at the last refresh, and at this one
 	at        time.Time     // of the last refresh; zero before the first
 	est       [levels]float64
+	// backed is since when the lane's Interactive queue has held
+	// backedUpQueue or more at every look (see look); zero: it held less
+	// at the last.
+	backed time.Time
 }
 
-// Join adds a lane on key to those this Backend divides the key's share
-// among, when WithShares is set (see sluice.Leaser); it returns false
-// otherwise, and after Close. The first lane on a key makes the key's
-// first refresh happen at once; until it answers the lane sends nothing.
-func (b *Backend) Join(key string, demand func() (sluice.Demand, bool), grant func(sluice.Share)) bool {
+// look records the lane's demand d, read at now, at a refresh or between
+// (see watch).
+func (m *member) look(now time.Time, d sluice.Demand) {
+	switch {
+	case d.Waiting[sluice.Interactive] < backedUpQueue:
+		m.backed = time.Time{}
+	case m.backed.IsZero():
+		m.backed = now
+	}
+}
+
+// backedUp reports whether level l's queue is backed up at now (see
+// backedUpQueue). Only Interactive is asked: a lower level's queue asks
+// for the whole rate anyway.
+func (m *member) backedUp(l int, now time.Time, refresh time.Duration) bool {
+	return l == int(sluice.Interactive) && !m.backed.IsZero() && now.Sub(m.backed) >= refresh/backedUpFor
+}
+
+// join serves Backend.Join.
+func (b *backend) join(key string, demand func() (sluice.Demand, bool), grant func(sluice.Share)) bool {
 	if b.cfg.refresh == 0 || !b.enter() {
 		return false
 	}
@@ -162,7 +194,7 @@ func (b *Backend) Join(key string, demand func() (sluice.Demand, bool), grant fu
 
 // refreshLoop refreshes each key's share when it is due, and exits when no
 // key has lanes left, or at Close.
-func (b *Backend) refreshLoop() {
+func (b *backend) refreshLoop() {
 	defer b.wg.Done()
 	b.startNudges()
 	defer b.stopNudges()
@@ -185,7 +217,7 @@ func (b *Backend) refreshLoop() {
 
 // refreshDue refreshes the keys due at now, and returns when the next is
 // due; false when no key is left, having marked the loop stopped.
-func (b *Backend) refreshDue(now time.Time) (time.Time, bool) {
+func (b *backend) refreshDue(now time.Time) (time.Time, bool) {
 	s := &b.shares
 	s.mu.Lock()
 	var due, watch, pushed []*shareKey
@@ -261,7 +293,7 @@ func (b *Backend) refreshDue(now time.Time) (time.Time, bool) {
 // refresh asks Redis for this process's share of sk's budget, by what its
 // lanes want, and hands the lanes their parts. Without an answer it keeps
 // the last share until its lease ends, and then falls back (see fallbackShare).
-func (b *Backend) refresh(sk *shareKey) {
+func (b *backend) refresh(sk *shareKey) {
 	lanes := b.live(sk)
 	if len(lanes) == 0 {
 		// The key's last lane is gone: its share goes back to the fleet now
@@ -279,6 +311,7 @@ func (b *Backend) refresh(sk *shareKey) {
 		inFlight      int
 		rate          float64
 		burst         int
+		lowShare      int // the lanes' sluice.WithLowShare: the largest, or 0 if one is 0
 	)
 	for i, m := range lanes {
 		d, cur := m.prev, m.now
@@ -286,16 +319,28 @@ func (b *Backend) refresh(sk *shareKey) {
 		if !m.at.IsZero() {
 			elapsed = max(sent.Sub(m.at), time.Millisecond)
 		}
+		m.look(sent, cur)
 		for l := range levels {
 			// Arrivals since the last refresh: grants, and the growth of
 			// the queue. The rate is smoothed (see estGain); the queue is
 			// asked for on top, to be served within backlogRefreshes.
 			arrived := float64(cur.Granted[l]-d.Granted[l]) + float64(cur.Waiting[l]-d.Waiting[l])
+			now := max(arrived, 0) / elapsed.Seconds()
 			gain := 1 - math.Pow(1-estGain, min(elapsed.Seconds()/b.cfg.refresh.Seconds(), 1))
-			m.est[l] += gain * (max(arrived, 0)/elapsed.Seconds() - m.est[l])
+			m.est[l] += gain * (now - m.est[l])
+			// Backed up, and granted some since the last refresh: a lane
+			// granted nothing is not held back by its share.
+			backed := m.backedUp(l, sent, b.cfg.refresh) && !m.at.IsZero() && cur.Granted[l] > d.Granted[l]
 			wants[i][l] = m.est[l] + float64(cur.Waiting[l])/(backlogRefreshes*b.cfg.refresh.Seconds())
 			switch {
 			case cur.Waiting[l] == 0:
+			case backed:
+				// Backed up (see backedUpQueue): what it was let send since
+				// the last refresh (arrivals follow grants: not a slow
+				// average of them), and its queue within urgentDrain, so
+				// that its share grows by its queue each half a refresh
+				// until its queue empties or it has the rate.
+				wants[i][l] = max(m.est[l], now) + float64(cur.Waiting[l])/(urgentDrain*b.cfg.refresh.Seconds())
 			case l > int(sluice.Interactive) && cur.Rate > 0:
 				// A Normal or Batch queue uses whatever it is given (a
 				// closed loop of workers arrives at the rate it is let
@@ -320,6 +365,12 @@ func (b *Backend) refresh(sk *shareKey) {
 			rate = r
 		}
 		burst = max(burst, cur.Burst)
+		switch {
+		case cur.LowShare == 0 || i > 0 && lowShare == 0:
+			lowShare = 0
+		case i == 0 || cur.LowShare > lowShare:
+			lowShare = cur.LowShare
+		}
 		m.prev, m.at = cur, sent
 	}
 
@@ -328,7 +379,7 @@ func (b *Backend) refresh(sk *shareKey) {
 	r, err := runShare(ctx, b.client, sk.redis, shareArgs{
 		self: b.self, lease: shareLeases * b.cfg.refresh,
 		rate: rate, burst: burst, cap: b.cfg.leases, inFlight: inFlight,
-		wants: total, places: ptotal, most: sk.fellTo, channel: sk.channel,
+		wants: total, places: ptotal, most: sk.fellTo, channel: sk.channel, lowShare: lowShare,
 	})
 	cancel()
 	now := time.Now()
@@ -352,15 +403,24 @@ func (b *Backend) refresh(sk *shareKey) {
 		if r.cool > 0 {
 			cool = now.Add(r.cool)
 		}
-		b.hand(lanes, wants, places, sk.rate, sk.places, sk.keyRate, sk.keyBurst, cool)
+		b.hand(lanes, wants, places, sk.rate, sk.places, sk.keyRate, sk.keyBurst, lowShare, cool)
 		sk.handed.lanes, sk.handed.wants, sk.handed.places, sk.handed.cool = lanes, wants, places, cool
+		sk.handed.lowShare = lowShare
 		if r.short {
 			// Others hold what this process is due: they give it back at
 			// their next refreshes, and this one asks again after them.
 			next = b.cfg.refresh / 2
 		}
-	} else if now.After(sk.until) || !sk.leased {
-		b.fallbackShare(sk, lanes, wants, places, rate, burst, err)
+	} else {
+		if unreachable(err) {
+			b.lost()
+		}
+		if now.After(sk.until) || !sk.leased {
+			b.fallbackShare(sk, lanes, wants, places, rate, burst, lowShare, err)
+		}
+		// Asked again sooner than at its turn, so that a key whose
+		// master failed over is back within a refresh of it.
+		next = b.cfg.refresh / retryRefreshes
 	}
 	// Each process refreshes at its own phase, a little off the interval,
 	// so that a fleet that starts together does not refresh together.
@@ -374,25 +434,31 @@ func (m *member) urgent(l, waiting int, refresh time.Duration) bool {
 	return l == int(sluice.Interactive) && float64(waiting) > max(urgentQueue*m.est[l]*refresh.Seconds(), urgentLeast)
 }
 
-// watch reads the demand of sk's lanes between refreshes, and brings the
-// next refresh forward if an Interactive queue is urgent. Called by the
-// refresher goroutine, while no refresh of sk runs.
-func (b *Backend) watch(sk *shareKey) {
+// watch reads the demand of sk's lanes between refreshes (see look), and
+// brings the next refresh forward if an Interactive queue is urgent.
+// Called by the refresher goroutine, while no refresh of sk runs.
+func (b *backend) watch(sk *shareKey) {
 	b.shares.mu.Lock()
 	lanes := append([]*member(nil), sk.lanes...)
 	b.shares.mu.Unlock()
+	urgent := false
 	for _, m := range lanes {
-		if d, ok := m.demand(); ok && m.urgent(int(sluice.Interactive), d.Waiting[sluice.Interactive], b.cfg.refresh) {
-			b.nudge(sk)
-			return
+		d, ok := m.demand()
+		if !ok {
+			continue
 		}
+		m.look(time.Now(), d)
+		urgent = urgent || m.urgent(int(sluice.Interactive), d.Waiting[sluice.Interactive], b.cfg.refresh)
+	}
+	if urgent {
+		b.nudge(sk)
 	}
 }
 
 // applyPushed hands sk's lanes the larger share another process's refresh
 // granted this one, unless this process has since refreshed (see
 // share.lua). Called by the refresher goroutine, while no refresh of sk runs.
-func (b *Backend) applyPushed(sk *shareKey) {
+func (b *backend) applyPushed(sk *shareKey) {
 	s := &b.shares
 	s.mu.Lock()
 	p := sk.pushed
@@ -403,11 +469,11 @@ func (b *Backend) applyPushed(sk *shareKey) {
 	}
 	sk.rate, sk.seq = p.rate, p.seq
 	h := &sk.handed
-	b.hand(h.lanes, h.wants, h.places, sk.rate, sk.places, sk.keyRate, sk.keyBurst, h.cool)
+	b.hand(h.lanes, h.wants, h.places, sk.rate, sk.places, sk.keyRate, sk.keyBurst, h.lowShare, h.cool)
 }
 
 // live reads the demand of sk's lanes and drops those that are gone.
-func (b *Backend) live(sk *shareKey) []*member {
+func (b *backend) live(sk *shareKey) []*member {
 	b.shares.mu.Lock()
 	lanes := append([]*member(nil), sk.lanes...)
 	b.shares.mu.Unlock()
@@ -442,7 +508,7 @@ func (b *Backend) live(sk *shareKey) []*member {
 // shared it at the last refresh (WithFallbackShare of it if this process
 // never had a share), a little slower by a factor drawn at random per
 // outage, so that processes that lose Redis together do not send in step.
-func (b *Backend) fallbackShare(sk *shareKey, lanes []*member, wants [][levels]float64, places [][levels]int, rate float64, burst int, err error) {
+func (b *backend) fallbackShare(sk *shareKey, lanes []*member, wants [][levels]float64, places [][levels]int, rate float64, burst, lowShare int, err error) {
 	if !sk.fallen {
 		sk.fallen = true
 		frac := b.cfg.share
@@ -465,15 +531,15 @@ func (b *Backend) fallbackShare(sk *shareKey, lanes []*member, wants [][levels]f
 		keyRate = sk.keyRate
 	}
 	sk.fellTo = sk.frac * keyRate
-	b.hand(lanes, wants, places, sk.fellTo, sk.places, keyRate, max(burst, 1), time.Time{})
+	b.hand(lanes, wants, places, sk.fellTo, sk.places, keyRate, max(burst, 1), lowShare, time.Time{})
 }
 
-// hand divides a share of rate and places among lanes by their wants, and
-// grants each its part.
-func (b *Backend) hand(lanes []*member, wants [][levels]float64, places [][levels]int, rate float64, nplaces int, keyRate float64, keyBurst int, cool time.Time) {
+// hand divides a share of rate and places among lanes by their wants
+// (see apportion), and grants each its part.
+func (b *backend) hand(lanes []*member, wants [][levels]float64, places [][levels]int, rate float64, nplaces int, keyRate float64, keyBurst, lowShare int, cool time.Time) {
 	var rates []float64
 	if keyRate > 0 {
-		rates = apportion(rate, wants)
+		rates = apportion(rate, wants, lowShare)
 	}
 	var ps []int
 	if nplaces >= 0 {
@@ -504,6 +570,7 @@ type shareArgs struct {
 	places   [levels]float64
 	most     float64 // the most rate to take; 0: no bound
 	channel  string  // where to name the processes to refresh now (see nudges)
+	lowShare int     // the lowest level's part while a higher one wants (see apportion)
 }
 
 // shareReply is what share.lua answered.
@@ -524,7 +591,7 @@ func runShare(ctx context.Context, c redis.Scripter, k [2]string, a shareArgs) (
 	f := func(x float64) string { return strconv.FormatFloat(x, 'g', -1, 64) }
 	args := []any{a.self, a.lease.Microseconds(), f(a.rate), a.burst, a.cap, a.inFlight,
 		f(a.wants[0]), f(a.wants[1]), f(a.wants[2]),
-		f(a.places[0]), f(a.places[1]), f(a.places[2]), f(a.most), a.channel}
+		f(a.places[0]), f(a.places[1]), f(a.places[2]), f(a.most), a.channel, a.lowShare}
 	v, err := shareScript.Run(ctx, c, k[:], args...).Slice()
 	if err != nil {
 		return shareReply{}, err

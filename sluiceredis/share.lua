@@ -1,8 +1,9 @@
--- One refresh of one process's share of one budget (see WithShares), in one
+-- One refresh of one process's share of one budget (see Backend), in one
 -- round trip. Each process's entry in a hash says what it wants, per
 -- priority level, and what it holds; the budget is apportioned among the
 -- live entries by priority first (a level's wants are met, fleet-wide,
--- before any lower level's) and max-min fairly within a level, and what
+-- before any lower level's, but for the low share of the lowest level
+-- that wants: see part) and max-min fairly within a level, and what
 -- nobody wants is spread evenly. The caller is granted its part, but never
 -- more than the others' grants leave: a share that moves from one process
 -- to another is taken from the first at its refresh and given to the
@@ -16,6 +17,7 @@
 -- ARGV[7..9] rate wanted per level   ARGV[10..12] places wanted per level
 -- ARGV[13] the most rate the caller takes (0: no such bound)
 -- ARGV[14] the channel on which to name processes (see below)
+-- ARGV[15] the low share (see part; 0: strict priority)
 --
 -- An entry is "expiry rate burst cap granted-rate granted-places w1 w2 w3
 -- p1 p2 p3 version"; the version grows with each write of the entry.
@@ -86,15 +88,65 @@ for _, e in ipairs(procs) do
   if e.cap > 0 and (cap == 0 or e.cap < cap) then cap = e.cap end
 end
 
+-- The lowest level's part while a higher level wants (ARGV[15], the
+-- caller's sluice.WithLowShare; 0: strict priority): it is given up to
+-- c / lowShare first.
+local lowShare = tonumber(ARGV[15]) or 0
+
+-- Up to c divided max-min fairly among the wants in field f at level l,
+-- less what given (nil: nothing) gave each already.
+local function fill(c, f, l, given)
+  local give, idx = {}, {}
+  local function rest(i)
+    if given then return procs[i][f][l] - given[i] end
+    return procs[i][f][l]
+  end
+  for i = 1, n do
+    give[i] = 0
+    if rest(i) > 0 then idx[#idx + 1] = i end
+  end
+  table.sort(idx, function(a, b) return rest(a) < rest(b) end)
+  local left = c
+  for k = 1, #idx do
+    local i = idx[k]
+    local g = math.min(rest(i), left / (#idx - k + 1))
+    give[i] = g
+    left = left - g
+  end
+  return give
+end
+
 -- The caller's part of capacity c by the wants in field f: levels in
 -- order, max-min fair within one (water-filling: the smallest wants are
 -- met in full, the rest share equally what is left), then what is left
--- evenly. whole: in whole units (places), handed out one at a time to the
--- process given least at the level (the caller last among equals).
+-- evenly; but while a level below another wants some, the lowest such
+-- level is first given up to c / lowShare (rates only). whole: in whole
+-- units (places), handed out one at a time to the process given least at
+-- the level (the caller last among equals).
 local function part(c, f, whole)
   local give = {}
   for i = 1, n do give[i] = 0 end
   local left = c
+  local given = {}
+  if not whole and lowShare >= 2 then
+    local top, low
+    for l = 1, 3 do
+      for i = 1, n do
+        if procs[i][f][l] > 0 then
+          top = top or l
+          low = l
+          break
+        end
+      end
+    end
+    if low and low > top then
+      given[low] = fill(c / lowShare, f, low, nil)
+      for i = 1, n do
+        give[i] = give[i] + given[low][i]
+        left = left - given[low][i]
+      end
+    end
+  end
   for l = 1, 3 do
     if left <= 0 then break end
     if whole then
@@ -111,14 +163,10 @@ local function part(c, f, whole)
         left = left - 1
       end
     else
-      local idx = {}
-      for i = 1, n do if procs[i][f][l] > 0 then idx[#idx + 1] = i end end
-      table.sort(idx, function(a, b) return procs[a][f][l] < procs[b][f][l] end)
-      for k = 1, #idx do
-        local i = idx[k]
-        local g = math.min(procs[i][f][l], left / (#idx - k + 1))
-        give[i] = give[i] + g
-        left = left - g
+      local g = fill(left, f, l, given[l])
+      for i = 1, n do
+        give[i] = give[i] + g[i]
+        left = left - g[i]
       end
     end
   end

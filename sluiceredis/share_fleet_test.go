@@ -11,8 +11,11 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"golang.org/x/time/rate"
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/internal/upstream"
@@ -34,7 +37,7 @@ type shareFleet struct {
 	workers     int           // Batch workers per process
 	redisAddr   string        // "": a redis-server of the test's own
 	bopts       []Option
-	perToken    bool // a token per request (no WithShares), to compare
+	perToken    bool // Tokens rather than a Backend, to compare
 	transports  int  // Transports per process (sharing its Backend); 0: 1
 }
 
@@ -77,19 +80,23 @@ func (f shareFleet) start(t *testing.T) shareResult {
 
 	type proc struct {
 		trs []*sluice.Transport
-		b   *Backend
-		n   *counter
+		b   interface {
+			sluice.Backend
+			Close() error
+		}
+		n *counter
 	}
 	ps := make([]proc, f.procs)
 	for i := range ps {
 		c := newClient(t, addr)
 		n := countCalls(c)
-		opts := f.bopts
-		if !f.perToken {
-			opts = append([]Option{WithShares(f.refresh)}, opts...)
+		ps[i].n = n
+		if f.perToken {
+			ps[i].b = newTokens(t, c, f.bopts...)
+		} else {
+			ps[i].b = newBackend(t, c, append([]Option{WithRefresh(f.refresh)}, f.bopts...)...)
 		}
-		b := newBackend(t, c, opts...)
-		ps[i] = proc{b: b, n: n}
+		b := ps[i].b
 		for range max(f.transports, 1) {
 			tr, err := sluice.New(nil, sluice.WithRate(int(f.rate), time.Second), sluice.WithBurst(f.burst),
 				sluice.WithBackend(b), sluice.WithRetry(0))
@@ -218,7 +225,7 @@ func checkBound(t *testing.T, arrivals []time.Time, rate float64, burst, procs i
 }
 
 // shareSlack is the tokens per process a share adds to rate x T + burst
-// (see the package doc, "Shares or tokens"): its burst's rounding up to a
+// (see the package doc, "How a Backend leases"): its burst's rounding up to a
 // whole token, and the lane's own token of late charging; plus one here
 // for the network between sluice and the upstream, which timestamps
 // arrivals after a hop of varying delay.
@@ -260,10 +267,16 @@ func TestSharesPriority(t *testing.T) {
 		}
 	}
 	// The target is 0.97 of the rate (measured 0.977-0.982 on two loaded
-	// cores without -race; see docs/design.md, "Fleet backend: shares"); 0.96 here leaves a point
-	// for a runner loaded further, or -race, to delay the lanes' timers.
-	if float64(total) < 0.96*rate*secs {
-		t.Errorf("the fleet sent %.1f/s, under 96%% of %d/s", float64(total)/secs, rate)
+	// cores without -race; see docs/design.md, "Fleet backend: shares");
+	// 0.96 here leaves a point for a runner loaded further. Under -race,
+	// whose cost delays the lanes' timers and the Poisson sender's, it
+	// measured 0.937-0.975 on two cores: 0.92 there.
+	floor := 0.96
+	if raceEnabled {
+		floor = 0.92
+	}
+	if float64(total) < floor*rate*secs {
+		t.Errorf("the fleet sent %.1f/s, under %.2f of %d/s", float64(total)/secs, floor, rate)
 	}
 	if p99(fleet.waits) > p99(alone.waits)+refresh {
 		t.Errorf("Interactive p99 %v in the fleet, more than a refresh (%v) over %v alone", p99(fleet.waits), refresh, p99(alone.waits))
@@ -284,22 +297,27 @@ func TestSharesPriority(t *testing.T) {
 func TestSharesCalls(t *testing.T) {
 	addr := startRedis(t).Addr()
 	for _, rate := range []float64{100, 5000} {
-		const run = 7 * time.Second
-		r := shareFleet{procs: 4, rate: rate, burst: max(4, int(rate/100)), refresh: time.Second,
-			run: run, warm: 3 * time.Second, workers: 16, redisAddr: addr}.start(t)
+		const run, warm = 7 * time.Second, 3 * time.Second
+		burst := max(4, int(rate/100))
+		// A peer beside the fleet, over the same window: x/time/rate at
+		// the rate with 16 workers; a runner that stalls stalls both.
+		peer := startPeer(rate, burst, 16, warm, run)
+		r := shareFleet{procs: 4, rate: rate, burst: burst, refresh: time.Second,
+			run: run, warm: warm, workers: 16, redisAddr: addr}.start(t)
 		secs := r.seconds()
+		peerGot := peer()
 		perReq := float64(r.calls) / float64(r.sent)
 		perSec := float64(r.calls) / 4 / run.Seconds()
-		t.Logf("%v/s shared by 4: %.3f of the rate, %d Redis calls for %d requests = %.4f a request (%.1f a second a process)",
-			rate, float64(len(r.arrivals))/secs/rate, r.calls, r.sent, perReq, perSec)
+		t.Logf("%v/s shared by 4: %.3f of the rate (the peer %.3f), %d Redis calls for %d requests = %.4f a request (%.1f a second a process)",
+			rate, float64(len(r.arrivals))/secs/rate, peerGot/rate, r.calls, r.sent, perReq, perSec)
 		if perSec > 5 {
 			t.Errorf("%.1f Redis calls a second a process at %v/s; want a few", perSec, rate)
 		}
 		// Under -race on two loaded cores the upstream here and 64
 		// workers do not reach 5,000/s; the rate of shares is checked at
 		// 100/s.
-		if got := float64(len(r.arrivals)) / secs / rate; rate == 100 && got < 0.97 {
-			t.Errorf("4 processes with more demand than %v/s sent %.3f of it", rate, got)
+		if got := float64(len(r.arrivals)) / secs; rate == 100 && got < 0.97*peerGot {
+			t.Errorf("4 processes with more demand than %v/s sent %.1f/s, under 0.97 of the peer's %.1f/s", rate, got, peerGot)
 		}
 	}
 }
@@ -386,5 +404,45 @@ func TestBodyCloseDoesNotWaitOnRedis(t *testing.T) {
 			t.Fatal("leases still held a second after every body was closed")
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// startPeer starts workers goroutines that send as fast as an x/time/rate
+// limiter of r and burst lets them, to an upstream of their own, for run;
+// the function it returns waits for them and returns the rate at which
+// they sent after warm.
+func startPeer(r float64, burst, workers int, warm, run time.Duration) func() float64 {
+	var n atomic.Int64
+	begin := time.Now()
+	from := begin.Add(warm)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		if time.Now().After(from) {
+			n.Add(1)
+		}
+		io.WriteString(w, "ok\n")
+	}))
+	tr := &http.Transport{MaxIdleConnsPerHost: workers}
+	ctx, cancel := context.WithDeadline(context.Background(), begin.Add(run))
+	lim := rate.NewLimiter(rate.Limit(r), burst)
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for lim.Wait(ctx) == nil {
+				req, _ := http.NewRequestWithContext(ctx, "GET", up.URL, nil)
+				resp, err := tr.RoundTrip(req)
+				if err != nil {
+					continue
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+		})
+	}
+	return func() float64 {
+		wg.Wait()
+		cancel()
+		tr.CloseIdleConnections()
+		up.Close()
+		return float64(n.Load()) / (run - warm).Seconds()
 	}
 }

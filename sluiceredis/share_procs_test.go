@@ -120,7 +120,7 @@ func TestSharesChild(t *testing.T) {
 	start, from, stop := time.Unix(0, env("FLEET_START")), time.Unix(0, env("FLEET_FROM")), time.Unix(0, env("FLEET_STOP"))
 	proc, url := os.Getenv("FLEET_PROC"), os.Getenv("FLEET_URL")
 
-	b := newBackend(t, newClient(t, os.Getenv("FLEET_REDIS")), WithShares(procsRefresh))
+	b := newBackend(t, newClient(t, os.Getenv("FLEET_REDIS")), WithRefresh(procsRefresh))
 	defer b.Close()
 	tr, err := sluice.New(nil, sluice.WithRate(procsRate, time.Second), sluice.WithBurst(procsBurst),
 		sluice.WithBackend(b), sluice.WithRetry(0))

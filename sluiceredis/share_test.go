@@ -14,23 +14,22 @@ import (
 	"github.com/sluice-go/sluice"
 )
 
-func TestWithSharesValidated(t *testing.T) {
+func TestWithRefreshValidated(t *testing.T) {
 	c := newClient(t, "127.0.0.1:1")
 	for _, d := range []time.Duration{0, -time.Second, 9 * time.Millisecond, time.Minute + 1} {
-		_, err := New(c, WithShares(d))
-		if !errors.Is(err, ErrInvalidOption) || !strings.Contains(err.Error(), "WithShares("+d.String()+")") ||
+		_, err := New(c, WithRefresh(d))
+		if !errors.Is(err, ErrInvalidOption) || !strings.Contains(err.Error(), "WithRefresh("+d.String()+")") ||
 			!strings.HasPrefix(err.Error(), "sluiceredis: ") {
-			t.Errorf("WithShares(%v): %v", d, err)
+			t.Errorf("WithRefresh(%v): %v", d, err)
 		}
 	}
 	for _, d := range []time.Duration{10 * time.Millisecond, DefaultRefresh, time.Minute} {
-		if _, err := New(c, WithShares(d)); err != nil {
-			t.Errorf("WithShares(%v): %v", d, err)
+		if _, err := New(c, WithRefresh(d)); err != nil {
+			t.Errorf("WithRefresh(%v): %v", d, err)
 		}
 	}
-	b, _ := New(c)
-	if b.Join("k", nil, nil) {
-		t.Error("Join without WithShares: want false, so that lanes take tokens")
+	if _, err := NewTokens(c, WithRefresh(time.Second)); !errors.Is(err, ErrInvalidOption) || !strings.Contains(err.Error(), "WithRefresh") {
+		t.Errorf("NewTokens(WithRefresh): %v, want ErrInvalidOption naming WithRefresh", err)
 	}
 }
 
@@ -38,22 +37,29 @@ func TestApportion(t *testing.T) {
 	for _, tc := range []struct {
 		c     float64
 		wants [][levels]float64
+		low   int
 		want  []float64
 	}{
 		// The higher level first, whatever the lower one wants.
-		{100, [][levels]float64{{40, 0, 0}, {0, 0, 500}, {0, 0, 500}, {0, 0, 500}}, []float64{40, 20, 20, 20}},
+		{100, [][levels]float64{{40, 0, 0}, {0, 0, 500}, {0, 0, 500}, {0, 0, 500}}, 0, []float64{40, 20, 20, 20}},
+		{100, [][levels]float64{{40, 0, 0}, {0, 0, 500}, {0, 0, 500}, {0, 0, 500}}, 10, []float64{40, 20, 20, 20}},
 		// Max-min within a level: the small want is met, the others split.
-		{100, [][levels]float64{{0, 0, 10}, {0, 0, 500}, {0, 0, 500}}, []float64{10, 45, 45}},
+		{100, [][levels]float64{{0, 0, 10}, {0, 0, 500}, {0, 0, 500}}, 10, []float64{10, 45, 45}},
 		// A level that wants more than everything takes everything.
-		{100, [][levels]float64{{150, 0, 0}, {0, 0, 500}}, []float64{100, 0}},
+		{100, [][levels]float64{{150, 0, 0}, {0, 0, 500}}, 0, []float64{100, 0}},
+		// ... less the low share, while a lower level wants.
+		{100, [][levels]float64{{150, 0, 0}, {0, 0, 500}}, 10, []float64{90, 10}},
+		{100, [][levels]float64{{150, 0, 0}, {0, 0, 5}}, 10, []float64{95, 5}},
+		{100, [][levels]float64{{150, 0, 0}, {0, 150, 0}, {0, 0, 150}}, 10, []float64{90, 0, 10}},
+		{100, [][levels]float64{{150, 0, 0}, {0, 0, 500}, {0, 0, 500}}, 4, []float64{75, 12.5, 12.5}},
 		// What nobody wants is spread evenly.
-		{100, [][levels]float64{{10, 0, 0}, {0, 20, 0}, {0, 0, 0}}, []float64{10 + 70.0/3, 20 + 70.0/3, 70.0 / 3}},
-		{100, nil, []float64{}},
+		{100, [][levels]float64{{10, 0, 0}, {0, 20, 0}, {0, 0, 0}}, 10, []float64{10 + 70.0/3, 20 + 70.0/3, 70.0 / 3}},
+		{100, nil, 10, []float64{}},
 	} {
-		got := apportion(tc.c, tc.wants)
+		got := apportion(tc.c, tc.wants, tc.low)
 		for i := range tc.want {
 			if math.Abs(got[i]-tc.want[i]) > 1e-9 {
-				t.Errorf("apportion(%v, %v) = %v, want %v", tc.c, tc.wants, got, tc.want)
+				t.Errorf("apportion(%v, %v, %d) = %v, want %v", tc.c, tc.wants, tc.low, got, tc.want)
 				break
 			}
 		}
@@ -67,18 +73,24 @@ func TestApportion(t *testing.T) {
 }
 
 // FuzzApportion checks apportion's contract: the parts add up to the
-// capacity, none is negative, and no part at a level is given while a
-// higher level's want somewhere is unmet.
+// capacity, none is negative; with strict priority, no part at a level is
+// given while a higher level's want somewhere is unmet; with a low share,
+// the lowest level that wants below another gets its part of it.
 func FuzzApportion(f *testing.F) {
-	f.Add(100.0, 40.0, 500.0, 30.0, 0.0, 30.0)
-	f.Fuzz(func(t *testing.T, c, a0, a2, b0, b1, b2 float64) {
+	f.Add(100.0, 40.0, 500.0, 30.0, 0.0, 30.0, uint8(0))
+	f.Add(100.0, 400.0, 500.0, 30.0, 0.0, 30.0, uint8(10))
+	f.Fuzz(func(t *testing.T, c, a0, a2, b0, b1, b2 float64, low uint8) {
 		for _, x := range []float64{c, a0, a2, b0, b1, b2} {
 			if !(x >= 0 && x < 1e9) {
 				return
 			}
 		}
+		lowShare := int(low % 12)
+		if lowShare == 1 {
+			lowShare = 0
+		}
 		wants := [][levels]float64{{a0, 0, a2}, {b0, b1, b2}}
-		got := apportion(c, wants)
+		got := apportion(c, wants, lowShare)
 		sum := 0.0
 		for _, g := range got {
 			if g < 0 {
@@ -88,6 +100,17 @@ func FuzzApportion(f *testing.F) {
 		}
 		if c > 0 && math.Abs(sum-c) > 1e-6*max(c, 1) {
 			t.Fatalf("apportion(%v, %v) = %v: adds up to %v", c, wants, got, sum)
+		}
+		if lowShare > 0 {
+			// The lowest level is owed min(c/lowShare, its wants) while a
+			// higher one wants; and a part is never over c.
+			if l := lowLevel(wants); l >= 0 {
+				owed := min(c/float64(lowShare), wants[0][l]+wants[1][l])
+				if atLow := min(got[0], wants[0][l]) + min(got[1], wants[1][l]); atLow < owed-1e-6*max(c, 1) {
+					t.Fatalf("apportion(%v, %v, %d) = %v: level %d got %v of the %v it is owed", c, wants, lowShare, got, l, atLow, owed)
+				}
+			}
+			return
 		}
 		// Level 0's wants are met in full, or take everything.
 		if a0+b0 <= c {
@@ -185,9 +208,9 @@ func TestSharesOutage(t *testing.T) {
 	const refresh = 100 * time.Millisecond
 	srv := startRedis(t)
 	var lg logs
-	opts := []Option{WithShares(refresh), WithTimeout(DefaultTimeout), WithLogger(slog.New(&lg))}
+	opts := []Option{WithRefresh(refresh), WithTimeout(DefaultTimeout), WithLogger(slog.New(&lg))}
 	a := newBackend(t, newClient(t, srv.Addr()), opts...)
-	b := newBackend(t, newClient(t, srv.Addr()), WithShares(refresh), WithTimeout(DefaultTimeout))
+	b := newBackend(t, newClient(t, srv.Addr()), WithRefresh(refresh), WithTimeout(DefaultTimeout))
 	defer a.Close()
 	defer b.Close()
 	// Interactive: 8 waiting, to be served within two refreshes, is 40/s.
@@ -254,7 +277,7 @@ func TestSharesDeadProcess(t *testing.T) {
 	key := newKeys(DefaultPrefix, "api").shares()
 	exp := tm.Add(time.Second).UnixMicro()
 	c.HSet(ctx, key, "dead", fmt.Sprintf("%d 100 4 0 70 -1 0 0 500 0 0 0", exp))
-	a := newBackend(t, c, WithShares(refresh))
+	a := newBackend(t, c, WithRefresh(refresh))
 	defer a.Close()
 	l := joinLane(t, a, "api", batch100)
 	start := time.Now()
@@ -271,7 +294,7 @@ func TestSharesDeadProcess(t *testing.T) {
 func TestSharesInFlight(t *testing.T) {
 	const refresh = 50 * time.Millisecond
 	srv := startRedis(t)
-	opts := []Option{WithShares(refresh), WithInFlight(4, 30*time.Second)}
+	opts := []Option{WithRefresh(refresh), WithInFlight(4, 30*time.Second)}
 	a := newBackend(t, newClient(t, srv.Addr()), opts...)
 	b := newBackend(t, newClient(t, srv.Addr()), opts...)
 	defer a.Close()
@@ -334,7 +357,7 @@ func TestSharesInFlight(t *testing.T) {
 func TestSharesFreeze(t *testing.T) {
 	const refresh = 100 * time.Millisecond
 	srv := startRedis(t)
-	opts := []Option{WithShares(refresh), WithTimeout(DefaultTimeout)}
+	opts := []Option{WithRefresh(refresh), WithTimeout(DefaultTimeout)}
 	a := newBackend(t, newClient(t, srv.Addr()), opts...)
 	b := newBackend(t, newClient(t, srv.Addr()), opts...)
 	defer a.Close()
@@ -381,7 +404,7 @@ func TestSharesManyKeys(t *testing.T) {
 	)
 	srv := startRedis(t)
 	p := startDelayProxy(t, srv.Addr(), 5*time.Millisecond)
-	b := newBackend(t, newClient(t, p.addr()), WithShares(refresh), WithTimeout(time.Second))
+	b := newBackend(t, newClient(t, p.addr()), WithRefresh(refresh), WithTimeout(time.Second))
 	defer b.Close()
 	start := time.Now()
 	lanes := make([]*shareLane, n)

@@ -55,7 +55,7 @@ func TestTakeAhead(t *testing.T) {
 // asks Redis for its own instead.
 func TestTakersKeepTheirTokens(t *testing.T) {
 	srv := startRedis(t)
-	b := newBackend(t, newClient(t, srv.Addr()))
+	b := newTokens(t, newClient(t, srv.Addr()))
 	bg := b.budget("api")
 	now := time.Now()
 	type taker struct{ string }
@@ -93,7 +93,7 @@ func TestTakersKeepTheirTokens(t *testing.T) {
 // leases queued for release. Tokens not late are kept.
 func TestOneLateTokenPerTaker(t *testing.T) {
 	srv := startRedis(t)
-	b := newBackend(t, newClient(t, srv.Addr()))
+	b := newTokens(t, newClient(t, srv.Addr()))
 	bg := b.budget("api")
 	sent := time.Now()
 	now := sent.Add(time.Millisecond)
@@ -105,6 +105,7 @@ func TestOneLateTokenPerTaker(t *testing.T) {
 	bg.apply(now, sent, reserved, waits, lates, "m", 100, a) // the first is handed out, late by 1ms: alone
 	bg.mu.Lock()
 	defer bg.mu.Unlock()
+	defer func() { bg.held = nil }()        // no attempt was sent: nothing to be Done
 	later := sent.Add(5 * time.Millisecond) // tokens 1 and 2 are late now
 	if w, ok := bg.takeLocal(later, a); !ok || w != 0 {
 		t.Fatalf("a late token = %v, %v; want it (one late token is allowed)", w, ok)

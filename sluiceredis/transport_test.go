@@ -18,9 +18,9 @@ import (
 
 // transport returns a sluice Transport on base drawing on a Backend of its
 // own (a process of a fleet, as far as Redis can tell) on addr.
-func transport(t *testing.T, addr string, base http.RoundTripper, bopts []Option, opts ...sluice.Option) (*sluice.Transport, *Backend) {
+func transport(t *testing.T, addr string, base http.RoundTripper, bopts []Option, opts ...sluice.Option) (*sluice.Transport, *Tokens) {
 	t.Helper()
-	b := newBackend(t, newClient(t, addr), bopts...)
+	b := newTokens(t, newClient(t, addr), bopts...)
 	tr, err := sluice.New(base, append([]sluice.Option{sluice.WithBackend(b), sluice.WithRetry(0)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)

@@ -52,7 +52,7 @@ const (
 // first time a key waits, it returns once Redis confirms it (bounded by
 // the timeout), so that the caller's next Take, made after, cannot miss a
 // release.
-func (b *Backend) waitFreed(bg *budget, d time.Duration) {
+func (b *backend) waitFreed(bg *budget, d time.Duration) {
 	ch := bg.keys.freed()
 	w := &b.wakers
 	w.mu.Lock()
@@ -124,7 +124,7 @@ func (b *Backend) waitFreed(bg *budget, d time.Duration) {
 }
 
 // readFreed reads ps until every channel is dropped or the Backend closes.
-func (b *Backend) readFreed(ps *redis.PubSub) {
+func (b *backend) readFreed(ps *redis.PubSub) {
 	defer b.wg.Done()
 	w := &b.wakers
 	for {

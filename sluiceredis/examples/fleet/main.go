@@ -4,7 +4,8 @@
 //	cd sluiceredis && go run ./examples/fleet
 //
 // It simulates a fleet in one program: -procs sluice Transports, each with
-// its own Redis client and sluiceredis.Backend as a separate process would
+// its own Redis client and sluiceredis.Backend (leasing shares; -tokens:
+// sluiceredis.Tokens, a token per request) as a separate process would
 // have, all configured with the API's published rate and all calling one
 // embedded upstream (an httptest server) that enforces that rate with 429s.
 // Every process wants more than the whole rate. Without a shared budget
@@ -23,10 +24,13 @@
 //
 //	-procs 4        simulated processes
 //	-rate 50        the upstream's limit and every process's WithRate, per second
+//	-burst 10       the upstream's burst: a fleet that leases shares sends
+//	                up to burst + 2 per process at once; -tokens, up to 1
 //	-duration 5s    how long the processes send
 //	-workers 8      concurrent requests each process keeps waiting
 //	-redis ADDR     an existing Redis (host:port)
 //	-miniredis      use the in-process fake even when redis-server is installed
+//	-tokens         sluiceredis.NewTokens instead of sluiceredis.New
 //	-timeout 50ms   sluiceredis.WithTimeout: a call slower than this sends a
 //	                process to its local fallback budget for a second
 package main
@@ -56,11 +60,13 @@ import (
 type config struct {
 	Procs     int
 	Rate      int
+	Burst     int // the upstream's burst
 	Duration  time.Duration
 	Workers   int
 	Redis     string        // address of an existing Redis; "" to start one
 	MiniRedis bool          // use miniredis even if redis-server is installed
 	Timeout   time.Duration // sluiceredis.WithTimeout; 0: DefaultTimeout
+	Tokens    bool          // sluiceredis.NewTokens rather than New
 }
 
 // result is what one simulated process achieved.
@@ -81,11 +87,13 @@ func main() {
 	cfg := config{}
 	flag.IntVar(&cfg.Procs, "procs", 4, "simulated processes")
 	flag.IntVar(&cfg.Rate, "rate", 50, "the upstream's limit and every process's WithRate, per second")
+	flag.IntVar(&cfg.Burst, "burst", 10, "the upstream's burst")
 	flag.DurationVar(&cfg.Duration, "duration", 5*time.Second, "how long the processes send")
 	flag.IntVar(&cfg.Workers, "workers", 8, "concurrent requests per process")
 	flag.StringVar(&cfg.Redis, "redis", "", "an existing Redis, host:port (default: start one)")
 	flag.BoolVar(&cfg.MiniRedis, "miniredis", false, "use the in-process Redis fake")
 	flag.DurationVar(&cfg.Timeout, "timeout", sluiceredis.DefaultTimeout, "bound on each Redis call (sluiceredis.WithTimeout)")
+	flag.BoolVar(&cfg.Tokens, "tokens", false, "take a token per request (sluiceredis.NewTokens) rather than lease shares")
 	flag.Parse()
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -98,8 +106,8 @@ func main() {
 
 func run(ctx context.Context, cfg config, out io.Writer) (summary, error) {
 	var sum summary
-	if cfg.Procs < 1 || cfg.Rate < 1 || cfg.Workers < 1 || cfg.Duration <= 0 || cfg.Timeout < 0 {
-		return sum, errors.New("-procs, -rate, -workers, -duration and -timeout must be positive")
+	if cfg.Procs < 1 || cfg.Rate < 1 || cfg.Burst < 1 || cfg.Workers < 1 || cfg.Duration <= 0 || cfg.Timeout < 0 {
+		return sum, errors.New("-procs, -rate, -burst, -workers, -duration and -timeout must be positive")
 	}
 	if cfg.Timeout == 0 {
 		cfg.Timeout = sluiceredis.DefaultTimeout
@@ -111,7 +119,7 @@ func run(ctx context.Context, cfg config, out io.Writer) (summary, error) {
 	defer closeStore()
 	sum.Store = store
 
-	up := upstream.NewTCP(upstream.Config{Rate: float64(cfg.Rate), Burst: 2})
+	up := upstream.NewTCP(upstream.Config{Rate: float64(cfg.Rate), Burst: cfg.Burst})
 	defer up.Close()
 	fmt.Fprintf(out, "%d processes, each with WithRate(%d, time.Second), share one budget in %s;\n",
 		cfg.Procs, cfg.Rate, store)
@@ -126,15 +134,28 @@ func run(ctx context.Context, cfg config, out io.Writer) (summary, error) {
 		// the key (the upstream's host) are shared.
 		rdb := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
 		defer rdb.Close()
-		b, err := sluiceredis.New(rdb, sluiceredis.WithTimeout(cfg.Timeout))
+		var b interface {
+			sluice.Backend
+			Close() error
+		}
+		var err error
+		if cfg.Tokens {
+			b, err = sluiceredis.NewTokens(rdb, sluiceredis.WithTimeout(cfg.Timeout))
+		} else {
+			b, err = sluiceredis.New(rdb, sluiceredis.WithTimeout(cfg.Timeout))
+		}
 		if err != nil {
 			return sum, err
 		}
-		trs[i], err = sluice.New(up.Transport(), sluice.WithRate(cfg.Rate, time.Second),
+		// Closed after the Transport: a Backend gives its shares back.
+		defer b.Close()
+		tr, err := sluice.New(up.Transport(), sluice.WithRate(cfg.Rate, time.Second),
 			sluice.WithBackend(b), sluice.WithRetry(0))
 		if err != nil {
 			return sum, err
 		}
+		defer tr.Close()
+		trs[i] = tr
 	}
 
 	ctx, cancel := context.WithTimeout(ctx, cfg.Duration)

@@ -14,13 +14,24 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
+// TestFleet runs the fleet leasing shares on either store, against an
+// upstream with a burst of 10, and taking tokens against one with a burst
+// of 2 (on which shares would be refused: see the package doc).
 func TestFleet(t *testing.T) {
-	for _, mini := range []bool{false, true} {
+	for _, tc := range []struct {
+		mini, tokens bool
+		burst        int
+	}{{false, false, 10}, {true, false, 10}, {false, true, 2}} {
+		mini := tc.mini
 		name := "redis-server"
 		if mini {
 			name = "miniredis"
 		}
-		t.Run(name, func(t *testing.T) {
+		proto := "shares"
+		if tc.tokens {
+			proto = "tokens"
+		}
+		t.Run(name+"/"+proto, func(t *testing.T) {
 			if !mini {
 				if _, err := exec.LookPath("redis-server"); err != nil {
 					if os.Getenv("SLUICE_REQUIRE_REDIS") == "1" {
@@ -32,8 +43,8 @@ func TestFleet(t *testing.T) {
 			// A timeout of a second, not the default 50ms: one slow call on
 			// a busy test machine would send a process to its fallback,
 			// whose budget comes on top of the shared one.
-			cfg := config{Procs: 3, Rate: 50, Duration: 2 * time.Second, Workers: 6, MiniRedis: mini,
-				Timeout: time.Second}
+			cfg := config{Procs: 3, Rate: 50, Burst: tc.burst, Duration: 2 * time.Second, Workers: 6, MiniRedis: mini,
+				Timeout: time.Second, Tokens: tc.tokens}
 			var out strings.Builder
 			sum, err := run(context.Background(), cfg, &out)
 			if err != nil {
@@ -54,7 +65,7 @@ func TestFleet(t *testing.T) {
 			if mini {
 				floor = 0.4
 			}
-			if float64(sum.Accepted) < floor*limit || float64(sum.Accepted) > limit+5 {
+			if float64(sum.Accepted) < floor*limit || float64(sum.Accepted) > limit+float64(tc.burst) {
 				t.Errorf("the fleet sent %d against a limit of %.0f (want at least %.0f%% of it)", sum.Accepted, limit, 100*floor)
 			}
 			if float64(sum.Refused) > 0.02*float64(sum.Accepted) {
@@ -74,10 +85,10 @@ func TestFleet(t *testing.T) {
 }
 
 func TestBadConfig(t *testing.T) {
-	if _, err := run(context.Background(), config{Procs: 0, Rate: 1, Workers: 1, Duration: time.Second}, io.Discard); err == nil {
+	if _, err := run(context.Background(), config{Procs: 0, Rate: 1, Burst: 1, Workers: 1, Duration: time.Second}, io.Discard); err == nil {
 		t.Error("run with -procs 0: no error")
 	}
-	if _, err := run(context.Background(), config{Procs: 1, Rate: 1, Workers: 1, Duration: time.Second,
+	if _, err := run(context.Background(), config{Procs: 1, Rate: 1, Burst: 1, Workers: 1, Duration: time.Second,
 		Timeout: -time.Second}, io.Discard); err == nil {
 		t.Error("run with -timeout -1s: no error")
 	}
