@@ -19,9 +19,13 @@
 // wake-up hands it out.
 //
 // A lane learns from the server. Only a refusal stops it: a 429, a 403
-// with Retry-After or nothing remaining, a 503 with Retry-After; it pauses
-// for the Retry-After, else until the exhausted quota (requests or tokens)
-// comes back. A 429 that no quota explains lowers its pace, and from then
+// with Retry-After or nothing remaining, a 502, 503, 504 or 529 with
+// Retry-After, GitHub's secondary rate limit stated in a 403's body, a
+// GraphQL throttle in a /graphql answer's body; it pauses for the
+// Retry-After, else until the exhausted quota (requests or tokens) comes
+// back. An overload (529, or 502/503/504 without Retry-After, or a stream
+// whose first event says so) is no latency sample and cuts the in-flight
+// limit. No other body is looked at. A 429 that no quota explains lowers its pace, and from then
 // on, unless the server's quotas state a burst, the lane also spaces each
 // grant from when the request before it was written (an httptrace hook on
 // the attempt), so that a request delayed on its way does not reach a
