@@ -55,7 +55,7 @@ type backend struct {
 	idle      chan struct{} // capacity 1: Done gave back a budget's last lease
 	back      chan struct{} // capacity 1: Redis answers again, for the releaser
 
-	shares shares // see WithShares
+	shares shares // see New and WithRefresh
 	wakers wakers // see waitFreed
 }
 

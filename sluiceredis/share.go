@@ -65,7 +65,7 @@ const (
 	refreshParallel = 16
 )
 
-// shares is a Backend's state in share mode (WithShares): the keys its
+// shares is a Backend's state (see New, WithRefresh): the keys its
 // lanes joined, each refreshed by one goroutine, which runs while any key
 // has lanes and exits at Close.
 type shares struct {
