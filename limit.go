@@ -56,12 +56,18 @@ type limiter struct {
 	// sample.
 	start   time.Duration
 	started bool
-	bound   bool    // a completion found every slot taken and requests waiting
-	suspect bool    // the last window looked like queueing, and did not act on it
-	n       int     // timed completions (samples)
-	done    int     // completions, timed or not: the completion rate
-	sumW    float64 // latencies (s)
-	sumL    float64 // in-flight counts at completion
+	bound   bool // a completion found every slot taken and requests waiting
+	suspect bool // the last window looked like queueing, and did not act on it
+	// held: cap is no finding of the gradient but where a lane with no
+	// rate started (initialUnpaced) or where its rate went; a rate, once
+	// known, sizes the limit by Little's law at once instead. With the
+	// flags above, in their padding: a lane is at its size class's end,
+	// with the allocation header (TestLaneHeap).
+	held bool
+	n    int     // timed completions (samples)
+	done int     // completions, timed or not: the completion rate
+	sumW float64 // latencies (s)
+	sumL float64 // in-flight counts at completion
 
 	means [baselineWindows]float64 // means of recent windows, 0: none
 	next  int                      // where the next mean goes in means
@@ -87,6 +93,7 @@ func newLimiter(lo, hi int, paced bool) limiter {
 	if !paced {
 		s.cap = max(lo, min(initialUnpaced, hi))
 		s.limit = s.cap
+		s.held = true
 	}
 	return s
 }
@@ -213,12 +220,18 @@ func (s *limiter) checkBound(waiting bool) {
 func (s *limiter) target(rate float64) int {
 	if rate == 0 {
 		if s.cap == 0 { // the rate has gone: hold the limit, then move it by the gradient
-			s.cap = s.limit
+			s.cap, s.held = s.limit, true
 		}
 		if s.over > 0 {
 			return min(s.cap, s.over)
 		}
 		return s.cap
+	}
+	if s.held {
+		// A rate is known now (stated by the server, or learned): Little's
+		// law sizes the limit from the first latency, where growing from
+		// the held cap a quarter a window would take seconds.
+		s.cap, s.held = 0, false
 	}
 	n := s.max
 	if f := math.Ceil((rate*s.w + devWeight*math.Sqrt(rate*s.dev)) * (1 + littleMargin)); f < float64(n) {
@@ -280,7 +293,7 @@ func (s *limiter) endWindow(now time.Duration, r float64) finding {
 		// the upstream served at baseline latency.
 		if s.suspect {
 			s.knee = int(inFlight * base / mean)
-			s.cap = max(s.min, int(backoff*inFlight*base/mean))
+			s.cap, s.held = max(s.min, int(backoff*inFlight*base/mean)), false
 			s.sinceCut = 1
 			f = finding{kind: foundQueueing, latency: secs(mean), baseline: secs(base), cap: s.cap}
 		}
