@@ -222,8 +222,8 @@ func overBound(times []time.Duration, r, burst float64) int {
 
 // TestTakeLateKeepsTheSchedule: a dispatcher that wakes up to one token's
 // time late grants what the rate allows, where charging each token at the
-// wake-up loses the lateness for good (the loss of issue 12: 0.42 R at
-// 2,000/s). Both keep within rate x T + burst + 1.
+// wake-up loses the lateness for good. Both keep within rate x T + burst +
+// 1.
 func TestTakeLateKeepsTheSchedule(t *testing.T) {
 	const span = 10 * time.Second
 	for _, r := range []float64{20, 100, 2000, 10000} {

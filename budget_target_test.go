@@ -136,7 +136,7 @@ func (r tokenRun) row(name string) string {
 
 const tokenTableHead = "\n| server | tokens/min ÷ TPM | requests/min ÷ RPM | 429s | interactive p99 wait | batch p99 wait |\n|---|---|---|---|---|---|"
 
-// TestTokenBudgetMixedCosts: issue 15's targets, in virtual time over 40
+// TestTokenBudgetMixedCosts: the token budget's targets, in virtual time over 40
 // minutes: calls of 100 to 8,000 tokens estimated within ±30%, against
 // servers that enforce OpenAI's and Anthropic's budgets, run at >= 0.95 of
 // the token limit with <= 1% of attempts refused, interactive calls first.

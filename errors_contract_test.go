@@ -10,7 +10,7 @@ import (
 	"time"
 )
 
-// TestDeadlineRefusalIsTimeout (#14.5): a refusal for the context's deadline
+// TestDeadlineRefusalIsTimeout: a refusal for the context's deadline
 // is a timeout to os.IsTimeout, directly and through http.Client, and still
 // matches ErrRejected and context.DeadlineExceeded; other refusals are not
 // timeouts.

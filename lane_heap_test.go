@@ -7,7 +7,7 @@ import (
 	"time"
 )
 
-// maxLaneHeap is issue 17's bound on what a lane that has served a few
+// maxLaneHeap is the bound on what a lane that has served a few
 // requests keeps on the heap, its entry in the Transport's map included.
 // maxWaitedLaneHeap bounds a lane whose requests also waited for their
 // tokens: it holds besides a row of its wait histogram, its tenant lists

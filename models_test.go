@@ -71,7 +71,7 @@ func runModel(t *testing.T, m func() upstream.Model, dur time.Duration, hdr http
 	return res
 }
 
-// TestServerModels guards issue 13's targets in virtual time, for every
+// TestServerModels guards the server models' targets in virtual time, for every
 // server model, with sluice at the published rate R, with no rate, and at
 // 2R: at least 0.95 of the published rate in the steady state with at most
 // 1% of attempts refused (strict GCRA: 0.90 at R, 0.85 otherwise, 2%).

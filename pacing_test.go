@@ -238,8 +238,8 @@ func worstWindow(at []time.Time, r float64, burst int) (got, bound int) {
 // exactly; this checks that late timers and scheduler delays do not cost
 // the lane its rate. A loaded runner can steal a run's CPU for longer than
 // one token's time, which the lane then loses (see bucket.takeLate): the best of
-// five runs is compared, where a lane that loses its lateness (0.4-0.9 of
-// the rate before issue 12) fails every one.
+// five runs is compared, where a lane that loses its lateness (charging
+// each token at its wake-up) fails every one.
 func TestPacingRealClock(t *testing.T) {
 	if testing.Short() {
 		t.Skip("real-clock run of a few seconds")
@@ -357,8 +357,8 @@ func TestBoundRealClock(t *testing.T) {
 // TestSeedPriorityRealClock is the seed's strict-priority scenario on the
 // real clock: 100/s, 1,000 batch calls queued at t=0, interactive calls at
 // 20/s for 10 s. In 10 s the lane serves its 1,000 permits (give or take
-// one), interactive calls all go first, and the batch gets the rest (before
-// issue 12: 923 served, 723 to the batch). The best of two runs counts, for
+// one), interactive calls all go first, and the batch gets the rest. The
+// best of two runs counts, for
 // a loaded runner (see TestPacingRealClock).
 func TestSeedPriorityRealClock(t *testing.T) {
 	if testing.Short() {

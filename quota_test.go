@@ -14,8 +14,8 @@ import (
 // TestLearnNoRateFromStrictGCRA: a lane with no configured rate, against a
 // strict GCRA upstream (burst 1, 429 + Retry-After in whole seconds, no
 // quota headers), learns a rate from its first refusals, though the server
-// accepts about one request per cooldown, and settles near the limit
-// (before issue 13: 0.02 of R, every refusal a second's cooldown).
+// accepts about one request per cooldown, and settles near the limit, where
+// a lane that took every refusal as a second's cooldown would not.
 func TestLearnNoRateFromStrictGCRA(t *testing.T) {
 	const r = 50
 	res := runGCRA(t, r, 30*time.Second, 200*time.Microsecond, 1, func(base http.RoundTripper) http.RoundTripper {
@@ -237,8 +237,8 @@ func TestQuotaCountAtRefusal(t *testing.T) {
 
 // TestRemainingZeroOnAcceptedDoesNotStall: a strict GCRA middleware says
 // "limit 1, remaining 0, reset 1" on every accepted response; that is the
-// last token for now, not a second's pause (before issue 13: one request a
-// second, 0.03 of R).
+// last token for now, not a second's pause (which would hold the lane at
+// one request a second).
 func TestRemainingZeroOnAcceptedDoesNotStall(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		base := &fakeBase{answer: answerWith(1<<30, 200, "X-RateLimit-Limit: 1", "X-RateLimit-Remaining: 0", "X-RateLimit-Reset: 1")}

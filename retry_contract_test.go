@@ -24,7 +24,7 @@ import (
 	"github.com/hashicorp/go-retryablehttp"
 )
 
-// TestServerRetryHints (#14.2): x-should-retry and Stripe-Should-Retry decide
+// TestServerRetryHints: x-should-retry and Stripe-Should-Retry decide
 // over sluice's own rules, both ways.
 func TestServerRetryHints(t *testing.T) {
 	tests := []struct {
@@ -81,7 +81,7 @@ func (b *errBase) RoundTrip(req *http.Request) (*http.Response, error) {
 	return nil, b.err
 }
 
-// TestPermanentErrorsNotRetried (#14.4, #16.5): errors that a second attempt
+// TestPermanentErrorsNotRetried: errors that a second attempt
 // cannot fix are not retried, bare (as a base RoundTripper returns them) or
 // wrapped in *url.Error, under the default policy and under one that retries
 // every error.
@@ -134,7 +134,7 @@ func TestPermanentErrorsNotRetried(t *testing.T) {
 	}
 }
 
-// TestPermanentErrorsRealTransport (#14.4, #16.5): the errors a real
+// TestPermanentErrorsRealTransport: the errors a real
 // http.Transport returns for an untrusted certificate and for response
 // headers over its limit are attempted once.
 func TestPermanentErrorsRealTransport(t *testing.T) {
@@ -182,7 +182,7 @@ func TestPermanentErrorsRealTransport(t *testing.T) {
 	})
 }
 
-// TestCustomPolicyReadAsRetryablehttp (#14.4): a CheckRetry's (retry, err) is
+// TestCustomPolicyReadAsRetryablehttp: a CheckRetry's (retry, err) is
 // read as go-retryablehttp's Client.Do reads it: retry when retry is true,
 // whatever err is.
 func TestCustomPolicyReadAsRetryablehttp(t *testing.T) {
@@ -229,7 +229,7 @@ func (g *getBodyTracker) open() int {
 	return n
 }
 
-// TestGetBodyClosedOnEveryPath (#14.5): every body taken from GetBody is
+// TestGetBodyClosedOnEveryPath: every body taken from GetBody is
 // closed, including when the retry budget refuses the retry.
 func TestGetBodyClosedOnEveryPath(t *testing.T) {
 	t.Run("budget refuses", func(t *testing.T) {
@@ -269,7 +269,7 @@ func TestGetBodyClosedOnEveryPath(t *testing.T) {
 	})
 }
 
-// TestResponseRequestIsCallers (#14.5): after a retry, resp.Request is the
+// TestResponseRequestIsCallers: after a retry, resp.Request is the
 // caller's request, not sluice's copy.
 func TestResponseRequestIsCallers(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
@@ -290,7 +290,7 @@ func TestResponseRequestIsCallers(t *testing.T) {
 	})
 }
 
-// TestLogsCarryContext (#14.6): retries and refusals are logged with the
+// TestLogsCarryContext: retries and refusals are logged with the
 // request's context, at the documented levels.
 func TestLogsCarryContext(t *testing.T) {
 	type key struct{}
@@ -325,7 +325,7 @@ func TestLogsCarryContext(t *testing.T) {
 	})
 }
 
-// TestBudgetRefusalLogged (#14.6): a retry the budget refuses is logged at
+// TestBudgetRefusalLogged: a retry the budget refuses is logged at
 // Warn with the request's context.
 func TestBudgetRefusalLogged(t *testing.T) {
 	type key struct{}
@@ -341,7 +341,7 @@ func TestBudgetRefusalLogged(t *testing.T) {
 	})
 }
 
-// TestSDKRequestsNotRetried (#14.1): a request from an SDK that retries on
+// TestSDKRequestsNotRetried: a request from an SDK that retries on
 // its own (its marker header) is attempted once by sluice: the SDK decides.
 func TestSDKRequestsNotRetried(t *testing.T) {
 	for _, marker := range []string{"X-Stainless-Retry-Count: 0", "X-Stainless-Retry-Count: 2", "X-Stripe-Client-User-Agent: {}"} {

@@ -48,7 +48,7 @@ type idleBase struct {
 
 func (b *idleBase) CloseIdleConnections() { b.closed.Add(1) }
 
-// TestCloseIdleConnectionsForwarded (#14.5): http.Client.CloseIdleConnections
+// TestCloseIdleConnectionsForwarded: http.Client.CloseIdleConnections
 // reaches the base.
 func TestCloseIdleConnectionsForwarded(t *testing.T) {
 	base := &idleBase{countBase: countBase{status: 200}}
@@ -62,7 +62,7 @@ func TestCloseIdleConnectionsForwarded(t *testing.T) {
 	(&http.Client{Transport: mustNew(t, &countBase{status: 200})}).CloseIdleConnections()
 }
 
-// TestNewNilFollowsDefaultTransport (#14.5): New(nil) sends through
+// TestNewNilFollowsDefaultTransport: New(nil) sends through
 // http.DefaultTransport as it is when the request is made.
 func TestNewNilFollowsDefaultTransport(t *testing.T) {
 	tr := mustNew(t, nil)
@@ -82,7 +82,7 @@ func TestNewNilFollowsDefaultTransport(t *testing.T) {
 	}
 }
 
-// TestNilResponseFromBase (#16.1): a base that returns (nil, nil) gives its
+// TestNilResponseFromBase: a base that returns (nil, nil) gives its
 // slot back, and the caller gets an error like net/http's.
 func TestNilResponseFromBase(t *testing.T) {
 	tr := mustNew(t, rtFunc(func(*http.Request) (*http.Response, error) { return nil, nil }), WithConcurrency(1, 1))
@@ -110,7 +110,7 @@ func TestNilResponseFromBase(t *testing.T) {
 	}
 }
 
-// TestBasePanicReleasesSlot (#16.1): a base that panics gives its slot back,
+// TestBasePanicReleasesSlot: a base that panics gives its slot back,
 // and the panic reaches the caller unchanged.
 func TestBasePanicReleasesSlot(t *testing.T) {
 	boom := errors.New("boom")
@@ -139,7 +139,7 @@ type failingBody struct{ closed atomic.Bool }
 func (b *failingBody) Read([]byte) (int, error) { return 0, errors.New("read: connection reset") }
 func (b *failingBody) Close() error             { b.closed.Store(true); return nil }
 
-// TestBodyReadErrorReleasesSlot (#16.1): a failed Read gives the slot back.
+// TestBodyReadErrorReleasesSlot: a failed Read gives the slot back.
 func TestBodyReadErrorReleasesSlot(t *testing.T) {
 	tr := mustNew(t, rtFunc(func(req *http.Request) (*http.Response, error) {
 		return &http.Response{StatusCode: 200, Body: &failingBody{}, Request: req}, nil
@@ -157,7 +157,7 @@ func TestBodyReadErrorReleasesSlot(t *testing.T) {
 	}
 }
 
-// TestContextEndReleasesSlot (#16.1): a response whose request's context
+// TestContextEndReleasesSlot: a response whose request's context
 // ends gives its slot back though its body is neither read nor closed.
 func TestContextEndReleasesSlot(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
@@ -221,7 +221,7 @@ func (h *logRecorder) find(substr string) []loggedRecord {
 	return out
 }
 
-// TestUnreachableBodyReleasesSlot (#16.1): a response body dropped without
+// TestUnreachableBodyReleasesSlot: a response body dropped without
 // being closed gives its slot back once it is collected, and the lane warns
 // once that a body was not closed.
 func TestUnreachableBodyReleasesSlot(t *testing.T) {
