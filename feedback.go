@@ -446,9 +446,7 @@ const (
 // parsing and the lane's lock. While l's server sends no such header, it
 // looks at the headers of only some responses (see quietAfter).
 func (l *lane) reads(resp *http.Response) bool {
-	switch resp.StatusCode {
-	case http.StatusTooManyRequests, http.StatusForbidden, http.StatusBadGateway,
-		http.StatusServiceUnavailable, http.StatusGatewayTimeout, verdict.StatusOverloaded:
+	if verdict.HeadersDecide(resp.StatusCode) {
 		return true
 	}
 	n := l.quiet.Load()

@@ -144,8 +144,8 @@ func (l *lane) reclaimLocked(watch bool) bool {
 				l.releaseLocked(h, h.kind, false, 0)
 				l.backendDone()
 				released = true
-			} else if watch && h.stop == nil {
-				h.stop = context.AfterFunc(h.ctx, h.ended)
+			} else if watch {
+				h.watchLocked()
 			}
 		}
 	}
@@ -153,11 +153,17 @@ func (l *lane) reclaimLocked(watch bool) bool {
 }
 
 // watch arms h's context watch, for a lane whose dispatcher needs the slots
-// back, if h is not given back nor watched yet and its context can end.
+// back (see wrap).
 func (l *lane) watch(h *hold) {
 	l.mu.Lock()
+	h.watchLocked()
+	l.mu.Unlock()
+}
+
+// watchLocked arms h's context watch if h is not given back nor watched yet
+// and its context can end. The lane's lock is held.
+func (h *hold) watchLocked() {
 	if !h.done && h.stop == nil && h.ctx.Done() != nil {
 		h.stop = context.AfterFunc(h.ctx, h.ended)
 	}
-	l.mu.Unlock()
 }

@@ -22,6 +22,16 @@ func abandon(t *testing.T, tr http.RoundTripper) (*http.Response, context.Cancel
 	return resp, cancel
 }
 
+// closeIdle closes resp's body, whose slot went back already, and fails t
+// unless tr's lane has nothing in flight.
+func closeIdle(t *testing.T, tr *Transport, resp *http.Response) {
+	t.Helper()
+	resp.Body.Close()
+	if s, _ := tr.LaneStats("api.test"); s.InFlight != 0 {
+		t.Errorf("in flight %d, want 0", s.InFlight)
+	}
+}
+
 // TestContextEndServesWaiter: a request waiting for the slot of a response
 // its caller abandoned is served when that response's context ends, at
 // once, with nobody reading the lane's state: the dispatcher that waits for
@@ -48,10 +58,7 @@ func TestContextEndServesWaiter(t *testing.T) {
 		default:
 			t.Fatal("the abandoned response's context ended, and the waiter still waits")
 		}
-		resp.Body.Close() // late: gives back nothing more
-		if s, _ := tr.LaneStats("api.test"); s.InFlight != 0 {
-			t.Errorf("in flight %d, want 0", s.InFlight)
-		}
+		closeIdle(t, tr, resp) // late: gives back nothing more
 	})
 }
 
@@ -67,10 +74,7 @@ func TestContextEndedBeforeWaiter(t *testing.T) {
 		if err := get(ctx, tr, ""); err != nil {
 			t.Fatalf("the slot of a response whose context ended was not given back: %v", err)
 		}
-		resp.Body.Close()
-		if s, _ := tr.LaneStats("api.test"); s.InFlight != 0 {
-			t.Errorf("in flight %d, want 0", s.InFlight)
-		}
+		closeIdle(t, tr, resp) // late: gives back nothing more
 	})
 }
 

@@ -503,7 +503,14 @@ func (l *lane) observe(ctx context.Context, resp *http.Response, sent time.Durat
 	if l.budgets.observe(now, sent, &left, ch) {
 		r.budgetOut = true // a budget had less left than the attempt cost
 	}
-	c := l.pace.observe(now, r, l.slot.inUse)
+	return l.pacedLocked(ctx, now, r, l.slot.inUse, p)
+}
+
+// pacedLocked passes r, seen at now with inFlight attempts in flight, to the
+// lane's pace (see pacer.observe), and acts on what it changed: counts,
+// events, the cooldown, a wake-up for a faster bucket.
+func (l *lane) pacedLocked(ctx context.Context, now time.Duration, r reply, inFlight int, p Priority) verdict.Kind {
+	c := l.pace.observe(now, r, inFlight)
 	if c.throttled {
 		l.levels[p].throttled++
 	}
@@ -621,16 +628,7 @@ func (l *lane) streamFailed(ctx context.Context, k verdict.Kind, sent time.Durat
 	now := l.clk.tick()
 	switch k {
 	case verdict.Throttled:
-		c := l.pace.observe(now, reply{status: http.StatusTooManyRequests, sent: sent}, l.slot.inUse+1)
-		l.levels[p].throttled++
-		ev := l.cfg.events
-		if ev != nil {
-			ev.push(ctx, Event{Kind: EventThrottled, Lane: l.key, Priority: p, Tenant: TenantFrom(ctx), Status: http.StatusTooManyRequests})
-		}
-		l.cooledLocked(ctx, c.cool)
-		if ev != nil {
-			l.rateChangedLocked(ctx, ev, c.cause)
-		}
+		l.pacedLocked(ctx, now, reply{status: http.StatusTooManyRequests, sent: sent}, l.slot.inUse+1, p)
 	case verdict.Overloaded:
 		l.overloadedLocked(now, sent)
 	}

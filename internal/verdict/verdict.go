@@ -75,6 +75,18 @@ func (k Kind) String() string {
 	return "Kind(?)"
 }
 
+// HeadersDecide reports whether the kind of a response with status depends
+// on its headers (see Classify), so that they must be read whatever they
+// are named.
+func HeadersDecide(status int) bool {
+	switch status {
+	case http.StatusTooManyRequests, http.StatusForbidden, http.StatusBadGateway,
+		http.StatusServiceUnavailable, http.StatusGatewayTimeout, StatusOverloaded:
+		return true
+	}
+	return false
+}
+
 // Of returns the kind of a response with status that carries no rate-limit
 // header (status 0: no response).
 func Of(status int) Kind { return Classify(status, false, false, Signal{}) }

@@ -87,3 +87,17 @@ func TestBody(t *testing.T) {
 		}
 	}
 }
+
+// TestHeadersDecide: every status whose kind Retry-After or a spent quota
+// changes is one whose headers are read.
+func TestHeadersDecide(t *testing.T) {
+	for s := 100; s < 600; s++ {
+		changes := Classify(s, true, false, Signal{}) != Of(s) || Classify(s, false, true, Signal{}) != Of(s)
+		if changes && !HeadersDecide(s) {
+			t.Errorf("status %d: its headers change its kind, and HeadersDecide says they need not be read", s)
+		}
+	}
+	if !HeadersDecide(429) {
+		t.Error("a 429's Retry-After must be read")
+	}
+}
