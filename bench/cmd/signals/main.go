@@ -1,0 +1,222 @@
+// Command signals measures, on the real clock over loopback, what sluice
+// does with signals beyond a rate (an overloaded server's fast 529s,
+// GitHub's secondary limit stated only in a 403's body, a cold start
+// against go-chi/httprate's headers) beside x/time/rate + x/sync/semaphore
+// in the same run, and prints a table for each.
+//
+//	cd bench && go run ./cmd/signals
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-chi/httprate"
+	"github.com/sluice-go/sluice"
+	"golang.org/x/sync/semaphore"
+	"golang.org/x/time/rate"
+)
+
+// A client is one way of calling a URL: sluice or the hand-made pair.
+type client struct {
+	name string
+	do   func(ctx context.Context, url string) (int, error)
+}
+
+// sluiceClient returns sluice with opts, and no retries.
+func sluiceClient(name string, opts ...sluice.Option) client {
+	tr, err := sluice.New(nil, append([]sluice.Option{sluice.WithRetry(0)}, opts...)...)
+	if err != nil {
+		panic(err)
+	}
+	c := &http.Client{Transport: tr}
+	return client{name, func(ctx context.Context, url string) (int, error) {
+		req, _ := http.NewRequestWithContext(ctx, "GET", url, nil)
+		resp, err := c.Do(req)
+		if err != nil {
+			return 0, err
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode, nil
+	}}
+}
+
+// pairClient returns x/time/rate at r (burst 1) with slots semaphore slots.
+func pairClient(r float64, slots int64) client {
+	lim := rate.NewLimiter(rate.Limit(r), 1)
+	sem := semaphore.NewWeighted(slots)
+	c := &http.Client{}
+	return client{fmt.Sprintf("x/time/rate %.0f/s + %d slots", r, slots), func(ctx context.Context, url string) (int, error) {
+		if err := lim.Wait(ctx); err != nil {
+			return 0, err
+		}
+		if err := sem.Acquire(ctx, 1); err != nil {
+			return 0, err
+		}
+		defer sem.Release(1)
+		req, _ := http.NewRequestWithContext(ctx, "GET", url, nil)
+		resp, err := c.Do(req)
+		if err != nil {
+			return 0, err
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode, nil
+	}}
+}
+
+// A rec is a response's status and when it came, from the run's start.
+type rec struct {
+	at     time.Duration
+	status int
+}
+
+// loop runs workers that call url through c as fast as it lets them for
+// d, and returns what came back.
+func loop(c client, url string, workers int, d time.Duration) []rec {
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(d, cancel)
+	start := time.Now()
+	var mu sync.Mutex
+	var out []rec
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				s, err := c.do(ctx, url)
+				if err != nil {
+					if ctx.Err() == nil {
+						time.Sleep(time.Millisecond)
+					}
+					continue
+				}
+				mu.Lock()
+				out = append(out, rec{time.Since(start), s})
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	return out
+}
+
+// overload measures a server that answers 529 at once beyond 8 calls in it.
+func overload() {
+	var in atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if in.Add(1) > 8 {
+			in.Add(-1)
+			w.WriteHeader(529)
+			io.WriteString(w, `{"type":"error","error":{"type":"overloaded_error"}}`)
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+		in.Add(-1)
+		io.WriteString(w, "ok")
+	}))
+	defer srv.Close()
+	fmt.Println("\n## Overload: a loopback server that answers 529 at once beyond 8 calls in it, 50 ms otherwise (capacity 160/s); 64 callers, 8 s, second half")
+	fmt.Println("| client | served/s | 529s |\n|---|---|---|")
+	for _, c := range []client{
+		sluiceClient("sluice at 1,000/s", sluice.WithRate(1000, time.Second)),
+		sluiceClient("sluice, no WithRate"),
+		pairClient(1000, 16),
+		pairClient(1000, 64),
+	} {
+		rs := loop(c, srv.URL, 64, 8*time.Second)
+		ok, bad := 0, 0
+		for _, r := range rs {
+			if r.at < 4*time.Second {
+				continue
+			}
+			if r.status == 200 {
+				ok++
+			} else {
+				bad++
+			}
+		}
+		fmt.Printf("| %s | %.0f | %.1f%% |\n", c.name, float64(ok)/4, 100*float64(bad)/float64(ok+bad))
+	}
+}
+
+// secondary measures GitHub's secondary limit stated only in a body.
+func secondary() {
+	var hit atomic.Int64   // when the first refusal was sent, in Unix nanoseconds; 0: none yet
+	var after atomic.Int64 // requests that came after it
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := w.Header()
+		h.Set("X-RateLimit-Limit", "5000")
+		h.Set("X-RateLimit-Remaining", "4000")
+		h.Set("X-RateLimit-Reset", fmt.Sprint(time.Now().Add(time.Hour).Unix()))
+		h.Set("X-RateLimit-Resource", "core")
+		if f := hit.Load(); f != 0 {
+			after.Add(1)
+			w.WriteHeader(403)
+			io.WriteString(w, `{"message":"You have exceeded a secondary rate limit. Please wait a few minutes before you try again."}`)
+			return
+		}
+		if r.URL.Query().Get("trip") != "" {
+			hit.CompareAndSwap(0, time.Now().UnixNano())
+			w.WriteHeader(403)
+			io.WriteString(w, `{"message":"You have exceeded a secondary rate limit. Please wait a few minutes before you try again."}`)
+			return
+		}
+		io.WriteString(w, "{}")
+	}))
+	defer srv.Close()
+	fmt.Println("\n## GitHub's secondary limit stated only in a 403's body (quota left, no Retry-After): requests that reach the server after the first such 403, in a 5 s run, 8 callers at 50/s")
+	fmt.Println("| client | requests after the first secondary 403 |\n|---|---|")
+	for _, c := range []client{
+		sluiceClient("sluice at 50/s", sluice.WithRate(50, time.Second)),
+		pairClient(50, 8),
+	} {
+		hit.Store(0)
+		after.Store(0)
+		c.do(context.Background(), srv.URL+"?trip=1")
+		after.Store(0)
+		loop(c, srv.URL, 8, 5*time.Second)
+		fmt.Printf("| %s | %d |\n", c.name, after.Load())
+	}
+}
+
+// coldStart measures the first seconds against httprate's headers.
+func coldStart() {
+	h := httprate.LimitBy(50, time.Second, httprate.Key("*"))(
+		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			time.Sleep(400 * time.Millisecond)
+			io.WriteString(w, "ok")
+		}))
+	fmt.Println("\n## Cold start: go-chi/httprate 50 per 1 s window (its X-RateLimit-* headers), 400 ms calls, 32 callers, first 6 s from a cold client")
+	fmt.Println("| client | accepted ÷ (6 s x 50/s) | refused |\n|---|---|---|")
+	for _, c := range []client{
+		sluiceClient("sluice, no WithRate"),
+		sluiceClient("sluice at 50/s", sluice.WithRate(50, time.Second)),
+		pairClient(50, 32),
+	} {
+		srv := httptest.NewServer(h) // fresh window state per client
+		rs := loop(c, srv.URL, 32, 6*time.Second)
+		srv.Close()
+		ok, bad := 0, 0
+		for _, r := range rs {
+			if r.status == 200 {
+				ok++
+			} else {
+				bad++
+			}
+		}
+		fmt.Printf("| %s | %.2f | %d |\n", c.name, float64(ok)/300, bad)
+	}
+}
+
+func main() {
+	overload()
+	secondary()
+	coldStart()
+}
