@@ -206,7 +206,9 @@ func TestIdleLanesReturnHeap(t *testing.T) {
 		return int64(ms.HeapAlloc)
 	}
 	before := heap()
-	tr := mustNew(t, nopBase{}, WithKey(byHost), WithLaneIdle(time.Second))
+	// The idle time leaves room for a slow, loaded runner to create all
+	// lanes before the sweep may forget the first ones.
+	tr := mustNew(t, nopBase{}, WithKey(byHost), WithLaneIdle(3*time.Second))
 	defer tr.Close()
 	for _, k := range keys {
 		req.Host = k
@@ -215,8 +217,9 @@ func TestIdleLanesReturnHeap(t *testing.T) {
 		}
 	}
 	grown := heap() - before
-	if grown < 50<<20 {
-		t.Fatalf("100,000 lanes took only %d MB: the test measures nothing", grown>>20)
+	alive := tr.nLanes.Load()
+	if alive < n/4 || grown/alive < 256 {
+		t.Fatalf("%d lanes alive took %d MB: the test measures nothing", alive, grown>>20)
 	}
 	deadline := time.Now().Add(30 * time.Second)
 	for {
