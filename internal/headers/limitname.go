@@ -1,0 +1,65 @@
+package headers
+
+import (
+	"net/http"
+	"strings"
+)
+
+const (
+	hdrXRateLimitBucket = "X-Ratelimit-Bucket" // Discord
+	hdrXRateLimitGlobal = "X-Ratelimit-Global" // Discord, on a global 429
+	hdrXRateLimitScope  = "X-Ratelimit-Scope"  // Discord: "user", "global" or "shared"
+
+	// MaxLimitName bounds the length of a limit's name: a longer one is
+	// not a name a server uses for a limit, and is ignored.
+	MaxLimitName = 64
+)
+
+// LimitName reads which of several limits behind one host a response
+// counted against, as the server names it:
+//
+//   - GitHub's X-RateLimit-Resource ("core", "search", "graphql", ...);
+//   - Discord's X-RateLimit-Bucket, an opaque id shared by the routes of
+//     one limit;
+//   - the IETF RateLimit field, when it names exactly one policy.
+//
+// global reports a refusal the server says is of the whole host: Discord's
+// X-RateLimit-Global "true" or X-RateLimit-Scope "global". A global
+// response names no limit. A name longer than MaxLimitName, or with bytes
+// outside printable ASCII, is ignored; ok is false if none is read.
+func LimitName(h http.Header) (name string, global, ok bool) {
+	if v, ok := field(h, hdrXRateLimitGlobal); ok && strings.EqualFold(v, "true") {
+		return "", true, false
+	}
+	if v, ok := field(h, hdrXRateLimitScope); ok && strings.EqualFold(v, "global") {
+		return "", true, false
+	}
+	for _, k := range [...]string{hdrXRateLimitResource, hdrXRateLimitBucket} {
+		if v, ok := field(h, k); ok && validName(v) {
+			return v, false, true
+		}
+	}
+	if v, ok := listField(h, hdrRateLimit); ok {
+		var buf [2]sfItem
+		if items, ok := parseSFList(v, buf[:0]); ok && len(items) == 1 {
+			if n, ok := items[0].name(); ok && validName(n) {
+				return n, false, true
+			}
+		}
+	}
+	return "", false, false
+}
+
+// validName reports whether s can name a limit: 1 to MaxLimitName bytes of
+// printable ASCII.
+func validName(s string) bool {
+	if s == "" || len(s) > MaxLimitName {
+		return false
+	}
+	for i := range len(s) {
+		if c := s[i]; c <= ' ' || c > '~' {
+			return false
+		}
+	}
+	return true
+}
