@@ -20,8 +20,11 @@ const (
 //
 //   - GitHub's X-RateLimit-Resource ("core", "search", "graphql", ...);
 //   - Discord's X-RateLimit-Bucket, an opaque id shared by the routes of
-//     one limit;
-//   - the IETF RateLimit field, when it names exactly one policy.
+//     one limit.
+//
+// An IETF policy name is not read as one: servers name their policies
+// ("burst", "daily") whatever the route, so a name says which window, not
+// which routes.
 //
 // global reports a refusal the server says is of the whole host: Discord's
 // X-RateLimit-Global "true" or X-RateLimit-Scope "global". A global
@@ -37,14 +40,6 @@ func LimitName(h http.Header) (name string, global, ok bool) {
 	for _, k := range [...]string{hdrXRateLimitResource, hdrXRateLimitBucket} {
 		if v, ok := field(h, k); ok && validName(v) {
 			return v, false, true
-		}
-	}
-	if v, ok := listField(h, hdrRateLimit); ok {
-		var buf [2]sfItem
-		if items, ok := parseSFList(v, buf[:0]); ok && len(items) == 1 {
-			if n, ok := items[0].name(); ok && validName(n) {
-				return n, false, true
-			}
 		}
 	}
 	return "", false, false

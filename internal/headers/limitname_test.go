@@ -19,7 +19,7 @@ func TestLimitName(t *testing.T) {
 		{"discord global scope only", []string{"X-RateLimit-Scope", "global", "X-RateLimit-Bucket", "b"}, "", true},
 		{"discord shared", []string{"X-RateLimit-Scope", "shared", "X-RateLimit-Bucket", "b"}, "b", false},
 		{"global false", []string{"X-RateLimit-Global", "false", "X-RateLimit-Bucket", "b"}, "b", false},
-		{"ietf one policy", []string{"RateLimit", `"search";r=3;t=20`}, "search", false},
+		{"ietf one policy", []string{"RateLimit", `"search";r=3;t=20`}, "", false},
 		{"ietf two policies", []string{"RateLimit", `"burst";r=3;t=20, "daily";r=900;t=3600`}, "", false},
 		{"draft07 dictionary", []string{"RateLimit", "limit=100, remaining=50, reset=30"}, "", false},
 		{"too long", []string{"X-RateLimit-Bucket", strings.Repeat("b", MaxLimitName+1)}, "", false},
