@@ -59,7 +59,7 @@ const (
 	// a lane without bound. A name past the cap is read as the host's
 	// (counted in LaneStats.Folded); a route past it is not filed, and is
 	// sent under the host's limit alone.
-	maxSublimits = 64
+	maxSublimits = 256
 	maxRoutes    = 1024
 	// subSlots is a sub-limit's fixed in-flight limit: high enough never
 	// to bind, as the host's limit bounds what is in flight.
@@ -82,75 +82,83 @@ func splitKey(key string) (host, sub string) {
 // use.
 type routes struct {
 	mu     sync.Mutex
-	byPath map[string]string // route → sub-limit name
-	// byHead maps a route's first path segment to the one name all its
-	// filed routes share, or to "" once two of them differ: a route not
-	// yet seen goes by its head (GitHub's /repos/... are all core).
-	byHead map[string]string
+	byPath map[string]filed // route → where it is filed
+	// byHead maps a route's first path segment to where all its filed
+	// routes are, or to the zero filed once two of them differ: a route
+	// not yet seen goes by its head (GitHub's /repos/... are all core).
+	byHead map[string]filed
 	used   map[string]time.Time // sub-limit name → its last use
 	rates  map[string]float64   // sub-limit name → its pace when last read
 	folded uint64               // names past maxSublimits, read as the host's
 }
 
+// filed is where a route is filed: the limit its responses name, and
+// whether that limit is a bucket kept per major parameter (Discord's: the
+// route's first id, a channel or a guild; see majorOf).
+type filed struct {
+	name  string
+	major bool
+	at    time.Time // its last use
+}
+
 func newRoutes() *routes {
-	return &routes{byPath: map[string]string{}, byHead: map[string]string{}, used: map[string]time.Time{},
+	return &routes{byPath: map[string]filed{}, byHead: map[string]filed{}, used: map[string]time.Time{},
 		rates: map[string]float64{}}
 }
 
-// lookup returns the sub-limit route r (see routeOf) is filed under, or "".
-func (rs *routes) lookup(r string, now time.Time) string {
+// lookup returns where route r (see routeOf) is filed; its name is "" if
+// nowhere.
+func (rs *routes) lookup(r string, now time.Time) filed {
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
-	name, ok := rs.byPath[r]
+	f, ok := rs.byPath[r]
 	if !ok {
-		name = rs.byHead[routeHead(r)]
+		return rs.byHead[routeHead(r)]
 	}
-	if name != "" {
-		if _, ok := rs.used[name]; !ok {
-			return "" // forgotten; the next response files the route again
-		}
-		rs.used[name] = now
-	}
-	return name
+	f.at = now
+	rs.byPath[r] = f
+	return f
 }
 
 // admit reports whether name may be a sub-limit: it is one already, or
-// there is room for one more. It counts a name refused.
-func (rs *routes) admit(name string, now time.Time) bool {
+// there is room for one more. fold: a response named it, and is read as
+// the host's if it may not (counted in folded).
+func (rs *routes) admit(name string, now time.Time, fold bool) bool {
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
-	return rs.admitLocked(name, now)
-}
-
-func (rs *routes) admitLocked(name string, now time.Time) bool {
 	if _, ok := rs.used[name]; !ok && len(rs.used) >= maxSublimits {
-		rs.folded++
+		if fold {
+			rs.folded++
+		}
 		return false
 	}
 	rs.used[name] = now
 	return true
 }
 
-// file files route r under the sub-limit name, named by a response, and
-// reports whether name is a sub-limit (see admit).
-func (rs *routes) file(r, name string, now time.Time) bool {
+// file files route r under f, named by a response.
+func (rs *routes) file(r string, f filed) {
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
-	if !rs.admitLocked(name, now) {
-		return false
+	old, ok := rs.byPath[r]
+	if !ok && len(rs.byPath) >= maxRoutes {
+		return
 	}
-	if old, ok := rs.byPath[r]; ok || len(rs.byPath) < maxRoutes {
-		rs.byPath[r] = name
-		if !ok || old != name {
-			h := routeHead(r)
-			if prev, ok := rs.byHead[h]; !ok {
-				rs.byHead[h] = name
-			} else if prev != name {
-				rs.byHead[h] = ""
-			}
-		}
+	rs.byPath[r] = f
+	if !ok || old.name != f.name || old.major != f.major {
+		rs.headLocked(r, f)
 	}
-	return true
+}
+
+// headLocked files r's head under f, unless another route under it is
+// filed elsewhere.
+func (rs *routes) headLocked(r string, f filed) {
+	h := routeHead(r)
+	if prev, ok := rs.byHead[h]; !ok {
+		rs.byHead[h] = f
+	} else if prev.name != f.name || prev.major != f.major {
+		rs.byHead[h] = filed{}
+	}
 }
 
 // paced records that the sub-limit name paces to rate, and returns what
@@ -168,8 +176,8 @@ func (rs *routes) paced(name string, rate float64) float64 {
 	return sum
 }
 
-// forget drops the sub-limits unused for idle, and the routes filed under
-// them, and reports whether nothing is left.
+// forget drops the sub-limits and routes unused for idle, and reports
+// whether nothing is left.
 func (rs *routes) forget(now time.Time, idle time.Duration) bool {
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
@@ -179,21 +187,40 @@ func (rs *routes) forget(now time.Time, idle time.Duration) bool {
 			delete(rs.rates, name)
 		}
 	}
-	for r, name := range rs.byPath {
-		if _, ok := rs.used[name]; !ok {
+	for r, f := range rs.byPath {
+		if now.Sub(f.at) >= idle {
 			delete(rs.byPath, r)
 		}
 	}
 	clear(rs.byHead)
-	for r, name := range rs.byPath {
-		h := routeHead(r)
-		if prev, ok := rs.byHead[h]; !ok {
-			rs.byHead[h] = name
-		} else if prev != name {
-			rs.byHead[h] = ""
+	for r, f := range rs.byPath {
+		rs.headLocked(r, f)
+	}
+	return len(rs.used) == 0 && len(rs.byPath) == 0
+}
+
+// majorOf returns the first segment of path that holds a digit (Discord's
+// major parameter: the channel, guild or webhook a bucket is kept per),
+// or "".
+func majorOf(path string) string {
+	for seg := range strings.SplitSeq(path, "/") {
+		if len(seg) <= maxSublimit && strings.ContainsAny(seg, "0123456789") {
+			return seg
 		}
 	}
-	return len(rs.used) == 0
+	return ""
+}
+
+// sublimitName returns the name of the sub-limit of a request to path
+// filed under f.
+func sublimitName(f filed, path string) string {
+	if !f.major {
+		return f.name
+	}
+	if m := majorOf(path); m != "" {
+		return f.name + "@" + m
+	}
+	return f.name
 }
 
 // routeOf returns req's route: its method and path, with each segment that
@@ -263,14 +290,11 @@ func (t *Transport) sublimitOf(l *lane, req *http.Request) (sub *lane, caller bo
 		name = name[:maxSublimit]
 	}
 	now := time.Now()
-	if caller {
-		if !t.routesOf(l.key, true).admit(name, now) {
-			return nil, false
-		}
-	} else if rs := t.routesOf(l.key, false); rs != nil {
-		name = rs.lookup(routeOf(req), now)
+	rs := t.routesOf(l.key, caller)
+	if !caller && rs != nil {
+		name = sublimitName(rs.lookup(routeOf(req), now), req.URL.Path)
 	}
-	if name == "" {
+	if name == "" || !rs.admit(name, now, false) {
 		return nil, false
 	}
 	return t.subLane(l, name), caller
@@ -287,11 +311,16 @@ func (t *Transport) subLane(l *lane, name string) *lane {
 	return t.laneSlow(key, &t.subCfg)
 }
 
-// named files req's route under the sub-limit a response named, and
-// returns that sub-limit's lane, or nil if the lane has as many
-// sub-limits as it may (see maxSublimits).
-func (t *Transport) named(l *lane, req *http.Request, name string) *lane {
-	if !t.routesOf(l.key, true).file(routeOf(req), name, time.Now()) {
+// named files req's route under the limit a response named (bucket: a
+// bucket kept per major parameter), and returns that sub-limit's lane, or
+// nil if the lane has as many sub-limits as it may (see maxSublimits).
+func (t *Transport) named(l *lane, req *http.Request, name string, bucket bool) *lane {
+	now := time.Now()
+	rs := t.routesOf(l.key, true)
+	f := filed{name: name, major: bucket, at: now}
+	rs.file(routeOf(req), f)
+	name = sublimitName(f, req.URL.Path)
+	if !rs.admit(name, now, true) {
 		return nil
 	}
 	return t.subLane(l, name)

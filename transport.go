@@ -398,10 +398,10 @@ func (t *Transport) read(ctx context.Context, l *lane, req *http.Request, resp *
 	// Which limit the response speaks of: the one it names, else the
 	// caller's, else the host's. A global refusal is the host's.
 	on, ch, sent := l, h.ch, h.at
-	name, global, named := headers.LimitName(resp.Header)
+	name, bucket, global := headers.LimitName(resp.Header)
 	switch {
-	case named && !global && !otherRefusal(resp):
-		if sub := t.named(l, req, name); sub != nil {
+	case name != "" && !otherRefusal(resp):
+		if sub := t.named(l, req, name, bucket); sub != nil {
 			on = sub
 		}
 	case caller && !global:

@@ -26,21 +26,24 @@ const (
 // ("burst", "daily") whatever the route, so a name says which window, not
 // which routes.
 //
-// global reports a refusal the server says is of the whole host: Discord's
-// X-RateLimit-Global "true" or X-RateLimit-Scope "global". A global
-// response names no limit. A name longer than MaxLimitName, or with bytes
-// outside printable ASCII, is ignored; ok is false if none is read.
-func LimitName(h http.Header) (name string, global, ok bool) {
+// bucket reports a name from X-RateLimit-Bucket: Discord keeps such a
+// limit per bucket and per major parameter of the route (a channel, a
+// guild). global reports a refusal the server says is of the whole host:
+// Discord's X-RateLimit-Global "true" or X-RateLimit-Scope "global"; a
+// global response names no limit. A name longer than MaxLimitName, or with
+// bytes outside printable ASCII, is ignored; name is "" if none is read.
+func LimitName(h http.Header) (name string, bucket, global bool) {
 	if v, ok := field(h, hdrXRateLimitGlobal); ok && strings.EqualFold(v, "true") {
-		return "", true, false
+		return "", false, true
 	}
 	if v, ok := field(h, hdrXRateLimitScope); ok && strings.EqualFold(v, "global") {
-		return "", true, false
+		return "", false, true
 	}
-	for _, k := range [...]string{hdrXRateLimitResource, hdrXRateLimitBucket} {
-		if v, ok := field(h, k); ok && validName(v) {
-			return v, false, true
-		}
+	if v, ok := field(h, hdrXRateLimitResource); ok && validName(v) {
+		return v, false, false
+	}
+	if v, ok := field(h, hdrXRateLimitBucket); ok && validName(v) {
+		return v, true, false
 	}
 	return "", false, false
 }

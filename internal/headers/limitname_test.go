@@ -31,9 +31,9 @@ func TestLimitName(t *testing.T) {
 		for i := 0; i < len(c.kv); i += 2 {
 			h.Add(c.kv[i], c.kv[i+1])
 		}
-		name, global, ok := LimitName(h)
-		if name != c.want || global != c.global || ok != (c.want != "") {
-			t.Errorf("%s: LimitName = %q, %v, %v; want %q, %v", c.name, name, global, ok, c.want, c.global)
+		name, bucket, global := LimitName(h)
+		if name != c.want || global != c.global || bucket != (name != "" && h.Get("X-RateLimit-Resource") == "") {
+			t.Errorf("%s: LimitName = %q, %v, %v; want %q, global %v", c.name, name, bucket, global, c.want, c.global)
 		}
 	}
 }
@@ -56,11 +56,11 @@ func FuzzLimitName(f *testing.F) {
 				h[k] = []string{v}
 			}
 		}
-		name, g, ok := LimitName(h)
-		if ok != (name != "") || (g && ok) {
-			t.Fatalf("LimitName = %q, %v, %v", name, g, ok)
+		name, isBucket, g := LimitName(h)
+		if (g && name != "") || (isBucket && name == "") {
+			t.Fatalf("LimitName = %q, %v, %v", name, isBucket, g)
 		}
-		if ok && !validName(name) {
+		if name != "" && !validName(name) {
 			t.Fatalf("LimitName = %q: not a valid name", name)
 		}
 	})
