@@ -25,6 +25,15 @@ func (s Stats) Lane(key string) (LaneStats, bool) {
 	return s.Lanes[i], true
 }
 
+// Name returns the lane's key, and for a sub-limit its key, "/" and the
+// sub-limit's name ("api.github.com/search"): a name unique in a Stats.
+func (ls *LaneStats) Name() string {
+	if ls.Sublimit == "" {
+		return ls.Key
+	}
+	return ls.Key + "/" + ls.Sublimit
+}
+
 // LaneStats is a snapshot of one lane. Counters count since the lane was
 // created.
 type LaneStats struct {
