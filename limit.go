@@ -68,9 +68,9 @@ type limiter struct {
 	// lane.subPaced): a lane with no rate of its own sizes its limit by it.
 	subRate float32
 	n       int     // timed completions (samples)
-	done int     // completions, timed or not: the completion rate
-	sumW float64 // latencies (s)
-	sumL float64 // in-flight counts at completion
+	done    int     // completions, timed or not: the completion rate
+	sumW    float64 // latencies (s)
+	sumL    float64 // in-flight counts at completion
 
 	means [baselineWindows]float64 // means of recent windows, 0: none
 	next  int                      // where the next mean goes in means
