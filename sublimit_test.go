@@ -264,3 +264,40 @@ func TestSublimitsBounded(t *testing.T) {
 		}
 	})
 }
+
+// Budgets are kept per sub-limit: with a budget of 1,000 tokens a second
+// and calls of 100 tokens, two models named by the caller each get their
+// own 10 calls a second, where one budget for the host would give 10 in
+// all.
+func TestSublimitBudgets(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		base := &fakeBase{latency: 10 * time.Millisecond}
+		tr := mustNew(t, base, WithBudget("tokens", 1000, time.Second))
+		defer tr.Close()
+		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+		defer cancel()
+		var wg sync.WaitGroup
+		for _, model := range []string{"a", "b"} {
+			mctx := WithCost(WithSublimit(ctx, model), "tokens", 100)
+			for range 4 {
+				wg.Go(func() {
+					for get(mctx, tr, "") == nil {
+					}
+				})
+			}
+		}
+		wg.Wait()
+		st := tr.Stats()
+		grants := map[string]uint64{}
+		for _, l := range st.Lanes {
+			grants[l.Sublimit] = l.Levels[Normal].Granted
+		}
+		t.Logf("grants: %v", grants)
+		// 5 s at 10 a second, and the full budget at the start.
+		for _, m := range []string{"a", "b"} {
+			if g := grants[m]; g < 55 || g > 61 {
+				t.Errorf("model %s: %d calls in 5 s, want 60 (its own budget)", m, g)
+			}
+		}
+	})
+}
