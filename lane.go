@@ -155,9 +155,10 @@ func (l *lane) timeNextLocked(now time.Duration) bool {
 // slot, in priority order, and returns its hold. enq is the enqueue time of
 // the logical request's first attempt on the lane's clock, or firstAttempt;
 // acquire returns it for the next attempt, also with an error. free: the
-// attempt's costs are drawn on its sub-limit, not here. On error nothing
-// is held.
-func (l *lane) acquire(ctx context.Context, p Priority, enq time.Duration, free bool) (*hold, time.Duration, error) {
+// attempt's costs are drawn on its sub-limit, not here. after: what the
+// attempt will wait for elsewhere once granted here (its host's lane, for
+// a sub-limit), which an early refusal counts. On error nothing is held.
+func (l *lane) acquire(ctx context.Context, p Priority, enq time.Duration, free bool, after time.Duration) (*hold, time.Duration, error) {
 	var ch *charge
 	if !free {
 		var rej *RejectedError
@@ -191,7 +192,7 @@ func (l *lane) acquire(ctx context.Context, p Priority, enq time.Duration, free 
 		l.mu.Unlock()
 		return h, enq, nil
 	}
-	w, err := l.enqueueLocked(ctx, p, tn, ch, enq, now, first)
+	w, err := l.enqueueLocked(ctx, p, tn, ch, enq, now, first, after)
 	if err != nil {
 		l.mu.Unlock()
 		return nil, enq, err
@@ -230,13 +231,13 @@ func (l *lane) tryGrantLocked(ctx context.Context, p Priority, tn *tenant, ch *c
 // enqueueLocked queues an attempt that cannot be granted at once, unless
 // its context has ended or an early-refusal rule refuses it, and starts a
 // dispatcher if none runs.
-func (l *lane) enqueueLocked(ctx context.Context, p Priority, tn *tenant, ch *charge, enq, now time.Duration, first bool) (*waiter, error) {
+func (l *lane) enqueueLocked(ctx context.Context, p Priority, tn *tenant, ch *charge, enq, now time.Duration, first bool, after time.Duration) (*waiter, error) {
 	lv := &l.q.levels[p]
 	if err := ctx.Err(); err != nil {
 		lv.forget(tn)
 		return nil, err
 	}
-	if rej := l.refuseLocked(ctx, now, p, tn, ch); rej != nil {
+	if rej := l.refuseLocked(ctx, now, p, tn, ch, after); rej != nil {
 		lv.forget(tn)
 		return nil, rej
 	}

@@ -2,6 +2,7 @@ package sluice
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"slices"
@@ -299,5 +300,34 @@ func TestSublimitBudgets(t *testing.T) {
 				t.Errorf("model %s: %d calls in 5 s, want 60 (its own budget)", m, g)
 			}
 		}
+	})
+}
+
+// A deadline refusal counts every limit's wait: a request whose sub-limit
+// would grant it in half a second, but whose host has a backlog past its
+// deadline, is refused at once, not after the half second.
+func TestSublimitDeadlineCountsHost(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		base := &fakeBase{answer: answerWith(1, http.StatusTooManyRequests, "Retry-After-Ms: 500")}
+		tr := mustNew(t, base, WithRate(1, time.Second), WithRetry(0))
+		defer tr.Close()
+		sub := WithSublimit(t.Context(), "model")
+		get(sub, tr, "") // a 429: the sub-limit cools for 500 ms
+		// A backlog on the host: three calls with no sub-limit, at 1/s.
+		for range 3 {
+			go get(t.Context(), tr, "")
+		}
+		synctest.Wait()
+		ctx, cancel := context.WithTimeout(sub, 2*time.Second)
+		defer cancel()
+		start := time.Now()
+		err := get(ctx, tr, "")
+		var rej *RejectedError
+		if !errors.As(err, &rej) || rej.Reason != ReasonDeadline || time.Since(start) != 0 {
+			t.Errorf("after %v: %v; want a deadline refusal at once", time.Since(start), err)
+		} else if rej.Wait < 2*time.Second {
+			t.Errorf("refused with an estimated wait of %v, want the host's, over 2 s", rej.Wait)
+		}
+		time.Sleep(5 * time.Second)
 	})
 }

@@ -282,7 +282,7 @@ func (t *Transport) attempt(l *lane, req *http.Request, p Priority, enq time.Dur
 			return nil, enq, err
 		}
 	}
-	h, enq, err := l.acquire(ctx, p, enq, s != nil)
+	h, enq, err := l.acquire(ctx, p, enq, s != nil, 0)
 	if err != nil {
 		if s != nil {
 			s.Drop()
@@ -351,8 +351,12 @@ func (t *Transport) attempt(l *lane, req *http.Request, p Priority, enq time.Dur
 // sub-limit, and the sub-limit's lane.
 func (t *Transport) acquireSub(ctx context.Context, l *lane, req *http.Request, p Priority) (s *hold, caller bool, sub *lane, err error) {
 	sub, caller = t.sublimitOf(l, req)
+	var after time.Duration // the host's wait, which a deadline refusal counts too
+	if _, ok := ctx.Deadline(); sub != nil && (ok || t.cfg.maxWait[p] > 0) {
+		after = l.waitEstimate(p)
+	}
 	for sub != nil {
-		s, _, err = sub.acquire(ctx, p, firstAttempt, false)
+		s, _, err = sub.acquire(ctx, p, firstAttempt, false, after)
 		if err != errLaneGone {
 			return s, caller, sub, err
 		}
