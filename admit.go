@@ -75,7 +75,8 @@ func (l *lane) refuseLocked(ctx context.Context, now time.Duration, p Priority, 
 	default:
 		return nil
 	}
-	rej.Key, rej.Priority, rej.Tenant, rej.Wait = l.key, p, tn.id, est
+	rej.Key, rej.Sublimit = splitKey(l.key)
+	rej.Priority, rej.Tenant, rej.Wait = p, tn.id, est
 	// Trying again after the estimated wait finds, if nothing else arrives,
 	// the queue ahead drained; it is a hint, not a promise.
 	rej.RetryAfter = est

@@ -143,7 +143,7 @@ func (l *lane) shareCooldown() {
 	// processes only have that), so rebase it on time.Now's.
 	until := time.Now().Add(d - l.clk.read())
 	if err := l.be.Cool(context.Background(), l.key, until); err != nil {
-		l.cfg.logger.Warn("sluice: backend could not share a cooldown", "lane", l.key, "until", until, "err", err)
+		l.cfg.logger.Warn("sluice: backend could not share a cooldown", "lane", l.name(), "until", until, "err", err)
 	}
 }
 

@@ -80,6 +80,6 @@ func (tk *leakToken) collected() {
 	l := h.l
 	if l.release(h, h.kind, false, false) && l.leakWarned.CompareAndSwap(false, true) {
 		l.cfg.logger.WarnContext(h.ctx, "sluice: response body not closed; its slot was given back when it was collected (close every response body)",
-			"lane", l.key)
+			"lane", l.name())
 	}
 }

@@ -316,5 +316,8 @@ func (t *Transport) Report(resp *http.Response, name string, actual int) {
 	if l == nil {
 		return // forgotten: idle since, its budgets full again
 	}
+	if l = t.chargedLane(l, resp.Request); l == nil {
+		return
+	}
 	l.adjust(name, float64(est), float64(max(actual, 0)))
 }

@@ -61,6 +61,7 @@ func (r Reason) String() string {
 // is sent. The request was not sent and used no budget.
 type RejectedError struct {
 	Key      string   // the lane
+	Sublimit string   // the lane's sub-limit that refused, if one did (see WithSublimit)
 	Priority Priority // the request's level
 	Reason   Reason
 	// Wait is the estimated wait that was too long; RetryAfter is when
@@ -80,18 +81,22 @@ type RejectedError struct {
 }
 
 // Error returns a message that starts with "sluice:" and names the
-// priority, the lane's key and why the request was refused.
+// priority, the lane's key (and sub-limit) and why the request was refused.
 func (e *RejectedError) Error() string {
+	key := e.Key
+	if e.Sublimit != "" {
+		key += "/" + e.Sublimit
+	}
 	switch e.Reason {
 	case ReasonQueueFull:
-		return fmt.Sprintf("sluice: %s request to %q rejected: %d attempts already queued", e.Priority, e.Key, e.Queued)
+		return fmt.Sprintf("sluice: %s request to %q rejected: %d attempts already queued", e.Priority, key, e.Queued)
 	case ReasonTenantQueue:
-		return fmt.Sprintf("sluice: %s request to %q rejected: tenant %q already has %d attempts queued", e.Priority, e.Key, e.Tenant, e.Queued)
+		return fmt.Sprintf("sluice: %s request to %q rejected: tenant %q already has %d attempts queued", e.Priority, key, e.Tenant, e.Queued)
 	case ReasonCost:
-		return fmt.Sprintf("sluice: %s request to %q rejected: cost %d exceeds the size of budget %q", e.Priority, e.Key, e.Cost, e.Budget)
+		return fmt.Sprintf("sluice: %s request to %q rejected: cost %d exceeds the size of budget %q", e.Priority, key, e.Cost, e.Budget)
 	}
 	return fmt.Sprintf("sluice: %s request to %q rejected: estimated wait %v exceeds %s %v",
-		e.Priority, e.Key, e.Wait.Round(time.Millisecond), e.Reason, e.Limit.Round(time.Millisecond))
+		e.Priority, key, e.Wait.Round(time.Millisecond), e.Reason, e.Limit.Round(time.Millisecond))
 }
 
 // Is reports whether target is ErrRejected, or context.DeadlineExceeded for a

@@ -384,7 +384,8 @@ func (l *lane) chargeOf(ctx context.Context, p Priority) (*charge, *RejectedErro
 	costs, _ := ctx.Value(costKey{}).(*cost)
 	ch, over := l.budgets.chargeOf(costs)
 	if over != nil {
-		return nil, &RejectedError{Key: l.key, Priority: p, Reason: ReasonCost, Budget: over.name,
+		key, sub := splitKey(l.key)
+		return nil, &RejectedError{Key: key, Sublimit: sub, Priority: p, Reason: ReasonCost, Budget: over.name,
 			Cost: int64(over.n), Limit: time.Duration(math.MaxInt64)}
 	}
 	return ch, nil
@@ -487,13 +488,19 @@ func (l *lane) releaseLocked(h *hold, k verdict.Kind, sample bool, d time.Durati
 }
 
 // observe reads what a response says, when its headers arrive: the attempt
-// was granted at sent, on the lane's clock. It is called only for responses
+// was granted at sent, on the lane's clock; quota: the response's quotas
+// are the lane's to read. It is called only for responses
 // for which reads is true; the parsing happens before the lane's lock is
 // taken. It returns what the attempt was to the server (see verdict).
-func (l *lane) observe(ctx context.Context, resp *http.Response, sent time.Duration, p Priority, ch *charge, body verdict.Signal) verdict.Kind {
+func (l *lane) observe(ctx context.Context, resp *http.Response, sent time.Duration, p Priority, ch *charge, body verdict.Signal, quota bool) verdict.Kind {
 	wall := time.Now()
 	r := readReply(resp, wall, l.cfg.maxRetryAfter)
 	r.sent, r.body = sent, body
+	if !quota {
+		// The quota is another limit's (see hostRefusal): only the
+		// refusal is this lane's.
+		r.hasQuota, r.hasTokens = false, false
+	}
 	var left [maxBudgets]int64 // what remains of each budget; -1: not stated
 	for i := range l.budgets.len() {
 		left[i] = -1
@@ -537,7 +544,7 @@ func (l *lane) pacedLocked(ctx context.Context, now time.Duration, r reply, inFl
 // it extended.
 func (l *lane) cooledLocked(ctx context.Context, c coolChange) {
 	if c.fresh {
-		l.cfg.logger.Info("sluice: lane cooling down", "lane", l.key, "for", (c.until - l.clk.last).Round(time.Millisecond), "why", c.why)
+		l.cfg.logger.Info("sluice: lane cooling down", "lane", l.name(), "for", (c.until - l.clk.last).Round(time.Millisecond), "why", c.why)
 	}
 	if ev := l.cfg.events; ev != nil && c.extended {
 		ev.push(ctx, Event{Kind: EventCooldown, Lane: l.key, Until: l.clk.timeOf(c.until),
@@ -617,10 +624,10 @@ func (l *lane) limitMovedLocked(ch limitChange) {
 	// and the limit can change on any response.
 	if f := ch.found; f.kind != foundNothing && l.cfg.logger.Enabled(context.Background(), slog.LevelDebug) {
 		if f.kind == foundQueueing {
-			l.cfg.logger.Debug("sluice: upstream queueing; limit capped", "lane", l.key,
+			l.cfg.logger.Debug("sluice: upstream queueing; limit capped", "lane", l.name(),
 				"latency", f.latency, "baseline", f.baseline, "cap", f.cap)
 		} else {
-			l.cfg.logger.Debug("sluice: calls slower; new baseline", "lane", l.key,
+			l.cfg.logger.Debug("sluice: calls slower; new baseline", "lane", l.name(),
 				"latency", f.latency, "baseline", f.baseline)
 		}
 	}
@@ -628,7 +635,7 @@ func (l *lane) limitMovedLocked(ch limitChange) {
 		return
 	}
 	if l.cfg.logger.Enabled(context.Background(), slog.LevelDebug) {
-		l.cfg.logger.Debug("sluice: in-flight limit changed", "lane", l.key, "from", ch.from, "to", ch.to)
+		l.cfg.logger.Debug("sluice: in-flight limit changed", "lane", l.name(), "from", ch.from, "to", ch.to)
 	}
 	if ev := l.cfg.events; ev != nil {
 		ev.push(context.Background(), Event{Kind: EventLimitChanged, Lane: l.key, From: float64(ch.from), To: float64(ch.to)})

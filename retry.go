@@ -139,7 +139,7 @@ func (t *Transport) do(l *lane, req *http.Request, p Priority) (*http.Response, 
 
 // retryAttrs describes retry n+1 of a request for a log record.
 func retryAttrs(l *lane, n int, resp *http.Response, err error, wait time.Duration) []any {
-	a := []any{"lane", l.key, "attempt", n + 2, "wait", wait}
+	a := []any{"lane", l.name(), "attempt", n + 2, "wait", wait}
 	if resp != nil {
 		a = append(a, "status", resp.StatusCode)
 	}

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 )
 
 // Sub-limits: several limits behind one host. A lane keeps the host's
@@ -33,7 +34,8 @@ var sublimitsNamed atomic.Bool
 // back only the requests that draw on it. Costs (WithCost) are drawn on
 // the sub-limit's budgets: with WithBudget, each sub-limit has its own.
 // An empty name is no sub-limit. A name longer than 64 bytes is cut to
-// its first 64.
+// its first 64. Where the server names the limit a request's route counts
+// against (see WithSublimitKey), that limit is drawn on instead.
 func WithSublimit(ctx context.Context, name string) context.Context {
 	if !sublimitsNamed.Load() {
 		sublimitsNamed.Store(true)
@@ -56,9 +58,9 @@ const (
 	// maxSublimits bounds the sub-limits of one lane, and maxRoutes the
 	// routes it files under them: a server that names a new limit per
 	// request, or a client that calls a new path per request, cannot grow
-	// a lane without bound. A name past the cap is read as the host's
-	// (counted in LaneStats.Folded); a route past it is not filed, and is
-	// sent under the host's limit alone.
+	// a lane without bound. A response that names a limit past the cap
+	// teaches no lane anything (counted in LaneStats.Folded); past
+	// maxRoutes, the route used longest ago is forgotten.
 	maxSublimits = 256
 	maxRoutes    = 1024
 	// subSlots is a sub-limit's fixed in-flight limit: high enough never
@@ -67,6 +69,16 @@ const (
 	// maxRoutePath bounds the bytes of a path a route is made from.
 	maxRoutePath = 256
 )
+
+// name returns the lane's key for a reader: a sub-limit's is its host's
+// key, "/" and its name (see LaneStats.Name).
+func (l *lane) name() string {
+	host, sub := splitKey(l.key)
+	if sub == "" {
+		return host
+	}
+	return host + "/" + sub
+}
 
 // splitKey returns a lane key's host key and sub-limit name ("" for a
 // host's lane).
@@ -82,19 +94,15 @@ func splitKey(key string) (host, sub string) {
 // use.
 type routes struct {
 	mu     sync.Mutex
-	byPath map[string]filed // route → where it is filed
-	// byHead maps a route's first path segment to where all its filed
-	// routes are, or to the zero filed once two of them differ: a route
-	// not yet seen goes by its head (GitHub's /repos/... are all core).
-	byHead map[string]filed
+	byPath map[string]filed     // route → where it is filed
 	used   map[string]time.Time // sub-limit name → its last use
 	rates  map[string]float64   // sub-limit name → its pace when last read
-	folded uint64               // names past maxSublimits, read as the host's
+	folded uint64               // responses that named a limit past maxSublimits
 }
 
 // filed is where a route is filed: the limit its responses name, and
-// whether that limit is a bucket kept per major parameter (Discord's: the
-// route's first id, a channel or a guild; see majorOf).
+// whether that limit is a bucket kept per major parameter (Discord's: a
+// channel, a guild; see majorOf).
 type filed struct {
 	name  string
 	major bool
@@ -102,8 +110,7 @@ type filed struct {
 }
 
 func newRoutes() *routes {
-	return &routes{byPath: map[string]filed{}, byHead: map[string]filed{}, used: map[string]time.Time{},
-		rates: map[string]float64{}}
+	return &routes{byPath: map[string]filed{}, used: map[string]time.Time{}, rates: map[string]float64{}}
 }
 
 // lookup returns where route r (see routeOf) is filed; its name is "" if
@@ -112,17 +119,16 @@ func (rs *routes) lookup(r string, now time.Time) filed {
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
 	f, ok := rs.byPath[r]
-	if !ok {
-		return rs.byHead[routeHead(r)]
+	if ok {
+		f.at = now
+		rs.byPath[r] = f
 	}
-	f.at = now
-	rs.byPath[r] = f
 	return f
 }
 
 // admit reports whether name may be a sub-limit: it is one already, or
-// there is room for one more. fold: a response named it, and is read as
-// the host's if it may not (counted in folded).
+// there is room for one more. fold: a response named it, and is counted
+// in folded if it may not.
 func (rs *routes) admit(name string, now time.Time, fold bool) bool {
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
@@ -136,29 +142,22 @@ func (rs *routes) admit(name string, now time.Time, fold bool) bool {
 	return true
 }
 
-// file files route r under f, named by a response.
+// file files route r under f, named by a response. Past maxRoutes, the
+// route used longest ago makes room.
 func (rs *routes) file(r string, f filed) {
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
-	old, ok := rs.byPath[r]
-	if !ok && len(rs.byPath) >= maxRoutes {
-		return
+	if _, ok := rs.byPath[r]; !ok && len(rs.byPath) >= maxRoutes {
+		var oldest string
+		var at time.Time
+		for k, o := range rs.byPath {
+			if oldest == "" || o.at.Before(at) {
+				oldest, at = k, o.at
+			}
+		}
+		delete(rs.byPath, oldest)
 	}
 	rs.byPath[r] = f
-	if !ok || old.name != f.name || old.major != f.major {
-		rs.headLocked(r, f)
-	}
-}
-
-// headLocked files r's head under f, unless another route under it is
-// filed elsewhere.
-func (rs *routes) headLocked(r string, f filed) {
-	h := routeHead(r)
-	if prev, ok := rs.byHead[h]; !ok {
-		rs.byHead[h] = f
-	} else if prev.name != f.name || prev.major != f.major {
-		rs.byHead[h] = filed{}
-	}
 }
 
 // paced records that the sub-limit name paces to rate, and returns what
@@ -176,13 +175,15 @@ func (rs *routes) paced(name string, rate float64) float64 {
 	return sum
 }
 
-// forget drops the sub-limits and routes unused for idle, and reports
-// whether nothing is left.
-func (rs *routes) forget(now time.Time, idle time.Duration) bool {
+// forget drops the routes unused for idle, and the sub-limits unused for
+// idle whose lanes are gone (alive reports a sub-limit's lane still
+// there: one that cools down outlives its idle time, and still counts
+// toward maxSublimits). It reports whether nothing is left.
+func (rs *routes) forget(now time.Time, idle time.Duration, alive func(name string) bool) bool {
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
 	for name, at := range rs.used {
-		if now.Sub(at) >= idle {
+		if now.Sub(at) >= idle && !alive(name) {
 			delete(rs.used, name)
 			delete(rs.rates, name)
 		}
@@ -192,24 +193,42 @@ func (rs *routes) forget(now time.Time, idle time.Duration) bool {
 			delete(rs.byPath, r)
 		}
 	}
-	clear(rs.byHead)
-	for r, f := range rs.byPath {
-		rs.headLocked(r, f)
-	}
 	return len(rs.used) == 0 && len(rs.byPath) == 0
 }
 
-// majorOf returns the first segment of path that holds a digit (Discord's
-// major parameter: the channel, guild or webhook a bucket is kept per),
-// or "".
+// majorOf returns a path's major parameter, which Discord keeps a bucket
+// per: the id after "channels", "guilds" or "webhooks", else the first
+// segment that holds a digit and is no API version ("v10"); or "".
 func majorOf(path string) string {
+	prev, first := "", ""
 	for seg := range strings.SplitSeq(path, "/") {
-		if len(seg) <= maxSublimit && strings.ContainsAny(seg, "0123456789") {
-			return seg
+		if len(seg) <= maxSublimit && hasDigit(seg) {
+			switch {
+			case prev == "channels" || prev == "guilds" || prev == "webhooks":
+				return seg
+			case first == "" && !isVersion(seg):
+				first = seg
+			}
+		}
+		prev = seg
+	}
+	return first
+}
+
+// isVersion reports a path segment such as "v10".
+func isVersion(seg string) bool {
+	if len(seg) < 2 || seg[0] != 'v' {
+		return false
+	}
+	for i := 1; i < len(seg); i++ {
+		if seg[i] < '0' || seg[i] > '9' {
+			return false
 		}
 	}
-	return ""
+	return true
 }
+
+func hasDigit(s string) bool { return strings.ContainsAny(s, "0123456789") }
 
 // sublimitName returns the name of the sub-limit of a request to path
 // filed under f.
@@ -221,6 +240,20 @@ func sublimitName(f filed, path string) string {
 		return f.name + "@" + m
 	}
 	return f.name
+}
+
+// callerName returns a name a caller gave as a sub-limit's: cut to
+// maxSublimit bytes at a character's start, with invalid UTF-8 replaced,
+// as the exporters need.
+func callerName(name string) string {
+	if len(name) > maxSublimit {
+		i := maxSublimit
+		for i > 0 && !utf8.RuneStart(name[i]) {
+			i--
+		}
+		name = name[:i]
+	}
+	return strings.ToValidUTF8(name, "\uFFFD")
 }
 
 // routeOf returns req's route: its method and path, with each segment that
@@ -236,28 +269,18 @@ func routeOf(req *http.Request) string {
 	b.Grow(len(req.Method) + 1 + len(p))
 	b.WriteString(req.Method)
 	b.WriteByte(' ')
-	for i, seg := range strings.Split(p, "/") {
-		if i > 0 {
-			b.WriteByte('/')
-		}
-		if strings.ContainsAny(seg, "0123456789") {
+	for {
+		seg, rest, more := strings.Cut(p, "/")
+		if hasDigit(seg) {
 			seg = "{}"
 		}
 		b.WriteString(seg)
+		if !more {
+			return b.String()
+		}
+		b.WriteByte('/')
+		p = rest
 	}
-	return b.String()
-}
-
-// routeHead returns a route's first path segment.
-func routeHead(r string) string {
-	if i := strings.IndexByte(r, ' '); i >= 0 {
-		r = r[i+1:]
-	}
-	r = strings.TrimPrefix(r, "/")
-	if i := strings.IndexByte(r, '/'); i >= 0 {
-		r = r[:i]
-	}
-	return r
 }
 
 // routesOf returns the routes of the lane keyed host, made if create is set,
@@ -276,28 +299,33 @@ func (t *Transport) routesOf(host string, create bool) *routes {
 
 // sublimitOf returns the sub-limit lane req draws on besides its lane l,
 // or nil, and whether the caller named it (see WithSublimit and
-// WithSublimitKey) rather than a route filed from the server's answers.
+// WithSublimitKey). Where a response named the limit of req's route, that
+// one is drawn on: a caller's name is for where the server names none.
 func (t *Transport) sublimitOf(l *lane, req *http.Request) (sub *lane, caller bool) {
+	now := time.Now()
 	var name string
+	if rs := t.routesOf(l.key, false); rs != nil {
+		if name = sublimitName(rs.lookup(routeOf(req), now), req.URL.Path); name != "" {
+			if !rs.admit(name, now, false) {
+				return nil, false
+			}
+			return t.subLane(l, name), false
+		}
+	}
 	if sublimitsNamed.Load() {
 		name = SublimitFrom(req.Context())
 	}
 	if name == "" && t.cfg.sublimitKey != nil {
 		name = t.cfg.sublimitKey(req)
 	}
-	caller = name != ""
-	if len(name) > maxSublimit {
-		name = name[:maxSublimit]
-	}
-	now := time.Now()
-	rs := t.routesOf(l.key, caller)
-	if !caller && rs != nil {
-		name = sublimitName(rs.lookup(routeOf(req), now), req.URL.Path)
-	}
-	if name == "" || !rs.admit(name, now, false) {
+	if name == "" {
 		return nil, false
 	}
-	return t.subLane(l, name), caller
+	name = callerName(name)
+	if !t.routesOf(l.key, true).admit(name, now, false) {
+		return nil, false
+	}
+	return t.subLane(l, name), true
 }
 
 // subLane returns the live sub-limit lane name of l.
@@ -324,4 +352,63 @@ func (t *Transport) named(l *lane, req *http.Request, name string, bucket bool) 
 		return nil
 	}
 	return t.subLane(l, name)
+}
+
+// coolWait waits until the lane's cooldown, if any, ends, or ctx does. It
+// waits for nothing if ctx's deadline comes first: the grant that follows
+// refuses such a request at once.
+func (l *lane) coolWait(ctx context.Context) error {
+	l.mu.Lock()
+	until, now := l.pace.cooldown(), l.clk.tick()
+	l.mu.Unlock()
+	if until <= now {
+		return nil // the cooldown's zero value is far in the past: no subtraction
+	}
+	d := until - now
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < d {
+		return nil
+	}
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-timer.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// sending stamps h, the lane's hold of an attempt about to be sent after
+// a wait on its host, as sent now: its latency and its place among the
+// lane's sends are from the send, not from the grant.
+func (l *lane) sending(h *hold) {
+	l.mu.Lock()
+	now := l.clk.tick()
+	h.start, h.at = now, now
+	l.mu.Unlock()
+}
+
+// chargedLane returns the lane that drew the costs of req, sent through
+// its lane l: the sub-limit the caller named, where the server names none
+// for req's route (see sublimitOf), else l; nil if that sub-limit was
+// forgotten since.
+func (t *Transport) chargedLane(l *lane, req *http.Request) *lane {
+	if !t.learned.Load() {
+		return l
+	}
+	rs := t.routesOf(l.key, false)
+	if rs == nil || rs.lookup(routeOf(req), time.Now()).name != "" {
+		return l
+	}
+	var name string
+	if sublimitsNamed.Load() {
+		name = SublimitFrom(req.Context())
+	}
+	if name == "" && t.cfg.sublimitKey != nil {
+		name = t.cfg.sublimitKey(req)
+	}
+	if name == "" {
+		return l
+	}
+	return t.find(l.key + subSep + callerName(name))
 }

@@ -202,7 +202,9 @@ func (t *Transport) sweep() {
 	if t.learned.Load() {
 		now := time.Now()
 		t.routes.Range(func(k, v any) bool {
-			if v.(*routes).forget(now, t.cfg.laneIdle) {
+			host := k.(string)
+			alive := func(name string) bool { return t.find(host+subSep+name) != nil }
+			if v.(*routes).forget(now, t.cfg.laneIdle, alive) {
 				t.routes.CompareAndDelete(k, v)
 			}
 			return true
@@ -282,7 +284,7 @@ func (t *Transport) attempt(l *lane, req *http.Request, p Priority, enq time.Dur
 			return nil, enq, err
 		}
 	}
-	h, enq, err := l.acquire(ctx, p, enq, s != nil, 0)
+	h, enq, err := l.acquire(ctx, p, enq, s != nil && caller, 0)
 	if err != nil {
 		if s != nil {
 			s.Drop()
@@ -306,6 +308,9 @@ func (t *Transport) attempt(l *lane, req *http.Request, p Priority, enq time.Dur
 		closeBody(req)
 		return nil, enq, err
 	}
+	if s != nil {
+		s.l.sending(s)
+	}
 	resp, err := t.send(l, req, h, s)
 	if err != nil || resp == nil {
 		l.dropCharge(h.ch)
@@ -319,7 +324,9 @@ func (t *Transport) attempt(l *lane, req *http.Request, p Priority, enq time.Dur
 		}
 		return nil, enq, err
 	}
-	h.kind = t.read(ctx, l, req, resp, p, h, s, caller)
+	var on *lane // the lane that read the response, nil if none did
+	var sent time.Duration
+	h.kind, on, sent = t.read(ctx, l, req, resp, p, h, s, caller)
 	if s != nil {
 		// The sub-limit bounds no slots: its hold ends with the headers.
 		s.Done(h.kind)
@@ -334,8 +341,8 @@ func (t *Transport) attempt(l *lane, req *http.Request, p Priority, enq time.Dur
 	}
 	if stream := isStream(resp); stream {
 		// A stream's first event may be an error the headers did not say.
-		if h.kind == verdict.Served {
-			resp.Body = &frameWatch{rc: resp.Body, l: l, ctx: ctx, p: p, sent: h.at}
+		if h.kind == verdict.Served && on != nil {
+			resp.Body = &frameWatch{rc: resp.Body, l: on, ctx: ctx, p: p, sent: sent}
 		}
 		if !holdsStream(ctx) {
 			h.Done(h.kind)
@@ -351,18 +358,26 @@ func (t *Transport) attempt(l *lane, req *http.Request, p Priority, enq time.Dur
 // sub-limit, and the sub-limit's lane.
 func (t *Transport) acquireSub(ctx context.Context, l *lane, req *http.Request, p Priority) (s *hold, caller bool, sub *lane, err error) {
 	sub, caller = t.sublimitOf(l, req)
+	if sub == nil {
+		return nil, false, nil, nil
+	}
+	// A token the sub-limit grants while the host cools down would be
+	// sent with every other one the sub-limit granted meanwhile, at once,
+	// when the host opens: the sub-limit's pace begins after the cooldown.
+	if err := l.coolWait(ctx); err != nil {
+		return nil, false, nil, err
+	}
 	var after time.Duration // the host's wait, which a deadline refusal counts too
-	if _, ok := ctx.Deadline(); sub != nil && (ok || t.cfg.maxWait[p] > 0) {
+	if _, ok := ctx.Deadline(); ok || t.cfg.maxWait[p] > 0 {
 		after = l.waitEstimate(p)
 	}
-	for sub != nil {
-		s, _, err = sub.acquire(ctx, p, firstAttempt, false, after)
+	for {
+		s, _, err = sub.acquire(ctx, p, firstAttempt, !caller, after)
 		if err != errLaneGone {
 			return s, caller, sub, err
 		}
 		sub = t.relane(sub)
 	}
-	return nil, false, nil, nil
 }
 
 // refused reports an attempt that acquire refused or failed.
@@ -380,9 +395,11 @@ func (t *Transport) refused(ctx context.Context, l *lane, p Priority, n int, err
 
 // read passes what resp says about limits to l, or to the sub-limit it
 // names, and returns what the attempt was to the server (see verdict),
-// which the lane learns from when the attempt is done. s is the attempt's
-// hold on a sub-limit, nil if none; caller: the caller named it.
-func (t *Transport) read(ctx context.Context, l *lane, req *http.Request, resp *http.Response, p Priority, h, s *hold, caller bool) verdict.Kind {
+// which the lane learns from when the attempt is done, with the lane that
+// read it (nil if none did) and when the attempt was sent on that lane's
+// clock. s is the attempt's hold on a sub-limit, nil if none; caller: the
+// caller named it.
+func (t *Transport) read(ctx context.Context, l *lane, req *http.Request, resp *http.Response, p Priority, h, s *hold, caller bool) (verdict.Kind, *lane, time.Duration) {
 	// A refusal's, a 403's or a GraphQL answer's body may say what its
 	// status and headers do not (see verdict.Body); other bodies are not
 	// looked at.
@@ -397,50 +414,79 @@ func (t *Transport) read(ctx context.Context, l *lane, req *http.Request, resp *
 		if s != nil {
 			s.l.dropCharge(s.ch)
 		}
-		return verdict.Of(resp.StatusCode)
+		if s != nil && caller {
+			return verdict.Of(resp.StatusCode), s.l, s.at
+		}
+		return verdict.Of(resp.StatusCode), l, h.at
 	}
 	// Which limit the response speaks of: the one it names, else the
-	// caller's, else the host's. A global refusal is the host's.
-	on, ch, sent := l, h.ch, h.at
+	// caller's, else the host's. A global refusal is the host's, and so is
+	// one that the limit it names did not make (see hostRefusal), without
+	// that limit's quota.
+	on, quota := l, true
 	name, bucket, global := headers.LimitName(resp.Header)
 	switch {
-	case name != "" && !otherRefusal(resp):
-		if sub := t.named(l, req, name, bucket); sub != nil {
-			on = sub
-		}
+	case name != "" && hostRefusal(resp, body):
+		quota = false
+	case name != "":
+		on = t.named(l, req, name, bucket) // nil: past maxSublimits
 	case caller && !global:
 		on = s.l
 	}
-	if on != l {
-		l.dropCharge(ch)
-		ch, sent = nil, on.clk.ticks(l.clk.timeOf(h.at))
+	// The attempt's costs were drawn on the caller's sub-limit, if it has
+	// one, else on the host; a lane that did not draw them reads no
+	// budget's count from the response.
+	chl, ch := l, h.ch
+	if s != nil && caller {
+		chl, ch = s.l, s.ch
 	}
-	if s != nil {
-		if on == s.l {
-			ch, sent = s.ch, s.at
-		} else {
-			s.l.dropCharge(s.ch)
-		}
+	if on != chl {
+		chl.dropCharge(ch)
+		ch = nil
 	}
-	k := on.observe(ctx, resp, sent, p, ch, body)
+	if on == nil {
+		return verdict.Of(resp.StatusCode), nil, 0
+	}
+	sent := h.at
+	switch {
+	case on == l:
+	case s != nil && on == s.l:
+		sent = s.at
+	default:
+		sent = on.clk.ticks(l.clk.timeOf(h.at))
+	}
+	k := on.observe(ctx, resp, sent, p, ch, body, quota)
 	if on == l {
 		if l.be != nil {
 			l.shareCooldown()
 		}
-		return k
+		return k, l, sent
 	}
 	if rs := t.routesOf(l.key, false); rs != nil {
 		_, name := splitKey(on.key)
 		l.subPaced(rs.paced(name, on.paceNow()))
 	}
-	return k
+	return k, on, sent
 }
 
-// otherRefusal reports a refusal (429, or 403) whose named limit has
-// requests left: a limit that did not run out did not refuse it, so the
-// refusal is the host's, as GitHub's secondary limits are.
-func otherRefusal(resp *http.Response) bool {
-	if resp.StatusCode != http.StatusTooManyRequests && resp.StatusCode != http.StatusForbidden {
+// hostRefusal reports a refusal of the host by a response that names a
+// limit that did not make it: a 429, or a 403 with Retry-After or a
+// throttle in its body (GitHub's secondary limits), while the named limit
+// has requests left. A 403 that is no rate limit (a permission error)
+// carries its limit's quota too, and is the named limit's to read; so is a
+// refusal that Discord scopes to the caller or to a shared resource
+// (X-RateLimit-Scope "user" or "shared").
+func hostRefusal(resp *http.Response, body verdict.Signal) bool {
+	switch resp.StatusCode {
+	case http.StatusTooManyRequests:
+	case http.StatusForbidden:
+		if _, ok := resp.Header["Retry-After"]; !ok && !body.Throttles() {
+			return false
+		}
+	default:
+		return false
+	}
+	if headers.Scoped(resp.Header) {
 		return false
 	}
 	q, ok := headers.Parse(resp.Header, time.Now())
@@ -475,7 +521,7 @@ func (t *Transport) send(l *lane, req *http.Request, h, s *hold) (*http.Response
 // logRefusal logs an admission refusal at Info, with the request's context.
 func (t *Transport) logRefusal(ctx context.Context, rej *RejectedError) {
 	if lg := t.cfg.logger; lg.Enabled(ctx, slog.LevelInfo) {
-		lg.InfoContext(ctx, "sluice: request refused", "lane", rej.Key, "priority", rej.Priority,
+		lg.InfoContext(ctx, "sluice: request refused", "lane", rej.Key, "sublimit", rej.Sublimit, "priority", rej.Priority,
 			"reason", rej.Reason, "wait", rej.Wait, "retry_after", rej.RetryAfter)
 	}
 }

@@ -61,3 +61,11 @@ func validName(s string) bool {
 	}
 	return true
 }
+
+// Scoped reports a refusal that Discord scopes to the caller or to a
+// shared resource (X-RateLimit-Scope "user" or "shared"): one of the
+// route's limits made it, not a limit of the whole host.
+func Scoped(h http.Header) bool {
+	v, ok := field(h, hdrXRateLimitScope)
+	return ok && (strings.EqualFold(v, "user") || strings.EqualFold(v, "shared"))
+}

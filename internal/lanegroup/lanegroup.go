@@ -114,6 +114,29 @@ func (g *Grouper) Label(key string) string {
 	return g.labelLocked(key)
 }
 
+// subLabelLocked returns the label of a sub-limit named sub of a lane
+// labelled label; name is the sub-limit's (see sluice.LaneStats.Name). A
+// sub-limit has a series of its own under its lane's label, within the
+// cap on labels; past it, the lane's sub-limits share label + "/other".
+func (g *Grouper) subLabelLocked(name, label, sub string) string {
+	if l, ok := g.byKey[name]; ok {
+		return l
+	}
+	l := label + "/" + sub
+	if !g.labels[l] {
+		if label == Other || g.max > 0 && len(g.labels) >= g.max {
+			l = label + "/" + Other
+		} else {
+			g.labels[l] = true
+		}
+	}
+	if len(g.byKey) >= maxCache {
+		clear(g.byKey)
+	}
+	g.byKey[name] = l
+	return l
+}
+
 func (g *Grouper) labelLocked(key string) string {
 	if l, ok := g.byKey[key]; ok {
 		return l
@@ -162,10 +185,9 @@ func (g *Grouper) Groups(stats func() sluice.Stats) ([]Group, sluice.Stats) {
 	live := make(map[string]bool, len(s.Lanes))
 	for i := range s.Lanes {
 		ls := &s.Lanes[i]
-		// A sub-limit has a series of its own, under its lane's label.
 		name, label := ls.Name(), g.labelLocked(ls.Key)
-		if ls.Sublimit != "" && label != Other {
-			label += "/" + ls.Sublimit
+		if ls.Sublimit != "" {
+			label = g.subLabelLocked(name, label, ls.Sublimit)
 		}
 		live[name] = true
 		c := counters(ls)
