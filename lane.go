@@ -502,7 +502,7 @@ func (l *lane) observe(ctx context.Context, resp *http.Response, sent time.Durat
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	now := l.clk.tick()
-	if l.budgets.observe(now, sent, &left, ch) {
+	if l.budgets.observe(now, sent, &left, ch, body.Points) {
 		r.budgetOut = true // a budget had less left than the attempt cost
 	}
 	k := l.pacedLocked(ctx, now, r, l.slot.inUse, p)

@@ -326,7 +326,7 @@ func (t *Transport) read(ctx context.Context, l *lane, resp *http.Response, p Pr
 		prefix, resp.Body = peek(resp.Body)
 		body = verdict.Body(prefix)
 	}
-	if !body.Throttles() && !l.reads(resp) {
+	if !body.Throttles() && !body.Points.Stated && !l.reads(resp) {
 		l.dropCharge(h.ch)
 		return verdict.Of(resp.StatusCode)
 	}
