@@ -25,6 +25,7 @@ const (
 	rateShort       = 0.9  // a paced lane completing under this share of its rate is short of it
 	backoff         = 0.75 // a cut goes this far under the upstream's estimated capacity
 	initialUnpaced  = 4    // the first limit of a lane with no rate
+	slowExit        = 0.5  // slow start ends at a latency this share above the smoothed one
 
 	// An overload at the limit's floor pauses the lane: for the first
 	// pause, then twice as long at each in a row, up to the last.
@@ -64,6 +65,7 @@ type limiter struct {
 	// flags above, in their padding: a lane is at its size class's end,
 	// with the allocation header (TestLaneHeap).
 	held bool
+	slow bool    // slow start is on (see slowStart)
 	n    int     // timed completions (samples)
 	done int     // completions, timed or not: the completion rate
 	sumW float64 // latencies (s)
@@ -93,7 +95,7 @@ func newLimiter(lo, hi int, paced bool) limiter {
 	if !paced {
 		s.cap = max(lo, min(initialUnpaced, hi))
 		s.limit = s.cap
-		s.held = true
+		s.held, s.slow = true, true
 	}
 	return s
 }
@@ -143,6 +145,7 @@ func (s *limiter) onSample(now, latency time.Duration, k verdict.Kind, waiting b
 	}
 	s.pause = 0
 	x := max(latency.Seconds(), 0)
+	w := s.w // before this sample
 	if !s.started {
 		// RFC 6298's start: the deviation is unknown, assume it large.
 		s.w, s.dev, s.start, s.started = x, x/2, now, true
@@ -156,6 +159,7 @@ func (s *limiter) onSample(now, latency time.Duration, k verdict.Kind, waiting b
 	s.sumW += x
 	s.sumL += float64(s.inUse)
 	s.checkBound(waiting)
+	s.slowStart(x, w, waiting)
 	var f finding
 	if s.n >= windowSamples && now-s.start >= windowLength {
 		f = s.endWindow(now, rate)
@@ -163,6 +167,26 @@ func (s *limiter) onSample(now, latency time.Duration, k verdict.Kind, waiting b
 	ch := s.set(s.target(rate))
 	ch.found = f
 	return ch
+}
+
+// slowStart grows the cap of a lane with no rate by one at each sample
+// that finds every slot taken and requests waiting, as TCP's slow start
+// grows its window: the limit doubles each round trip from its start,
+// where a quarter a window would take seconds to reach what the server
+// serves. It ends for good at the first sign of the server's limits: a
+// latency above the least seen by slowExit (the server queues), an
+// overload (see onOverload), or a rate (learned from a refusal, or
+// stated: Little's law then sizes the limit).
+func (s *limiter) slowStart(x, w float64, waiting bool) {
+	if !s.slow {
+		return
+	}
+	switch {
+	case !s.held || w > 0 && x > w*(1+slowExit):
+		s.slow = false
+	case s.inUse >= s.limit && waiting:
+		s.cap = min(s.cap+1, s.max)
+	}
 }
 
 // onOverload takes an attempt sent at sent that the server answered at now
@@ -182,6 +206,7 @@ func (s *limiter) onOverload(now, sent time.Duration) limitChange {
 	if s.over > 0 && sent < s.overAt {
 		return limitChange{from: s.limit, to: s.limit}
 	}
+	s.slow = false
 	floor := s.limit <= s.min
 	s.over = max(s.min, min(s.limit, int(backoff*float64(s.inUse))))
 	s.overAt = now
