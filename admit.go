@@ -38,9 +38,18 @@ func (l *lane) estimateLocked(now time.Duration, p Priority, tn *tenant, ch *cha
 	return d + w
 }
 
+// waitEstimate returns how long an attempt of level p that came now would
+// wait for its grant, as an early refusal estimates it.
+func (l *lane) waitEstimate(p Priority) time.Duration {
+	var tn tenant // a tenant with nothing queued
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.estimateLocked(l.clk.tick(), p, &tn, nil)
+}
+
 // refuseLocked checks the early-refusal rules for a waiter of level p and tenant
-// tn.
-func (l *lane) refuseLocked(ctx context.Context, now time.Duration, p Priority, tn *tenant, ch *charge) *RejectedError {
+// tn, which will wait for after elsewhere once granted (see acquire).
+func (l *lane) refuseLocked(ctx context.Context, now time.Duration, p Priority, tn *tenant, ch *charge, after time.Duration) *RejectedError {
 	var rej *RejectedError
 	switch {
 	case l.cfg.maxQueue > 0 && l.q.len() >= l.cfg.maxQueue:
@@ -54,6 +63,9 @@ func (l *lane) refuseLocked(ctx context.Context, now time.Duration, p Priority, 
 		return nil
 	}
 	est := l.estimateLocked(now, p, tn, ch)
+	// The other wait runs on while this one does: what the attempt waits
+	// in all is about the longer of the two.
+	est = max(est, after)
 	switch {
 	case rej != nil:
 	case hasDL && est > l.clk.ticks(dl)-now:

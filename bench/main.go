@@ -28,8 +28,13 @@ func main() {
 		outFile  = flag.String("out", "", "also write the tables to this results file, with the commit, Go version, CPU count and date")
 		splice   = flag.String("splice", "", "with -out: also replace the tables between the file's <!-- results/bench begin/end --> markers")
 		traces   = flag.String("traces", "", "record the real middleware's header traces into this directory, and run nothing else")
+		subs     = flag.Bool("sublimits", false, "run the hosts with several limits (GitHub resources, Discord buckets, two models) for -d each, and nothing else")
 	)
 	flag.Parse()
+	if *subs {
+		printSublimits(runSublimits(*d, ""))
+		return
+	}
 	if *traces != "" {
 		if err := writeTraces(*traces, os.Stderr); err != nil {
 			fmt.Fprintln(os.Stderr, err)

@@ -53,11 +53,12 @@ const (
 	hdrRateLimitRemaining = "Ratelimit-Remaining"
 	hdrRateLimitReset     = "Ratelimit-Reset"
 
-	hdrXRateLimitLimit     = "X-Ratelimit-Limit"
-	hdrXRateLimitRemaining = "X-Ratelimit-Remaining"
-	hdrXRateLimitReset     = "X-Ratelimit-Reset"
-	hdrXRateLimitUsed      = "X-Ratelimit-Used"
-	hdrXRateLimitResource  = "X-Ratelimit-Resource"
+	hdrXRateLimitLimit      = "X-Ratelimit-Limit"
+	hdrXRateLimitRemaining  = "X-Ratelimit-Remaining"
+	hdrXRateLimitReset      = "X-Ratelimit-Reset"
+	hdrXRateLimitUsed       = "X-Ratelimit-Used"
+	hdrXRateLimitResource   = "X-Ratelimit-Resource"
+	hdrXRateLimitResetAfter = "X-Ratelimit-Reset-After" // Discord
 
 	hdrTwitterLimit     = "X-Rate-Limit-Limit"
 	hdrTwitterRemaining = "X-Rate-Limit-Remaining"
@@ -195,7 +196,7 @@ func presentFamilies(h http.Header) families {
 		switch k {
 		case hdrRateLimitPolicy, hdrRateLimit, hdrRateLimitLimit, hdrRateLimitRemaining, hdrRateLimitReset:
 			f |= famIETF
-		case hdrXRateLimitLimit, hdrXRateLimitRemaining, hdrXRateLimitReset, hdrXRateLimitUsed, hdrXRateLimitResource:
+		case hdrXRateLimitLimit, hdrXRateLimitRemaining, hdrXRateLimitReset, hdrXRateLimitUsed, hdrXRateLimitResource, hdrXRateLimitResetAfter:
 			f |= famXRateLimit
 		case hdrTwitterLimit, hdrTwitterRemaining, hdrTwitterReset:
 			f |= famTwitter
@@ -524,6 +525,16 @@ func parseXRateLimit(h http.Header, ref *refClock, p *picker, limitKey, remainin
 		c.Reset, c.Coarse, c.Instant, c.resetKnown = parseReset(v, ref)
 	}
 	if github {
+		// Discord states the delay to its reset too, to the millisecond:
+		// an instant measured against a Date field, which has whole
+		// seconds, may be a second off.
+		if v, ok := field(h, hdrXRateLimitResetAfter); ok {
+			if whole, frac, ok := parseDecimal(v); ok {
+				if d, ok := secondsToDuration(whole, frac); ok {
+					c.Reset, c.Coarse, c.resetKnown = d, false, true
+				}
+			}
+		}
 		if v, ok := field(h, hdrXRateLimitResource); ok && v != "" {
 			c.Source, c.Resource = "github", v
 		}

@@ -2,6 +2,7 @@ package headers
 
 import (
 	"bufio"
+	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
@@ -512,5 +513,26 @@ func TestParseResetReference(t *testing.T) {
 		if q.Reset != c.want {
 			t.Errorf("%s: Reset = %v, want %v", c.name, q.Reset, c.want)
 		}
+	}
+}
+
+// Discord's reset is an instant with milliseconds, and its delay is stated
+// too: the delay wins, as an instant measured against a Date of whole
+// seconds may be a second off.
+func TestParseDiscordResetAfter(t *testing.T) {
+	h := http.Header{}
+	h.Set("Date", httpDate(now))
+	h.Set("X-RateLimit-Limit", "5")
+	h.Set("X-RateLimit-Remaining", "2")
+	h.Set("X-RateLimit-Reset", fmt.Sprintf("%d.750", now.Add(time.Second).Unix()))
+	h.Set("X-RateLimit-Reset-After", "0.321")
+	h.Set("X-RateLimit-Bucket", "41f9a2")
+	q, ok := Parse(h, now.Add(400*time.Millisecond))
+	if !ok || q.Reset != 321*time.Millisecond || q.Remaining != 2 || q.Limit != 5 || q.Coarse || !q.Instant {
+		t.Errorf("Parse = %+v, %v; want Reset 321ms from Reset-After, not coarse", q, ok)
+	}
+	h.Set("X-RateLimit-Reset-After", "soon")
+	if q, _ := Parse(h, now); q.Reset != 1750*time.Millisecond {
+		t.Errorf("with a malformed Reset-After: Reset %v, want the instant's 1.75s", q.Reset)
 	}
 }
