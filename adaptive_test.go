@@ -456,9 +456,9 @@ func TestAdaptiveSaturation(t *testing.T) {
 	t.Log(summary.String())
 }
 
-// TestAdaptiveUnpaced: with no rate, the gradient alone sets the limit. An
-// upstream that serves everything in parallel lets it grow to the maximum
-// while requests wait; one that serves K at a time holds it near K.
+// TestAdaptiveUnpaced: with no rate, slow start and the gradient set the
+// limit. An upstream that serves everything in parallel lets it grow to the
+// maximum while requests wait; one that serves K at a time holds it near K.
 func TestAdaptiveUnpaced(t *testing.T) {
 	const dur = 40 * time.Second
 	const service = 100 * time.Millisecond
@@ -485,8 +485,10 @@ func TestAdaptiveUnpaced(t *testing.T) {
 		}
 		fmt.Fprintf(&summary, "%-14s %8.1f %10.1f %9d %9v %9v\n", name, res.doneRate(from, dur), mean, most,
 			p50.Round(time.Millisecond), res.at(dur).Baseline.Round(time.Millisecond))
-		if first := res.samples[0].s; first.Limit != initialUnpaced {
-			t.Errorf("%s: first limit %d, want %d", name, first.Limit, initialUnpaced)
+		// From initialUnpaced, slow start at most doubles the limit in the
+		// first round trip (the first sample is taken at its end).
+		if first := res.samples[0].s; first.Limit < initialUnpaced || first.Limit > 2*initialUnpaced {
+			t.Errorf("%s: first limit %d, want %d to %d", name, first.Limit, initialUnpaced, 2*initialUnpaced)
 		}
 		if k == 0 {
 			if mean < 64 {

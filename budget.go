@@ -4,6 +4,8 @@ import (
 	"net/http"
 	"slices"
 	"time"
+
+	"github.com/sluice-go/sluice/internal/verdict"
 )
 
 // maxBudgets bounds how many budgets a Transport may have: APIs publish one
@@ -238,9 +240,11 @@ func (bs *budgets) wait(start time.Duration, p Priority, ch *charge) time.Durati
 
 // observe takes what a response at now to an attempt sent at sent with
 // charge ch (nil: none) says remains of each budget, remaining[i] (< 0:
-// nothing), and then takes ch as answered. It reports whether a budget
+// nothing), and what its body says of a budget in points (see points),
+// and then takes ch as answered. It reports whether a budget
 // had less left than the attempt cost: that budget is what ran out.
-func (bs *budgets) observe(now, sent time.Duration, remaining *[maxBudgets]int64, ch *charge) (ranOut bool) {
+func (bs *budgets) observe(now, sent time.Duration, remaining *[maxBudgets]int64, ch *charge, pts verdict.Points) (ranOut bool) {
+	ranOut = bs.points(now, sent, remaining, ch, pts)
 	for i := range bs.bs {
 		if r := remaining[i]; r >= 0 {
 			if ch != nil && float64(r) < ch.cost[i] {
@@ -251,6 +255,49 @@ func (bs *budgets) observe(now, sent time.Duration, remaining *[maxBudgets]int64
 	}
 	bs.answered(ch)
 	return ranOut
+}
+
+// pointsBudget is the name of the budget that a GraphQL answer's cost in
+// points (Shopify's extensions.cost) reconciles: see WithBudget.
+const pointsBudget = "points"
+
+// points takes what a GraphQL answer's body says of the points budget, if
+// the lane has one and the attempt carried a cost of it: the query's
+// actual cost replaces its estimate in ch (as Report would; a throttled
+// query, whose actual cost is not stated, cost nothing), what the server's
+// bucket holds becomes what remains of the budget (see observe), and a
+// requested cost above the estimate teaches the margin. The bucket's state
+// is stated at the answer, now, where a header's is at the attempt's
+// arrival, near sent: what it refilled between is taken off. It reports
+// whether the query was refused for want of points.
+func (bs *budgets) points(now, sent time.Duration, remaining *[maxBudgets]int64, ch *charge, pts verdict.Points) (ranOut bool) {
+	if !pts.Stated || ch == nil {
+		return false
+	}
+	i := bs.index(pointsBudget)
+	if i < 0 || ch.cost[i] <= 0 || remaining[i] >= 0 {
+		return false
+	}
+	b := &bs.bs[i]
+	est, actual := ch.cost[i], max(pts.Actual, 0)
+	if pts.Requested > est {
+		b.margin = min(max(b.margin, (pts.Requested-est)/est), maxCostMargin)
+	}
+	// What it cost is what was sent: reconcile then counts as sent since
+	// the attempt only what was granted after it.
+	b.sent += actual - est
+	bs.retarget(i, ch, actual)
+	remaining[i] = int64(max(pts.Available-(now-sent).Seconds()*b.b.rate, 0))
+	return pts.Actual < 0 && max(pts.Requested, est) > pts.Available
+}
+
+// retarget sets ch's cost of budget i to c, keeping the sum of the costs
+// not yet answered.
+func (bs *budgets) retarget(i int, ch *charge, c float64) {
+	if slices.Contains(bs.out, ch) {
+		bs.bs[i].out += c - ch.cost[i]
+	}
+	ch.cost[i] = c
 }
 
 // reconcile brings budget i to what a response says remains of it at now,

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/sluice-go/sluice/internal/verdict"
 )
 
 // getCost sends a GET through tr that costs n tokens.
@@ -164,7 +166,7 @@ func TestBudgetsFollowServer(t *testing.T) {
 	var left [maxBudgets]int64
 	respond := func(now, sent time.Duration, remaining int64, ch *charge) {
 		left[0] = remaining
-		bs.observe(now, sent, &left, ch)
+		bs.observe(now, sent, &left, ch, verdict.Points{})
 	}
 	// Estimated 3,000; the server says 5,000 remain.
 	ch := mustCharge(t, &bs, 3000)
@@ -344,7 +346,7 @@ func TestBudgetsOvertaken(t *testing.T) {
 	bs.pay(0, late)
 	// The later attempt reaches the server first: 9,000 remain.
 	left[0] = 9000
-	bs.observe(0, 0, &left, late)
+	bs.observe(0, 0, &left, late, verdict.Points{})
 	if got := bs.bs[0].b.advance(0); got > 5000 {
 		t.Errorf("after a later attempt's response while an earlier one is on its way: %v tokens, want at most the 5,000 the server will hold", got)
 	}
@@ -352,7 +354,7 @@ func TestBudgetsOvertaken(t *testing.T) {
 		t.Errorf("margin %v learned from a response with an earlier attempt unanswered, want 0", m)
 	}
 	left[0] = 5000
-	bs.observe(0, 0, &left, early)
+	bs.observe(0, 0, &left, early, verdict.Points{})
 	if got := bs.bs[0].b.advance(0); got > 5000 {
 		t.Errorf("after both responses: %v tokens, want at most the server's 5,000", got)
 	}

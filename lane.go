@@ -447,14 +447,23 @@ func (l *lane) release(h *hold, k verdict.Kind, sample, owner bool) (released bo
 	return released
 }
 
-// overloadedLocked takes an overload at now of an attempt sent at sent: the
-// in-flight limit is cut and, at its floor, the lane pauses (see
-// limiter.onOverload).
-func (l *lane) overloadedLocked(now, sent time.Duration) {
+// overloadedLocked takes an overload at now of an attempt sent at sent,
+// answered with status (0: a stream's error event) to a request of ctx at
+// priority p: the in-flight limit is cut and, at its floor, the lane pauses
+// (see limiter.onOverload).
+func (l *lane) overloadedLocked(ctx context.Context, now, sent time.Duration, status int, p Priority) {
 	ch := l.slot.onOverload(now, sent)
+	if ev := l.cfg.events; ev != nil {
+		cause := OverloadStatus
+		if status == 0 {
+			cause = OverloadStream
+		}
+		ev.push(ctx, Event{Kind: EventOverloaded, Lane: l.key, Priority: p, Tenant: TenantFrom(ctx),
+			Status: status, Cause: cause, From: float64(ch.from), To: float64(ch.to), Wait: ch.pause})
+	}
 	l.limitMovedLocked(ch)
 	if ch.pause > 0 {
-		l.cooledLocked(context.Background(), l.pace.cool(now, now+ch.pause, "overloaded"))
+		l.cooledLocked(ctx, l.pace.cool(now, now+ch.pause, "overloaded"))
 	}
 }
 
@@ -462,13 +471,6 @@ func (l *lane) overloadedLocked(now, sent time.Duration) {
 // of a sample, taken before the lock.
 func (l *lane) releaseLocked(h *hold, k verdict.Kind, sample bool, d time.Duration) {
 	l.unholdLocked(h)
-	if k == verdict.Overloaded {
-		now := l.clk.last
-		if sample {
-			now = l.clk.at(d)
-		}
-		l.overloadedLocked(now, h.start)
-	}
 	if sample {
 		d = l.clk.at(d)
 		l.limitMovedLocked(l.slot.onSample(d, d-h.start, k, l.q.len() > 0, l.currentRateLocked()))
@@ -512,10 +514,14 @@ func (l *lane) observe(ctx context.Context, resp *http.Response, sent time.Durat
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	now := l.clk.tick()
-	if l.budgets.observe(now, sent, &left, ch) {
+	if l.budgets.observe(now, sent, &left, ch, body.Points) {
 		r.budgetOut = true // a budget had less left than the attempt cost
 	}
-	return l.pacedLocked(ctx, now, r, l.slot.inUse, p)
+	k := l.pacedLocked(ctx, now, r, l.slot.inUse, p)
+	if k == verdict.Overloaded {
+		l.overloadedLocked(ctx, now, sent, r.status, p)
+	}
+	return k
 }
 
 // pacedLocked passes r, seen at now with inFlight attempts in flight, to the
@@ -663,6 +669,6 @@ func (l *lane) streamFailed(ctx context.Context, k verdict.Kind, sent time.Durat
 	case verdict.Throttled:
 		l.pacedLocked(ctx, now, reply{status: http.StatusTooManyRequests, sent: sent}, l.slot.inUse+1, p)
 	case verdict.Overloaded:
-		l.overloadedLocked(now, sent)
+		l.overloadedLocked(ctx, now, sent, 0, p)
 	}
 }

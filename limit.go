@@ -25,6 +25,7 @@ const (
 	rateShort       = 0.9  // a paced lane completing under this share of its rate is short of it
 	backoff         = 0.75 // a cut goes this far under the upstream's estimated capacity
 	initialUnpaced  = 4    // the first limit of a lane with no rate
+	slowExit        = 0.5  // slow start ends at a latency this share above the smoothed one
 
 	// An overload at the limit's floor pauses the lane: for the first
 	// pause, then twice as long at each in a row, up to the last.
@@ -64,22 +65,25 @@ type limiter struct {
 	// flags above, in their padding: a lane is at its size class's end,
 	// with the allocation header (TestLaneHeap).
 	held bool
-	// subRate is what the lane's sub-limits pace to in all (see
-	// lane.subPaced): a lane with no rate of its own sizes its limit by it.
-	subRate float32
-	n       int     // timed completions (samples)
-	done    int     // completions, timed or not: the completion rate
-	sumW    float64 // latencies (s)
-	sumL    float64 // in-flight counts at completion
+	slow bool    // slow start is on (see slowStart)
+	n    int     // timed completions (samples)
+	done int     // completions, timed or not: the completion rate
+	sumW float64 // latencies (s)
+	sumL float64 // in-flight counts at completion
 
 	means [baselineWindows]float64 // means of recent windows, 0: none
 	next  int                      // where the next mean goes in means
 	prevX float64                  // completions per second of the previous window
 	prevL float64                  // mean in-flight count of the previous window
 
-	cap      int // cap on the limit from the gradient; 0: none
-	knee     int // the upstream's capacity in calls, estimated by the last cut
-	sinceCut int // windows since the last cut, from 1; 0: none yet
+	cap      int   // cap on the limit from the gradient; 0: none
+	knee     int   // the upstream's capacity in calls, estimated by the last cut
+	sinceCut int32 // windows since the last cut, from 1; 0: none yet
+	// subRate is what the lane's sub-limits pace to in all (see
+	// lane.subPaced): a lane with no rate of its own sizes its limit by it.
+	// With sinceCut, in one word: a lane is at its size class's end
+	// (TestLaneHeap).
+	subRate float32
 
 	// over caps the limit after the server answered overloaded (see
 	// onOverload); 0: no cap. overAt is when it was last cut.
@@ -96,7 +100,7 @@ func newLimiter(lo, hi int, paced bool) limiter {
 	if !paced {
 		s.cap = max(lo, min(initialUnpaced, hi))
 		s.limit = s.cap
-		s.held = true
+		s.held, s.slow = true, true
 	}
 	return s
 }
@@ -146,6 +150,7 @@ func (s *limiter) onSample(now, latency time.Duration, k verdict.Kind, waiting b
 	}
 	s.pause = 0
 	x := max(latency.Seconds(), 0)
+	w := s.w // before this sample
 	if !s.started {
 		// RFC 6298's start: the deviation is unknown, assume it large.
 		s.w, s.dev, s.start, s.started = x, x/2, now, true
@@ -159,6 +164,7 @@ func (s *limiter) onSample(now, latency time.Duration, k verdict.Kind, waiting b
 	s.sumW += x
 	s.sumL += float64(s.inUse)
 	s.checkBound(waiting)
+	s.slowStart(x, w, waiting)
 	var f finding
 	if s.n >= windowSamples && now-s.start >= windowLength {
 		f = s.endWindow(now, rate)
@@ -166,6 +172,26 @@ func (s *limiter) onSample(now, latency time.Duration, k verdict.Kind, waiting b
 	ch := s.set(s.target(rate))
 	ch.found = f
 	return ch
+}
+
+// slowStart grows the cap of a lane with no rate by one at each sample
+// that finds every slot taken and requests waiting, as TCP's slow start
+// grows its window: the limit doubles each round trip from its start,
+// where a quarter a window would take seconds to reach what the server
+// serves. It ends for good at the first sign of the server's limits: a
+// latency above the least seen by slowExit (the server queues), an
+// overload (see onOverload), or a rate (learned from a refusal, or
+// stated: Little's law then sizes the limit).
+func (s *limiter) slowStart(x, w float64, waiting bool) {
+	if !s.slow {
+		return
+	}
+	switch {
+	case !s.held || w > 0 && x > w*(1+slowExit):
+		s.slow = false
+	case s.inUse >= s.limit && waiting:
+		s.cap = min(s.cap+1, s.max)
+	}
 }
 
 // onOverload takes an attempt sent at sent that the server answered at now
@@ -185,6 +211,7 @@ func (s *limiter) onOverload(now, sent time.Duration) limitChange {
 	if s.over > 0 && sent < s.overAt {
 		return limitChange{from: s.limit, to: s.limit}
 	}
+	s.slow = false
 	floor := s.limit <= s.min
 	s.over = max(s.min, min(s.limit, int(backoff*float64(s.inUse))))
 	s.overAt = now

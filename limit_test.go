@@ -213,6 +213,7 @@ func TestCompletionRateCountsUntimed(t *testing.T) {
 // step a window.
 func TestLimiterCutsWhenUpstreamQueues(t *testing.T) {
 	s := newLimiter(1, 64, false)
+	s.slow = false // the gradient alone: slow start is TestSlowStart's
 	const inFlight, perSec = 10, 80
 	var now time.Duration
 	base, slow := 100*time.Millisecond, 300*time.Millisecond
@@ -308,5 +309,52 @@ func BenchmarkControllerOnDone(b *testing.B) {
 				i++
 			}
 		})
+	}
+}
+
+// TestLimiterSlowStart: a lane with no rate grows its limit by one at each
+// sample that finds every slot taken and requests waiting, so it doubles
+// each round trip from initialUnpaced; a latency half again the smoothed
+// one ends slow start for good, and so does an overload.
+func TestLimiterSlowStart(t *testing.T) {
+	round := func(s *limiter, now *time.Duration, latency time.Duration) {
+		*now += latency
+		for range s.limit {
+			s.inUse = s.limit
+			s.onSample(*now, latency, verdict.Served, true, 0)
+		}
+	}
+	s := newLimiter(1, 64, false)
+	var now time.Duration
+	for _, want := range []int{8, 16, 32, 64, 64} {
+		round(&s, &now, 100*time.Millisecond)
+		if s.limit != want {
+			t.Fatalf("after a round trip: limit %d, want %d", s.limit, want)
+		}
+	}
+
+	s = newLimiter(1, 64, false)
+	now = 0
+	round(&s, &now, 100*time.Millisecond) // 8
+	s.inUse = s.limit
+	s.onSample(now, 200*time.Millisecond, verdict.Served, true, 0) // the server queues
+	round(&s, &now, 200*time.Millisecond)
+	if s.slow || s.limit != 8 {
+		t.Errorf("after a latency rise: slow start %v, limit %d; want it over, at 8", s.slow, s.limit)
+	}
+
+	s = newLimiter(1, 64, false)
+	now = 0
+	round(&s, &now, 100*time.Millisecond)
+	s.inUse = s.limit
+	s.onOverload(now, now-time.Millisecond)
+	if s.slow {
+		t.Error("slow start goes on after an overload")
+	}
+	// Idle or unbound samples grow nothing.
+	s = newLimiter(1, 64, false)
+	s.onSample(100*time.Millisecond, 100*time.Millisecond, verdict.Served, false, 0)
+	if s.limit != initialUnpaced {
+		t.Errorf("a sample with nobody waiting: limit %d, want %d", s.limit, initialUnpaced)
 	}
 }

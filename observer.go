@@ -64,6 +64,16 @@ const (
 	EventRateChanged
 	// EventLimitChanged: the lane's in-flight limit went From To.
 	EventLimitChanged
+	// EventOverloaded: the server answered that it is overloaded (see
+	// OverloadStatus and OverloadStream for Cause): a 529 (Anthropic's
+	// overloaded_error), or a 502, 503 or 504 without Retry-After, with
+	// Status; or a stream's first event, an error about overload, with
+	// Status 0. The lane's in-flight limit went From To on it (equal when
+	// an overload of the same round of calls cut it already), and Wait is
+	// the pause of a lane at its limit's floor, 0 if none. An
+	// EventLimitChanged follows if the limit moved, and an EventCooldown
+	// for a pause.
+	EventOverloaded
 )
 
 // Causes of an EventRateChanged.
@@ -71,6 +81,12 @@ const (
 	RateCut      = "429"
 	RateHeader   = "header"
 	RateRecovery = "recovery"
+)
+
+// Causes of an EventOverloaded.
+const (
+	OverloadStatus = "status" // the response's status said so
+	OverloadStream = "stream" // a stream's first event said so
 )
 
 // String returns the kind's name in lower case, as in "queued" or
@@ -93,6 +109,8 @@ func (k EventKind) String() string {
 		return "rate changed"
 	case EventLimitChanged:
 		return "limit changed"
+	case EventOverloaded:
+		return "overloaded"
 	}
 	return fmt.Sprintf("EventKind(%d)", int(k))
 }
@@ -100,7 +118,8 @@ func (k EventKind) String() string {
 // An Event is one thing a Transport did; which fields are set depends on
 // its Kind (see EventKind). The context Observe gets with it is the
 // request's for the events of an attempt (queued, granted, refused,
-// retried, throttled, cooldown, and a rate change a response caused), and
+// retried, throttled, overloaded, cooldown, and a rate change a response
+// caused), and
 // context.Background() for the lane's own (a limit change, a rate change
 // on recovery).
 type Event struct {

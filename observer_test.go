@@ -214,3 +214,66 @@ func TestWithObserverNil(t *testing.T) {
 		t.Fatalf("New(WithObserver(nil)) = %v, want ErrInvalidOption naming it", err)
 	}
 }
+
+// TestObserverOverloaded: each overload, a 529 or a stream's first event
+// about overload, is an EventOverloaded with the request's context, its
+// status (0 for a stream) and cause, and the limit it left; the last one's
+// limit is the lane's.
+func TestObserverOverloaded(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		base   http.RoundTripper
+		status int
+		cause  string
+	}{
+		{"529", &overloadBase{always: true}, 529, OverloadStatus},
+		{"stream", sseBase{sseOverloaded}, 0, OverloadStream},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				rec := &recorder{}
+				tr := mustNew(t, c.base, WithRate(100, time.Second), WithConcurrency(1, 32), WithRetry(0), WithObserver(rec))
+				ctx := context.WithValue(t.Context(), tagKey{}, "req")
+				const n = 6
+				for range n {
+					req, _ := http.NewRequestWithContext(ctx, "POST", "http://api.test/v1/messages", nil)
+					resp, err := tr.RoundTrip(req)
+					if err != nil {
+						t.Fatal(err)
+					}
+					io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+				}
+				tr.WaitEvents(t.Context())
+				ov := rec.of(EventOverloaded)
+				if len(ov) != n {
+					t.Fatalf("%d overloaded events, want %d: %+v", len(ov), n, ov)
+				}
+				for _, e := range ov {
+					if e.Lane != "api.test" || e.Status != c.status || e.Cause != c.cause || e.Priority != Normal {
+						t.Errorf("overloaded event %+v, want lane api.test, status %d, cause %q, Normal", e, c.status, c.cause)
+					}
+				}
+				if ov[0].From != 32 || ov[0].To >= ov[0].From {
+					t.Errorf("first overload took the limit from %v to %v, want a cut from 32", ov[0].From, ov[0].To)
+				}
+				ls, _ := tr.LaneStats("api.test")
+				if last := ov[n-1]; int(last.To) != ls.Limit {
+					t.Errorf("last overload left the limit at %v, Stats says %d", last.To, ls.Limit)
+				}
+				// At the floor the lane pauses: the event says for how long,
+				// and a cooldown follows.
+				if ov[n-1].Wait <= 0 || len(rec.of(EventCooldown)) == 0 {
+					t.Errorf("last overload %+v at the floor, want a pause and a cooldown event", ov[n-1])
+				}
+				rec.mu.Lock()
+				for i, e := range rec.events {
+					if e.Kind == EventOverloaded && rec.tags[i] != "req" {
+						t.Errorf("overloaded event without the request's context")
+					}
+				}
+				rec.mu.Unlock()
+			})
+		})
+	}
+}

@@ -462,8 +462,12 @@ func WithMaxQueue(n int) Option {
 // x-ratelimit-*-tokens is "tokens"; Anthropic's anthropic-ratelimit-*
 // are "tokens", "input-tokens" and "output-tokens"), the lane takes the
 // server's count, less what it sent since and what it sent before that is
-// not answered yet (it may reach the server later). Names must be distinct
-// and non-empty; at most 8 budgets.
+// not answered yet (it may reach the server later). A budget named
+// "points" is a GraphQL API's cost bucket as Shopify states it in the body
+// of every answer on a graphql.json path (extensions.cost): the query's
+// actual cost replaces the cost its context carried, and the bucket's
+// currentlyAvailable is what remains. Names must be distinct and
+// non-empty; at most 8 budgets.
 func WithBudget(name string, n int, per time.Duration) Option {
 	return optionFunc(func(c *config) error {
 		switch {

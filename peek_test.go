@@ -10,6 +10,8 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/sluice-go/sluice/internal/verdict"
 )
 
 // chunkReader returns data in reads of the sizes given (0 included, then
@@ -44,6 +46,7 @@ func FuzzPeek(f *testing.F) {
 	f.Add([]byte(`{"message":"You have exceeded a secondary rate limit"}`), []byte{3, 0, 200}, true)
 	f.Add(bytes.Repeat([]byte("x"), 3*peekLimit), []byte{255, 255}, false)
 	f.Add([]byte{}, []byte{}, true)
+	f.Add([]byte(`{"data":{},"extensions":{"cost":{"requestedQueryCost":101,"actualQueryCost":46,"throttleStatus":{"maximumAvailable":1000.0,"currentlyAvailable":954,"restoreRate":50.0}}}}`), []byte{40, 1}, false)
 	f.Fuzz(func(t *testing.T, data, sizes []byte, fail bool) {
 		want := errors.New("cut")
 		if !fail {
@@ -53,6 +56,14 @@ func FuzzPeek(f *testing.F) {
 		prefix, body := peek(rc)
 		if len(prefix) > peekLimit || !bytes.HasPrefix(data, prefix) {
 			t.Fatalf("prefix of %d bytes, not the body's first (at most %d)", len(prefix), peekLimit)
+		}
+		// What the prefix says of a budget in points stays within its caps.
+		if p := verdict.Body(prefix).Points; p.Stated {
+			in := func(v float64) bool { return v >= 0 && v <= verdict.MaxPoints }
+			if !in(p.Max) || !in(p.Available) || !in(p.Restore) || p.Available > p.Max ||
+				!(p.Requested == -1 || in(p.Requested)) || !(p.Actual == -1 || in(p.Actual)) {
+				t.Fatalf("points %+v out of bounds", p)
+			}
 		}
 		got, err := io.ReadAll(body)
 		if !bytes.Equal(got, data) {

@@ -18,9 +18,10 @@ const (
 	AttemptKey  = attribute.Key("sluice.attempt")   // 1 for a first attempt
 	WaitKey     = attribute.Key("sluice.wait_time") // seconds: waited, estimated or to wait
 	QueuedKey   = attribute.Key("sluice.queued")    // the lane's queue length
-	CauseKey    = attribute.Key("sluice.cause")     // of a cooldown or a rate change
+	CauseKey    = attribute.Key("sluice.cause")     // of a cooldown, a rate change or an overload
 	RateFromKey = attribute.Key("sluice.rate.from")
 	RateToKey   = attribute.Key("sluice.rate.to")
+	LimitKey    = attribute.Key("sluice.in_flight.limit") // the in-flight limit an overload left
 )
 
 // laneAttrs returns the attributes of a lane name: server.address (and

@@ -22,8 +22,10 @@
 // sluice.throttled (http.response.status_code), sluice.cooldown (sluice.cause,
 // sluice.wait_time: its length), sluice.retry (http.request.resend_count,
 // http.response.status_code or error.type, sluice.wait_time: the backoff) and
-// sluice.rate_changed (sluice.cause, sluice.rate.from, sluice.rate.to); the
-// attempt events carry sluice.attempt. The client span then shows where
+// sluice.rate_changed (sluice.cause, sluice.rate.from, sluice.rate.to) and
+// sluice.overloaded (sluice.cause: status or stream, http.response.status_code
+// for a status, sluice.in_flight.limit: the limit it left, sluice.wait_time:
+// the lane's pause, 0 if none); the attempt events carry sluice.attempt. The client span then shows where
 // its time went: queued for the rate, cooling down after a 429, or on the
 // wire.
 //

@@ -19,6 +19,7 @@ const (
 	EventThrottled   = "sluice.throttled"
 	EventCooldown    = "sluice.cooldown"
 	EventRateChanged = "sluice.rate_changed"
+	EventOverloaded  = "sluice.overloaded"
 )
 
 // spanEvent adds e to the span in ctx, if it records, at the time e
@@ -58,6 +59,12 @@ func spanEvent(ctx context.Context, e sluice.Event) {
 	case sluice.EventRateChanged:
 		name = EventRateChanged
 		kv = []attribute.KeyValue{CauseKey.String(e.Cause), RateFromKey.Float64(e.From), RateToKey.Float64(e.To)}
+	case sluice.EventOverloaded:
+		name = EventOverloaded
+		kv = []attribute.KeyValue{CauseKey.String(e.Cause), LimitKey.Int(int(e.To)), WaitKey.Float64(e.Wait.Seconds())}
+		if e.Status != 0 {
+			kv = append(kv, semconv.HTTPResponseStatusCode(e.Status))
+		}
 	default:
 		return
 	}

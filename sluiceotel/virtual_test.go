@@ -104,3 +104,58 @@ func TestVirtualTimeline(t *testing.T) {
 		}
 	})
 }
+
+// overloaded answers every call with Anthropic's 529 overloaded_error.
+type overloaded struct{}
+
+func (overloaded) RoundTrip(req *http.Request) (*http.Response, error) {
+	return &http.Response{StatusCode: 529, Header: http.Header{}, Request: req,
+		Body: io.NopCloser(strings.NewReader(`{"type":"error","error":{"type":"overloaded_error"}}`))}, nil
+}
+
+// An overload is a sluice.overloaded span event with its status, cause and
+// the in-flight limit it left.
+func TestOverloadedSpanEvent(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		spans := tracetest.NewSpanRecorder()
+		tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
+		tel, err := sluiceotel.New()
+		if err != nil {
+			t.Fatal(err)
+		}
+		tr, err := sluice.New(overloaded{}, sluice.WithRate(10, time.Second), sluice.WithConcurrency(1, 16),
+			sluice.WithRetry(0), sluice.WithObserver(tel))
+		if err != nil {
+			t.Fatal(err)
+		}
+		tel.Watch(tr)
+		defer tr.Close()
+		ctx, span := tp.Tracer("test").Start(context.Background(), "call")
+		req, _ := http.NewRequestWithContext(ctx, "GET", "http://api.example.com/x", nil)
+		resp, err := tr.RoundTrip(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		tr.WaitEvents(context.Background())
+		span.End()
+		var got []sdktrace.Event
+		for _, e := range spans.Ended()[0].Events() {
+			if e.Name == sluiceotel.EventOverloaded {
+				got = append(got, e)
+			}
+		}
+		if len(got) != 1 {
+			t.Fatalf("%d overloaded events, want 1", len(got))
+		}
+		attrs := attribute.NewSet(got[0].Attributes...)
+		status, _ := attrs.Value("http.response.status_code")
+		cause, _ := attrs.Value(sluiceotel.CauseKey)
+		limit, _ := attrs.Value(sluiceotel.LimitKey)
+		ls, _ := tr.LaneStats("api.example.com")
+		if status.AsInt64() != 529 || cause.AsString() != sluice.OverloadStatus || limit.AsInt64() != int64(ls.Limit) || ls.Limit >= 16 {
+			t.Errorf("overloaded event %v, want status 529, cause %q, the limit cut from 16 to the lane's %d",
+				got[0].Attributes, sluice.OverloadStatus, ls.Limit)
+		}
+	})
+}

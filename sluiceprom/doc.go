@@ -2,7 +2,7 @@
 // metrics.
 //
 // A Metrics is both halves: a sluice.Observer, which fills the wait-time
-// histogram from the Transport's events, and a prometheus.Collector, which
+// histogram and counts the overloads from the Transport's events, and a prometheus.Collector, which
 // reads every other figure from Transport.Stats at scrape time. The
 // Observer must be given to sluice.New, before the Transport exists, so
 // the set-up is three lines:
@@ -32,6 +32,8 @@
 //	sluice_retries_total                counter  retries made
 //	sluice_retries_denied_total         counter  retries the retry budget refused
 //	sluice_cooldowns_total              counter  pauses of the whole lane
+//	sluice_overloaded_total             counter  overloads the server answered (from the
+//	                                             Observer; no series before the first)
 //
 // Per lane and priority level (labels lane, priority: interactive, normal,
 // batch):
@@ -51,7 +53,8 @@
 // # Cardinality
 //
 // A lane is a key of the Transport (by default the host), so lanes may be
-// many, and each lane label makes 96 series: 12 per lane, 11 per priority
+// many, and each lane label makes 96 series (97 once the server answers an
+// overload): 12 per lane, 11 per priority
 // level (5 of them the refusal reasons) and the histogram's 17 per level at
 // the default buckets. Tenants are never a label. WithLaneLabel maps keys to labels
 // (several lanes under one label are summed, or for latencies, cooldown and

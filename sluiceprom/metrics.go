@@ -19,7 +19,9 @@ type Metrics struct {
 	tr     atomic.Pointer[sluice.Transport]
 
 	wait *prometheus.HistogramVec
-	mu   sync.Mutex // guards waitBy
+	// overloaded counts the EventOverloaded, by lane label.
+	overloaded *prometheus.CounterVec
+	mu         sync.Mutex // guards waitBy
 	// waitBy caches the histogram's children by label, so that an event
 	// costs a map lookup. Bounded like the labels.
 	waitBy map[string]*[lanegroup.Levels]prometheus.Observer
@@ -41,6 +43,10 @@ func New(opts ...Option) (*Metrics, error) {
 			Help:    "Time from enqueue to grant of the attempts granted.",
 			Buckets: c.buckets,
 		}, []string{"lane", "priority"}),
+		overloaded: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_overloaded_total",
+			Help: "Overloads the server answered (529, 502/503/504 without Retry-After, a stream's first event about overload).",
+		}, []string{"lane"}),
 		waitBy: make(map[string]*[lanegroup.Levels]prometheus.Observer),
 	}, nil
 }
@@ -58,9 +64,14 @@ func (m *Metrics) Watch(tr *sluice.Transport) {
 	}
 }
 
-// Observe records the waits of granted attempts. sluice calls it, from
-// the Transport's event goroutine; see sluice.WithObserver.
+// Observe records the waits of granted attempts and counts the overloads.
+// sluice calls it, from the Transport's event goroutine; see
+// sluice.WithObserver.
 func (m *Metrics) Observe(_ context.Context, e sluice.Event) {
+	if e.Kind == sluice.EventOverloaded {
+		m.overloaded.WithLabelValues(m.groups.Label(e.Lane)).Inc()
+		return
+	}
 	if e.Kind != sluice.EventGranted || e.Priority < 0 || int(e.Priority) >= lanegroup.Levels {
 		return
 	}
@@ -123,11 +134,13 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 		ch <- d
 	}
 	m.wait.Describe(ch)
+	m.overloaded.Describe(ch)
 }
 
 // Collect reads the watched Transport's Stats and sends the metrics.
 func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	m.wait.Collect(ch)
+	m.overloaded.Collect(ch)
 	tr := m.tr.Load()
 	if tr == nil {
 		return

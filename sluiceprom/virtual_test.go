@@ -95,3 +95,46 @@ func TestVirtualTimeline(t *testing.T) {
 		}
 	})
 }
+
+// overloaded answers every call with Anthropic's 529 overloaded_error.
+type overloaded struct{}
+
+func (overloaded) RoundTrip(req *http.Request) (*http.Response, error) {
+	return &http.Response{StatusCode: 529, Header: http.Header{}, Request: req,
+		Body: io.NopCloser(strings.NewReader(`{"type":"error","error":{"type":"overloaded_error"}}`))}, nil
+}
+
+// Each overload the server answers is counted in sluice_overloaded_total,
+// under its lane's label.
+func TestOverloadedCounter(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		m, err := sluiceprom.New()
+		if err != nil {
+			t.Fatal(err)
+		}
+		tr, err := sluice.New(overloaded{}, sluice.WithRate(100, time.Second), sluice.WithRetry(0), sluice.WithObserver(m))
+		if err != nil {
+			t.Fatal(err)
+		}
+		m.Watch(tr)
+		defer tr.Close()
+		reg := prometheus.NewPedanticRegistry()
+		reg.MustRegister(m)
+		for range 3 {
+			req, _ := http.NewRequest("GET", "http://api.example.com/v1/messages", nil)
+			resp, err := tr.RoundTrip(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+		}
+		tr.WaitEvents(context.Background())
+		fams, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := value(t, fams, "sluice_overloaded_total", "lane", "api.example.com"); n != 3 {
+			t.Errorf("sluice_overloaded_total = %v after three 529s, want 3", n)
+		}
+	})
+}

@@ -25,6 +25,8 @@ package verdict
 import (
 	"bytes"
 	"net/http"
+	"strconv"
+	"strings"
 )
 
 // Kind is what an attempt was to the server; see the package comment. The
@@ -126,7 +128,25 @@ type Signal struct {
 	// rate, in a 200 or a 4xx: GitHub's "RATE_LIMITED" error type,
 	// Linear's "RATELIMITED" and Shopify's "THROTTLED" codes.
 	GraphQL bool
+	// Points: the cost of a GraphQL query in points and the state of the
+	// bucket it drew on, as Shopify states them in every answer.
+	Points Points
 }
+
+// Points is what a GraphQL answer's extensions.cost says (Shopify's):
+// the query's requested and actual cost, and throttleStatus, a bucket of
+// Max points refilling at Restore a second that held Available after the
+// query. Requested or Actual is -1 when not stated (a throttled query's
+// actual cost is not: it cost nothing); Stated is false when no throttleStatus was read. Every figure is finite,
+// within [0, MaxPoints].
+type Points struct {
+	Requested, Actual       float64
+	Max, Available, Restore float64
+	Stated                  bool
+}
+
+// MaxPoints caps every figure read into Points.
+const MaxPoints = 1e9
 
 // Body returns what prefix, the first bytes of a response's body, says.
 func Body(prefix []byte) Signal {
@@ -134,7 +154,59 @@ func Body(prefix []byte) Signal {
 		Secondary: containsFold(prefix, "secondary rate limit") || containsFold(prefix, "abuse detection mechanism"),
 		GraphQL: bytes.Contains(prefix, []byte(`"RATE_LIMITED"`)) || bytes.Contains(prefix, []byte(`"RATELIMITED"`)) ||
 			bytes.Contains(prefix, []byte(`"THROTTLED"`)),
+		Points: points(prefix),
 	}
+}
+
+// points reads Shopify's extensions.cost from a body's prefix: a bounded
+// scan for its keys, not a JSON parse (the prefix may end anywhere).
+func points(b []byte) Points {
+	i := bytes.Index(b, []byte(`"throttleStatus"`))
+	if i < 0 {
+		return Points{}
+	}
+	ts := b[i:min(len(b), i+256)] // throttleStatus's object is short
+	p := Points{Actual: -1, Requested: -1}
+	var ok [3]bool
+	p.Max, ok[0] = number(ts, `"maximumAvailable"`)
+	p.Available, ok[1] = number(ts, `"currentlyAvailable"`)
+	p.Restore, ok[2] = number(ts, `"restoreRate"`)
+	if !ok[0] || !ok[1] || !ok[2] || p.Available > p.Max {
+		return Points{}
+	}
+	// The costs come just before throttleStatus.
+	cost := b[max(0, i-256):i]
+	if v, ok := number(cost, `"requestedQueryCost"`); ok {
+		p.Requested = v
+	}
+	if v, ok := number(cost, `"actualQueryCost"`); ok {
+		p.Actual = v
+	}
+	p.Stated = true
+	return p
+}
+
+// number returns the number after the JSON key key in b (key, a colon,
+// then a number), if there is one, finite and within [0, MaxPoints].
+func number(b []byte, key string) (float64, bool) {
+	i := bytes.Index(b, []byte(key))
+	if i < 0 {
+		return 0, false
+	}
+	b = bytes.TrimLeft(b[i+len(key):], " \t\r\n")
+	if len(b) == 0 || b[0] != ':' {
+		return 0, false
+	}
+	b = bytes.TrimLeft(b[1:], " \t\r\n")
+	n := 0
+	for n < len(b) && n < 24 && strings.IndexByte("0123456789.eE+-", b[n]) >= 0 {
+		n++
+	}
+	v, err := strconv.ParseFloat(string(b[:n]), 64)
+	if err != nil || !(v >= 0 && v <= MaxPoints) {
+		return 0, false
+	}
+	return v, true
 }
 
 // Throttles reports whether s says the attempt was throttled.

@@ -101,3 +101,28 @@ func TestHeadersDecide(t *testing.T) {
 		t.Error("a 429's Retry-After must be read")
 	}
 }
+
+// TestPoints: Shopify's extensions.cost, as it answers a query and a
+// throttled one, in any spacing; anything else, or a figure out of bounds,
+// states nothing.
+func TestPoints(t *testing.T) {
+	for _, c := range []struct {
+		body string
+		want Points
+	}{
+		{`{"data":{"shop":{"name":"x"}},"extensions":{"cost":{"requestedQueryCost":101,"actualQueryCost":46,"throttleStatus":{"maximumAvailable":1000.0,"currentlyAvailable":954,"restoreRate":50.0}}}}`,
+			Points{Requested: 101, Actual: 46, Max: 1000, Available: 954, Restore: 50, Stated: true}},
+		{"{\"errors\":[{\"message\":\"Throttled\",\"extensions\":{\"code\":\"THROTTLED\"}}],\"extensions\":{\"cost\":{\"requestedQueryCost\": 752, \"actualQueryCost\": null,\n \"throttleStatus\": {\"maximumAvailable\": 2000.0, \"currentlyAvailable\": 34, \"restoreRate\": 100.0}}}}",
+			Points{Requested: 752, Actual: -1, Max: 2000, Available: 34, Restore: 100, Stated: true}},
+		{`{"extensions":{"cost":{"throttleStatus":{"maximumAvailable":1000,"currentlyAvailable":1e12,"restoreRate":50}}}}`, Points{}},
+		{`{"extensions":{"cost":{"throttleStatus":{"maximumAvailable":1000,"currentlyAvailable":-5,"restoreRate":50}}}}`, Points{}},
+		{`{"extensions":{"cost":{"throttleStatus":{"maximumAvailable":100,"currentlyAvailable":500,"restoreRate":50}}}}`, Points{}},
+		{`{"extensions":{"cost":{"throttleStatus":{"maximumAvailable":1000,"currentlyAvailable":NaN,"restoreRate":50}}}}`, Points{}},
+		{`{"extensions":{"cost":{"throttleStatus":{"maximumAvailable":1000,"currentlyAvailable":`, Points{}},
+		{`{"data":{}}`, Points{}},
+	} {
+		if got := Body([]byte(c.body)).Points; got != c.want {
+			t.Errorf("Body(%.60q...).Points = %+v, want %+v", c.body, got, c.want)
+		}
+	}
+}

@@ -1,8 +1,10 @@
 // Command signals measures, on the real clock over loopback, what sluice
 // does with signals beyond a rate (an overloaded server's fast 529s,
 // GitHub's secondary limit stated only in a 403's body, a cold start
-// against go-chi/httprate's headers) beside x/time/rate + x/sync/semaphore
-// in the same run, and prints a table for each.
+// against go-chi/httprate's headers, a cold start against a server that
+// states nothing but 429s) beside x/time/rate + x/sync/semaphore and
+// failsafe-go's adaptive limiter in the same run, and prints a table for
+// each.
 //
 //	cd bench && go run ./cmd/signals
 package main
@@ -17,6 +19,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/failsafe-go/failsafe-go/adaptivelimiter"
 	"github.com/go-chi/httprate"
 	"github.com/sluice-go/sluice"
 	"golang.org/x/sync/semaphore"
@@ -68,6 +71,42 @@ func pairClient(r float64, slots int64) client {
 		}
 		io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
+		return resp.StatusCode, nil
+	}}
+}
+
+// failsafeClient returns failsafe-go's adaptive limiter with its defaults
+// (limits 1 to 200 from 20), its permits awaited, behind x/time/rate at r
+// (burst 1), or no rate if r is 0. A permit is recorded when the body is
+// read, dropped when the call fails.
+func failsafeClient(r float64) client {
+	name := "failsafe-go adaptive limiter"
+	var lim *rate.Limiter
+	if r > 0 {
+		lim = rate.NewLimiter(rate.Limit(r), 1)
+		name = fmt.Sprintf("x/time/rate %.0f/s + %s", r, name)
+	}
+	al := adaptivelimiter.NewBuilder[*http.Response]().Build()
+	c := &http.Client{}
+	return client{name, func(ctx context.Context, url string) (int, error) {
+		if lim != nil {
+			if err := lim.Wait(ctx); err != nil {
+				return 0, err
+			}
+		}
+		p, err := al.AcquirePermit(ctx)
+		if err != nil {
+			return 0, err
+		}
+		req, _ := http.NewRequestWithContext(ctx, "GET", url, nil)
+		resp, err := c.Do(req)
+		if err != nil {
+			p.Drop()
+			return 0, err
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		p.Record()
 		return resp.StatusCode, nil
 	}}
 }
@@ -129,6 +168,8 @@ func overload() {
 		sluiceClient("sluice, no WithRate"),
 		pairClient(1000, 16),
 		pairClient(1000, 64),
+		failsafeClient(0),
+		failsafeClient(1000),
 	} {
 		rs := loop(c, srv.URL, 64, 8*time.Second)
 		ok, bad := 0, 0
@@ -176,6 +217,7 @@ func secondary() {
 	for _, c := range []client{
 		sluiceClient("sluice at 50/s", sluice.WithRate(50, time.Second)),
 		pairClient(50, 8),
+		failsafeClient(50),
 	} {
 		hit.Store(0)
 		after.Store(0)
@@ -199,6 +241,8 @@ func coldStart() {
 		sluiceClient("sluice, no WithRate"),
 		sluiceClient("sluice at 50/s", sluice.WithRate(50, time.Second)),
 		pairClient(50, 32),
+		failsafeClient(0),
+		failsafeClient(50),
 	} {
 		srv := httptest.NewServer(h) // fresh window state per client
 		rs := loop(c, srv.URL, 32, 6*time.Second)
@@ -215,8 +259,49 @@ func coldStart() {
 	}
 }
 
+// quiet429 measures a cold start against a server that allows 50 calls a
+// second (a bucket of 20) and states nothing but a 429 beyond them: no
+// rate-limit header, no Retry-After. Its calls take 400 ms for 6 s, then
+// 40 ms for 6 s.
+func quiet429() {
+	fmt.Println("\n## Cold start, no headers: a loopback server allowing 50/s (a bucket of 20), a bare 429 beyond; calls of 400 ms for 6 s, then 40 ms for 6 s; 64 callers")
+	fmt.Println("| client | accepted ÷ (6 s x 50/s), first 6 s | next 6 s | refused |\n|---|---|---|---|")
+	for _, c := range []client{
+		sluiceClient("sluice, no WithRate"),
+		sluiceClient("sluice at 50/s", sluice.WithRate(50, time.Second)),
+		pairClient(50, 32),
+		failsafeClient(0),
+		failsafeClient(50),
+	} {
+		lim := rate.NewLimiter(50, 20)
+		start := time.Now()
+		var ok [2]atomic.Int64
+		var bad atomic.Int64
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if !lim.Allow() {
+				bad.Add(1)
+				w.WriteHeader(http.StatusTooManyRequests)
+				return
+			}
+			phase, d := 0, 400*time.Millisecond
+			if time.Since(start) >= 6*time.Second {
+				phase, d = 1, 40*time.Millisecond
+			}
+			ok[phase].Add(1)
+			time.Sleep(d)
+			io.WriteString(w, "ok")
+		}))
+		loop(c, srv.URL, 64, 12*time.Second)
+		srv.Close()
+		a, b, n := ok[0].Load(), ok[1].Load(), bad.Load()
+		fmt.Printf("| %s | %.2f | %.2f | %d (%.1f%%) |\n", c.name, float64(a)/300, float64(b)/300,
+			n, 100*float64(n)/float64(a+b+n))
+	}
+}
+
 func main() {
 	overload()
 	secondary()
 	coldStart()
+	quiet429()
 }
