@@ -123,6 +123,8 @@ type shareKey struct {
 	// whole rate while the others still send at their fallback rates.
 	fellTo float64
 	frac   float64 // the fallback's fraction of the rate, for this outage
+
+	budgets budgetState // see refreshBudgets
 }
 
 // A member is one lane on a key.
@@ -137,6 +139,9 @@ type member struct {
 	// backedUpQueue or more at every look (see look); zero: it held less
 	// at the last.
 	backed time.Time
+	// budgets: the lane's budgets, as the refresher knows them (see
+	// refreshBudgets).
+	budgets []laneBudget
 }
 
 // look records the lane's demand d, read at now, at a refresh or between
@@ -382,6 +387,11 @@ func (b *backend) refresh(sk *shareKey) {
 		wants: total, places: ptotal, most: sk.fellTo, channel: sk.channel, lowShare: lowShare,
 	})
 	cancel()
+	if err == nil {
+		if berr := b.refreshBudgets(sk, lanes, sent); berr != nil {
+			b.cfg.logger.Warn("sluiceredis: could not refresh the budgets; the lanes keep what they hold", "key", sk.key, "err", berr)
+		}
+	}
 	now := time.Now()
 	// Subscribed after the call, which a key's first request waits for.
 	b.listen(sk)
@@ -483,6 +493,7 @@ func (b *backend) live(sk *shareKey) []*member {
 		d, ok := m.demand()
 		if !ok {
 			gone[m] = true
+			sk.budgets.gone(m)
 			continue
 		}
 		m.now = d
@@ -554,6 +565,7 @@ func (b *backend) hand(lanes []*member, wants [][levels]float64, places [][level
 		if ps != nil {
 			s.InFlight = ps[i]
 		}
+		s.Budgets = m.budgetShares()
 		m.grant(s)
 	}
 }
