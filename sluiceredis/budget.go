@@ -42,6 +42,7 @@ type laneBudget struct {
 type budgetState struct {
 	back   map[string]float64
 	margin map[string]float64
+	fell   time.Time // when the fallback last granted (see fallback); zero: not fallen
 }
 
 // budgetKey names the hash of budget name of key (see budget.lua), in the
@@ -228,5 +229,32 @@ func (bs *budgetState) gone(m *member) {
 			bs.back = map[string]float64{}
 		}
 		bs.back[m.now.Budgets[j].Name] += lb.level
+	}
+}
+
+// fallback grants lanes, at now, their part of frac of each budget's
+// refill since the last fallback grant (a refresh's worth at the first),
+// as the fallback share of the rate (see fallbackShare): no lane holds
+// more than frac of a budget's size.
+func (bs *budgetState) fallback(lanes []*member, frac float64, now time.Time, refresh time.Duration) {
+	elapsed := refresh
+	if !bs.fell.IsZero() {
+		elapsed = now.Sub(bs.fell)
+	}
+	bs.fell = now
+	for _, m := range lanes {
+		for j, d := range m.now.Budgets {
+			if d.Per <= 0 {
+				continue
+			}
+			for len(m.budgets) <= j {
+				m.budgets = append(m.budgets, laneBudget{spent: d.Spent})
+			}
+			most := frac * float64(d.Size) / float64(len(lanes))
+			add := min(frac*float64(d.Size)/d.Per.Seconds()*elapsed.Seconds()/float64(len(lanes)), most-d.Level)
+			s := sluice.BudgetShare{Add: max(add, 0), Rate: frac * float64(d.Size) / d.Per.Seconds() / float64(len(lanes)), Margin: -1}
+			m.budgets[j].share = &s
+			m.budgets[j].level = d.Level + s.Add
+		}
 	}
 }
