@@ -302,7 +302,21 @@ func (bs *budgets) reconcile(i int, remaining int64, now, sent time.Duration, ch
 		bs.seen(i, remaining, now, sent, ch)
 		return
 	}
-	since, before := b.sent, 0.0
+	since, before := bs.uncounted(i, ch)
+	t := float64(remaining) + (now-sent).Seconds()*b.b.rate - since - before
+	t = min(max(t, -b.b.burst), b.b.burst)
+	if ch != nil && ch.cost[i] > 0 && before == 0 {
+		under := (b.b.advance(now) - t) / (ch.cost[i] + max(since, 0))
+		b.margin = min(max(b.margin*0.9999, under), maxCostMargin)
+	}
+	b.b.set(now, t)
+}
+
+// uncounted returns what a server's count in answer to the attempt of
+// charge ch (nil: none) may not have counted of budget i: the costs
+// granted since ch, and those granted before it and not answered yet.
+func (bs *budgets) uncounted(i int, ch *charge) (since, before float64) {
+	since = bs.bs[i].sent
 	if ch != nil {
 		since -= ch.mark[i] + ch.cost[i]
 		for _, o := range bs.out {
@@ -312,13 +326,7 @@ func (bs *budgets) reconcile(i int, remaining int64, now, sent time.Duration, ch
 			before += o.cost[i] // granted before ch, not answered yet
 		}
 	}
-	t := float64(remaining) + (now-sent).Seconds()*b.b.rate - since - before
-	t = min(max(t, -b.b.burst), b.b.burst)
-	if ch != nil && ch.cost[i] > 0 && before == 0 {
-		under := (b.b.advance(now) - t) / (ch.cost[i] + max(since, 0))
-		b.margin = min(max(b.margin*0.9999, under), maxCostMargin)
-	}
-	b.b.set(now, t)
+	return since, before
 }
 
 // adjust charges budget i at now the difference between what an attempt
@@ -372,16 +380,7 @@ func (t *Transport) Report(resp *http.Response, name string, actual int) {
 // lane's costs granted since ch and granted before it and not answered.
 func (bs *budgets) seen(i int, remaining int64, now, sent time.Duration, ch *charge) {
 	b := &bs.bs[i]
-	since, before := b.sent, 0.0
-	if ch != nil {
-		since -= ch.mark[i] + ch.cost[i]
-		for _, o := range bs.out {
-			if o == ch {
-				break
-			}
-			before += o.cost[i]
-		}
-	}
+	since, before := bs.uncounted(i, ch)
 	t := float64(remaining) + (now-sent).Seconds()*b.refill - since - before
 	b.server, b.seenAt, b.seenSent = min(t, b.b.burst), now, b.sent
 	b.seen++

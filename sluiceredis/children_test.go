@@ -3,8 +3,12 @@ package sluiceredis
 import (
 	"bufio"
 	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -94,4 +98,45 @@ func readChild(t *testing.T, role string) child {
 	}
 	return child{proc: proc, redis: os.Getenv("FLEET_REDIS"), url: os.Getenv("FLEET_URL"),
 		start: at("FLEET_START"), from: at("FLEET_FROM"), stop: at("FLEET_STOP")}
+}
+
+// A recorder is an upstream for fleet tests: it records when each request
+// arrived and which process sent it (X-Proc, -1 if none), and answers
+// "ok" after delay.
+type recorder struct {
+	url  string
+	mu   sync.Mutex
+	at   []time.Time
+	proc []int
+}
+
+// newRecorder starts a recorder, closed when t ends.
+func newRecorder(t *testing.T, delay time.Duration) *recorder {
+	r := &recorder{}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		now := time.Now()
+		p, err := strconv.Atoi(req.Header.Get("X-Proc"))
+		if err != nil {
+			p = -1
+		}
+		r.mu.Lock()
+		r.at = append(r.at, now)
+		r.proc = append(r.proc, p)
+		r.mu.Unlock()
+		if delay > 0 {
+			time.Sleep(delay)
+		}
+		io.WriteString(w, "ok\n")
+	}))
+	t.Cleanup(srv.Close)
+	r.url = srv.URL
+	return r
+}
+
+// arrivals returns when each request arrived so far, in arrival order,
+// and which process sent it.
+func (r *recorder) arrivals() (at []time.Time, proc []int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.at), slices.Clone(r.proc)
 }
