@@ -332,20 +332,6 @@ func (b *backend) refreshDue(now time.Time) (time.Time, bool) {
 	return next, true
 }
 
-// refresh asks Redis for this process's share of sk's budget, by what its
-// lanes want, and hands the lanes their parts. Without an answer it keeps
-// the last share until its lease ends, and then falls back (see fallbackShare).
-func (b *backend) refresh(sk *shareKey) {
-	p := b.prepare(sk)
-	if p == nil {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), b.cfg.timeout)
-	r, err := runShare(ctx, b.client, sk.redis, p.args)
-	cancel()
-	b.conclude(p, r, err)
-}
-
 // A refreshing is one refresh of a key between prepare and conclude: what
 // its lanes want, and the call to make.
 type refreshing struct {
@@ -526,8 +512,11 @@ func (b *backend) conclude(p *refreshing, r shareReply, err error) {
 	sk.next = now.Add(time.Duration(float64(next) * jitter)).Truncate(grid).Add(grid)
 }
 
-// refreshBatch refreshes the keys of batch, their calls in one pipeline
-// on a single Redis.
+// refreshBatch asks Redis for this process's share of each key of batch,
+// by what its lanes want, their calls in one pipeline (one round trip),
+// and hands the lanes their parts (see prepare and conclude). Without an
+// answer a key keeps its last share until its lease ends, and then falls
+// back (see fallbackShare).
 func (b *backend) refreshBatch(batch []*shareKey) {
 	var ps []*refreshing
 	for _, sk := range batch {
