@@ -538,14 +538,24 @@ func (b *backend) refreshBatch(batch []*shareKey) {
 			cmds[i] = shareScript.EvalSha(ctx, pipe, p.sk.redis[:], p.args.list()...)
 		}
 		pipe.Exec(ctx) // each command has its own error
+		var again []int
 		for i, c := range cmds {
-			v, err := c.Slice()
-			if redis.HasErrorPrefix(err, "NOSCRIPT") {
-				// Redis does not have the script (it restarted, or this is
-				// the first call): Run sends it.
-				v, err = shareScript.Run(ctx, b.client, ps[i].sk.redis[:], ps[i].args.list()...).Slice()
+			if redis.HasErrorPrefix(c.Err(), "NOSCRIPT") {
+				again = append(again, i)
 			}
-			rs[i], errs[i] = parseShare(v, err)
+		}
+		if len(again) > 0 && shareScript.Load(ctx, b.client).Err() == nil {
+			// Redis did not have the script (it restarted, or this is the
+			// first call): loaded, the calls are made again, in one more
+			// pipeline.
+			pipe := b.client.Pipeline()
+			for _, i := range again {
+				cmds[i] = shareScript.EvalSha(ctx, pipe, ps[i].sk.redis[:], ps[i].args.list()...)
+			}
+			pipe.Exec(ctx)
+		}
+		for i, c := range cmds {
+			rs[i], errs[i] = parseShare(c.Slice())
 		}
 	}
 	cancel()
