@@ -106,6 +106,45 @@ type Demand struct {
 	// another, the lowest waiting level is owed at least 1/LowShare of the
 	// rate (0: strict priority).
 	LowShare int
+	// Budgets is what the lane wants of each of its budgets (see
+	// WithBudget), in the order they were given; nil without budgets.
+	Budgets []BudgetDemand
+}
+
+// A BudgetDemand is what a lane wants of one budget (see WithBudget) that
+// a Leaser shares across processes. With a Leaser, a lane's budget does
+// not refill by itself: the lane spends what the Leaser grants it (see
+// BudgetShare), and the Leaser keeps the budget's level for the fleet,
+// refilling it at Size per Per and lowering or raising it to what the
+// server says remains.
+type BudgetDemand struct {
+	Name string
+	Size int           // units per Per, and the budget's capacity
+	Per  time.Duration // the budget's period
+	// Level is what the lane holds of its grants and has not spent; below
+	// 0 when a cost turned out larger than its estimate (see
+	// Transport.Report).
+	Level float64
+	// Queued is the estimated cost of the requests waiting, by priority
+	// level; Need is what the lane must hold for its next waiter to be
+	// granted, the margin included (0: none waits).
+	Queued [Batch + 1]float64
+	Need   float64
+	// Spent grows by the cost of each attempt granted (and shrinks by a
+	// refund): the Leaser derives the lane's recent cost rate from it.
+	Spent float64
+	// Unanswered is the cost of the attempts granted and not answered yet:
+	// the server may not have counted them.
+	Unanswered float64
+	// Seen counts the responses that said what remains of the budget;
+	// Server, once Seen > 0, is what the latest said, brought to now: its
+	// count, plus what refilled since the attempt was sent, less this
+	// lane's costs granted since that attempt and those granted before it
+	// and not answered yet. The server counts every process on the key
+	// (an API key's organisation), so the Leaser subtracts the others'
+	// unanswered costs, and passes on a count once (when Seen grows).
+	Seen   uint64
+	Server float64
 }
 
 // A Share is the part of a key's budget a Leaser grants one lane until its
@@ -116,6 +155,24 @@ type Share struct {
 	Burst    int       // at least 1
 	InFlight int       // < 0: no cap from the share
 	Cool     time.Time // a cooldown shared by another process; zero: none
+	// Budgets are the lane's grants of its budgets, indexed as
+	// Demand.Budgets; nil: none this time.
+	Budgets []BudgetShare
+}
+
+// A BudgetShare is a Leaser's grant of one budget to a lane.
+type BudgetShare struct {
+	// Add is added to what the lane holds of the budget: a grant, or
+	// when below 0 what the lane gives back (the server said the fleet
+	// holds less than it thought).
+	Add float64
+	// Rate is the lane's expected part of the budget's refill, units a
+	// second, from which it estimates waits (see WithMaxWait).
+	Rate float64
+	// Margin is the fleet's learned underestimate of costs, a share of an
+	// estimate in [0, 1]: the lane holds cost + Margin x (cost +
+	// unanswered) before it grants an attempt.
+	Margin float64
 }
 
 // backendDone tells the Backend, if any, that an attempt it granted is done,
@@ -195,8 +252,10 @@ func (l *lane) joinLocked() {
 		l.perToken = true
 		return
 	}
-	// Nothing is sent before the first grant (see grant).
+	// Nothing is sent before the first grant (see grant); the budgets
+	// spend what the Leaser grants them.
 	l.pace.join()
+	l.budgets.joinFleet()
 }
 
 // demand is what the lane wants of its Leaser; false once the lane is gone.
@@ -214,6 +273,13 @@ func (l *lane) demand() (Demand, bool) {
 		lv.each(func(t *tenant) { d.InFlight[p] += t.inFlight })
 		d.Granted[p] = l.levels[p].granted
 	}
+	if !l.budgets.empty() {
+		var next *charge
+		if w := l.q.next(l.slot.limit); w != nil {
+			next = w.charge
+		}
+		d.Budgets = l.budgets.demand(l.clk.tick(), next)
+	}
 	return d, true
 }
 
@@ -226,6 +292,7 @@ func (l *lane) grant(s Share) {
 	}
 	now := l.clk.tick()
 	l.pace.setShare(now, s.Rate, s.Burst)
+	l.budgets.share(now, s.Budgets)
 	l.slot.leased = 0
 	if s.InFlight >= 0 {
 		l.slot.leased = s.InFlight + 1

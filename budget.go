@@ -1,6 +1,7 @@
 package sluice
 
 import (
+	"math"
 	"net/http"
 	"slices"
 	"time"
@@ -36,6 +37,20 @@ type budget struct {
 	sent   float64            // units granted so far; a charge keeps its value at its grant
 	margin float64            // the learned underestimate, a share of the estimate
 	out    float64            // cost of the charges not yet answered
+
+	// With a Leaser (budgets.fleet): the budget's own refill rate, the
+	// lane's expected part of it (see BudgetShare.Rate), and the latest
+	// server count (see seen), taken at seenAt when the lane had sent
+	// seenSent; seen counts the server counts read.
+	refill, flow     float64
+	server, seenSent float64
+	seenAt           time.Duration
+	seen             uint64
+	// fleet: the budget is shared through a Leaser (see BudgetDemand): it
+	// does not refill by itself, and what a response says remains is
+	// passed on to the Leaser instead of taken as the lane's own. (Kept
+	// here, not in budgets, which every lane carries.)
+	fleet bool
 }
 
 // maxCostMargin bounds the learned underestimate: an estimate half the
@@ -59,10 +74,24 @@ func newBudgets(cfg []budgetConfig) budgets {
 	}
 	bs := make([]budget, len(cfg))
 	for i, c := range cfg {
-		bs[i] = budget{name: c.name, b: bucket{rate: float64(c.n) / c.per.Seconds(), burst: float64(c.n), tokens: float64(c.n)}}
+		r := float64(c.n) / c.per.Seconds()
+		bs[i] = budget{name: c.name, b: bucket{rate: r, burst: float64(c.n), tokens: float64(c.n)}, refill: r}
 	}
 	return budgets{bs: bs}
 }
+
+// joinFleet makes the budgets shared through a Leaser, before any
+// attempt is granted: empty and not refilling until the Leaser grants
+// them some (see share).
+func (bs *budgets) joinFleet() {
+	for i := range bs.bs {
+		b := &bs.bs[i]
+		b.b.rate, b.b.tokens, b.flow, b.fleet = 0, 0, b.refill, true
+	}
+}
+
+// shared reports whether the budgets are shared through a Leaser.
+func (bs *budgets) shared() bool { return bs.bs != nil && bs.bs[0].fleet }
 
 // empty reports whether there are no budgets.
 func (bs *budgets) empty() bool { return bs.bs == nil }
@@ -233,9 +262,18 @@ func (bs *budgets) wait(start time.Duration, p Priority, ch *charge) time.Durati
 		for lv := Interactive; lv <= p; lv++ {
 			need += b.queued[lv]
 		}
-		d = max(d, tokensDelay(need-b.b.advance(start), b.b.rate))
+		d = max(d, tokensDelay(need-b.b.advance(start), b.estRate()))
 	}
 	return d
+}
+
+// estRate is the rate at which b is expected to gain units: its refill,
+// or with a Leaser the lane's expected part of the fleet's.
+func (b *budget) estRate() float64 {
+	if b.b.rate == 0 {
+		return b.flow
+	}
+	return b.b.rate
 }
 
 // observe takes what a response at now to an attempt sent at sent with
@@ -307,7 +345,25 @@ func (bs *budgets) retarget(i int, ch *charge, c float64) {
 // is unanswered. See docs/design.md, "Budgets" (underestimates, overtaking).
 func (bs *budgets) reconcile(i int, remaining int64, now, sent time.Duration, ch *charge) {
 	b := &bs.bs[i]
-	since, before := b.sent, 0.0
+	if b.fleet {
+		bs.seen(i, remaining, now, sent, ch)
+		return
+	}
+	since, before := bs.uncounted(i, ch)
+	t := float64(remaining) + (now-sent).Seconds()*b.b.rate - since - before
+	t = min(max(t, -b.b.burst), b.b.burst)
+	if ch != nil && ch.cost[i] > 0 && before == 0 {
+		under := (b.b.advance(now) - t) / (ch.cost[i] + max(since, 0))
+		b.margin = min(max(b.margin*0.9999, under), maxCostMargin)
+	}
+	b.b.set(now, t)
+}
+
+// uncounted returns what a server's count in answer to the attempt of
+// charge ch (nil: none) may not have counted of budget i: the costs
+// granted since ch, and those granted before it and not answered yet.
+func (bs *budgets) uncounted(i int, ch *charge) (since, before float64) {
+	since = bs.bs[i].sent
 	if ch != nil {
 		since -= ch.mark[i] + ch.cost[i]
 		for _, o := range bs.out {
@@ -317,13 +373,7 @@ func (bs *budgets) reconcile(i int, remaining int64, now, sent time.Duration, ch
 			before += o.cost[i] // granted before ch, not answered yet
 		}
 	}
-	t := float64(remaining) + (now-sent).Seconds()*b.b.rate - since - before
-	t = min(max(t, -b.b.burst), b.b.burst)
-	if ch != nil && ch.cost[i] > 0 && before == 0 {
-		under := (b.b.advance(now) - t) / (ch.cost[i] + max(since, 0))
-		b.margin = min(max(b.margin*0.9999, under), maxCostMargin)
-	}
-	b.b.set(now, t)
+	return since, before
 }
 
 // adjust charges budget i at now the difference between what an attempt
@@ -336,7 +386,12 @@ func (bs *budgets) adjust(i int, now time.Duration, estimate, actual float64) {
 }
 
 // full reports whether every budget is full at now, as new budgets are.
+// Budgets shared through a Leaser always are: their level is the fleet's,
+// and the Leaser takes back what a forgotten lane held.
 func (bs *budgets) full(now time.Duration) bool {
+	if bs.shared() {
+		return true
+	}
 	for i := range bs.bs {
 		if b := &bs.bs[i].b; b.tokensAt(now) < b.burst {
 			return false
@@ -367,4 +422,59 @@ func (t *Transport) Report(resp *http.Response, name string, actual int) {
 		return
 	}
 	l.adjust(name, float64(est), float64(max(actual, 0)))
+}
+
+// seen keeps what a response at now, to an attempt sent at sent with
+// charge ch, says remains of budget i, for the Leaser (see
+// BudgetDemand.Server): the count, plus the refill since sent, less the
+// lane's costs granted since ch and granted before it and not answered.
+func (bs *budgets) seen(i int, remaining int64, now, sent time.Duration, ch *charge) {
+	b := &bs.bs[i]
+	since, before := bs.uncounted(i, ch)
+	t := float64(remaining) + (now-sent).Seconds()*b.refill - since - before
+	b.server, b.seenAt, b.seenSent = min(t, b.b.burst), now, b.sent
+	b.seen++
+}
+
+// demand returns what the lane wants of each budget at now, next being the
+// next waiter's charge (nil: none, or it costs nothing).
+func (bs *budgets) demand(now time.Duration, next *charge) []BudgetDemand {
+	if bs.bs == nil {
+		return nil
+	}
+	ds := make([]BudgetDemand, len(bs.bs))
+	for i := range bs.bs {
+		b := &bs.bs[i]
+		d := &ds[i]
+		d.Name, d.Size = b.name, int(b.b.burst)
+		d.Per = time.Duration(math.Round(b.b.burst / b.refill * 1e9))
+		d.Level, d.Spent, d.Unanswered = b.b.advance(now), b.sent, max(b.out, 0)
+		for p := range d.Queued {
+			d.Queued[p] = max(b.queued[p], 0)
+		}
+		if next != nil && next.cost[i] > 0 {
+			d.Need = b.need(next.cost[i])
+		}
+		if d.Seen = b.seen; d.Seen > 0 {
+			d.Server = min(b.server+(now-b.seenAt).Seconds()*b.refill-(b.sent-b.seenSent), b.b.burst)
+		}
+	}
+	return ds
+}
+
+// share applies a Leaser's grants at now (see BudgetShare): indexed as
+// the budgets, any missing ones left as they are.
+func (bs *budgets) share(now time.Duration, ss []BudgetShare) {
+	for i := range min(len(ss), len(bs.bs)) {
+		b, s := &bs.bs[i], ss[i]
+		if s.Add != 0 && !math.IsNaN(s.Add) {
+			b.b.set(now, min(b.b.advance(now)+s.Add, b.b.burst))
+		}
+		if s.Rate >= 0 && !math.IsInf(s.Rate, 0) {
+			b.flow = s.Rate
+		}
+		if s.Margin >= 0 && s.Margin <= maxCostMargin {
+			b.margin = s.Margin
+		}
+	}
 }

@@ -484,3 +484,49 @@ func TestBudgetsUnansweredBound(t *testing.T) {
 		t.Errorf("after every answer: %d charges (cap %d), %v tokens unanswered, want none kept", len(bs.out), cap(bs.out), bs.bs[0].out)
 	}
 }
+
+// TestBudgetsShared: budgets shared through a Leaser start empty and do
+// not refill; they spend what the Leaser grants, say what they want, and
+// pass a server's count on brought to the time they are asked instead of
+// taking it as their own.
+func TestBudgetsShared(t *testing.T) {
+	bs := newBudgets([]budgetConfig{{"tokens", 6000, time.Minute}}) // 100 a second
+	bs.joinFleet()
+	ch := mustCharge(t, &bs, 1000)
+	if bs.canPay(time.Minute, ch) {
+		t.Fatal("a shared budget paid before any grant")
+	}
+	bs.queue(Batch, ch, 1)
+	d := bs.demand(time.Minute, ch)
+	if len(d) != 1 || d[0].Name != "tokens" || d[0].Size != 6000 || d[0].Per != time.Minute || d[0].Level != 0 ||
+		d[0].Queued[Batch] != 1000 || d[0].Need != 1000 || d[0].Seen != 0 {
+		t.Fatalf("demand before a grant: %+v", d)
+	}
+	bs.share(time.Minute, []BudgetShare{{Add: 1500, Rate: 50, Margin: 0.1}})
+	if need := 1000 + 0.1*1000; !bs.canPay(time.Minute, ch) || bs.bs[0].need(1000) != need {
+		t.Fatalf("granted 1500 with margin 0.1: need %v, want %v", bs.bs[0].need(1000), need)
+	}
+	if got := bs.wait(time.Minute, Batch, ch); got != 10*time.Second {
+		t.Errorf("wait for 1000 more queued with 1500 held at 50 a second: %v, want 10s", got)
+	}
+	bs.queue(Batch, ch, -1)
+	bs.pay(time.Minute, ch)
+	// Ten seconds later nothing refilled; the server said 3,000 remain
+	// of the attempt sent at a minute, answered at 70 s, and 200 more were
+	// granted meanwhile.
+	bs.pay(65*time.Second, mustCharge(t, &bs, 200))
+	var left [maxBudgets]int64
+	left[0] = 3000
+	bs.observe(70*time.Second, time.Minute, &left, ch, verdict.Points{})
+	if got := bs.bs[0].b.advance(70 * time.Second); got != 300 {
+		t.Errorf("after a response: %v held, want the 300 granted and not spent", got)
+	}
+	d = bs.demand(71*time.Second, nil)
+	// 3,000 + the 11 s refill since the send, less the 200 granted since.
+	if d[0].Seen != 1 || d[0].Server != 3000+1100-200 || d[0].Spent != 1200 || d[0].Unanswered != 200 {
+		t.Errorf("demand after a server count: %+v", d[0])
+	}
+	if !bs.full(0) {
+		t.Error("a shared budget keeps its lane from being forgotten")
+	}
+}

@@ -382,8 +382,8 @@ func WithLaneIdle(d time.Duration) Option {
 }
 
 func (c *config) validate() error {
-	if len(c.budgets) > 0 && c.backend != nil {
-		return invalid("WithBudget(%q, ...) with WithBackend: budgets are kept in the process and cannot be shared yet", c.budgets[0].name)
+	if _, ok := c.backend.(Leaser); len(c.budgets) > 0 && c.backend != nil && !ok {
+		return invalid("WithBudget(%q, ...) with WithBackend of a %T: budgets are shared only through a Leaser", c.budgets[0].name, c.backend)
 	}
 	if c.rateN > 0 {
 		if r := c.perSecond(); math.IsInf(r, 0) || math.IsNaN(r) || r > 1e9 {
@@ -468,6 +468,11 @@ func WithMaxQueue(n int) Option {
 // actual cost replaces the cost its context carried, and the bucket's
 // currentlyAvailable is what remains. Names must be distinct and
 // non-empty; at most 8 budgets.
+//
+// With WithBackend of a Leaser, the budgets are shared by every process on
+// a key: the Leaser grants each lane a part of the fleet's budget by what
+// it wants (see BudgetDemand), and a server's count sets the fleet's
+// level. New refuses WithBudget with a Backend that is not a Leaser.
 func WithBudget(name string, n int, per time.Duration) Option {
 	return optionFunc(func(c *config) error {
 		switch {

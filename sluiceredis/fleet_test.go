@@ -3,13 +3,8 @@ package sluiceredis
 import (
 	"context"
 	"fmt"
-	"io"
-	"net/http"
-	"net/http/httptest"
-	"os"
 	"slices"
 	"strconv"
-	"sync"
 	"testing"
 	"time"
 
@@ -34,21 +29,7 @@ const (
 // T, and use at least 95% of the rate.
 func TestFleetProcesses(t *testing.T) {
 	srv := startRedis(t)
-
-	var (
-		mu       sync.Mutex
-		arrivals []time.Time
-		perProc  = map[string]int{}
-	)
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		now := time.Now()
-		mu.Lock()
-		arrivals = append(arrivals, now)
-		perProc[r.Header.Get("X-Proc")]++
-		mu.Unlock()
-		io.WriteString(w, "ok\n")
-	}))
-	defer up.Close()
+	up := newRecorder(t, 0)
 
 	// The processes start sending together, once all have started.
 	start := time.Now().Add(2 * time.Second)
@@ -56,16 +37,18 @@ func TestFleetProcesses(t *testing.T) {
 	ctx, cancel := context.WithDeadline(context.Background(), stop.Add(30*time.Second))
 	defer cancel()
 	reports := startChildren(ctx, t, fleetProcs, "TestFleetChild", "fleet", "fleet: ",
-		"FLEET_REDIS="+srv.Addr(),
-		"FLEET_URL="+up.URL,
-		"FLEET_START="+strconv.FormatInt(start.UnixNano(), 10),
-		"FLEET_STOP="+strconv.FormatInt(stop.UnixNano(), 10))()
+		fleetEnv(child{redis: srv.Addr(), url: up.url, start: start, stop: stop})...)()
 	if t.Failed() {
 		return
 	}
 
-	mu.Lock()
-	defer mu.Unlock()
+	arrivals, who := up.arrivals()
+	perProc := make([]int, fleetProcs)
+	for _, p := range who {
+		if p >= 0 && p < fleetProcs {
+			perProc[p]++
+		}
+	}
 	slices.SortFunc(arrivals, func(a, b time.Time) int { return a.Compare(b) })
 	var in []time.Time
 	for _, a := range arrivals {
@@ -77,7 +60,7 @@ func TestFleetProcesses(t *testing.T) {
 	want := fleetRate * fleetRun.Seconds()
 	t.Logf("%d processes sharing %d/s (burst %d) for %v:", fleetProcs, fleetRate, fleetBurst, fleetRun)
 	for i := range fleetProcs {
-		t.Logf("  process %d: %d arrivals (%s)", i, perProc[strconv.Itoa(i)], reports[i])
+		t.Logf("  process %d: %d arrivals (%s)", i, perProc[i], reports[i])
 	}
 	t.Logf("  total %d = %.3f x rate x time", total, float64(total)/want)
 	if float64(total) < 0.95*want {
@@ -94,7 +77,7 @@ func TestFleetProcesses(t *testing.T) {
 		}
 	}
 	for i := range fleetProcs {
-		if perProc[strconv.Itoa(i)] == 0 {
+		if perProc[i] == 0 {
 			t.Errorf("process %d sent nothing", i)
 		}
 	}
@@ -102,56 +85,20 @@ func TestFleetProcesses(t *testing.T) {
 
 // TestFleetChild is one process of TestFleetProcesses; run alone it skips.
 func TestFleetChild(t *testing.T) {
-	if os.Getenv(childEnv) != "fleet" {
-		t.Skip("a child of TestFleetProcesses")
-	}
-	env := func(k string) int64 {
-		v, err := strconv.ParseInt(os.Getenv(k), 10, 64)
-		if err != nil {
-			t.Fatalf("%s: %v", k, err)
-		}
-		return v
-	}
-	start, stop := time.Unix(0, env("FLEET_START")), time.Unix(0, env("FLEET_STOP"))
-	proc, url := os.Getenv("FLEET_PROC"), os.Getenv("FLEET_URL")
+	c := readChild(t, "fleet")
+	start, stop := c.start, c.stop
+	proc, url := strconv.Itoa(c.proc), c.url
 
 	// A second, not DefaultTimeout: one slow call on a busy machine would
 	// send this process to its fallback, whose budget comes on top of the
 	// shared one and breaks the bound checked.
-	b := newTokens(t, newClient(t, os.Getenv("FLEET_REDIS")), WithTimeout(time.Second))
+	b := newTokens(t, newClient(t, c.redis), WithTimeout(time.Second))
 	tr, err := sluice.New(nil, sluice.WithRate(fleetRate, time.Second), sluice.WithBurst(fleetBurst),
 		sluice.WithBackend(b), sluice.WithRetry(0))
 	if err != nil {
 		t.Fatal(err)
 	}
-	client := &http.Client{Transport: tr}
-	defer client.CloseIdleConnections()
-	ctx, cancel := context.WithDeadline(context.Background(), stop)
-	defer cancel()
 	time.Sleep(time.Until(start))
-
-	var (
-		wg   sync.WaitGroup
-		mu   sync.Mutex
-		sent int
-	)
-	for range fleetWorkers {
-		wg.Go(func() {
-			for ctx.Err() == nil {
-				req, _ := http.NewRequestWithContext(ctx, "GET", url, nil)
-				req.Header.Set("X-Proc", proc)
-				resp, err := client.Do(req)
-				if err != nil {
-					continue // the deadline
-				}
-				io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-				mu.Lock()
-				sent++
-				mu.Unlock()
-			}
-		})
-	}
-	wg.Wait()
+	sent, _, _, _ := hammer(stop, tr, url, fleetWorkers, "X-Proc", proc)
 	fmt.Printf("fleet: %d sent\n", sent)
 }

@@ -3,12 +3,8 @@ package sluiceredis
 import (
 	"context"
 	"fmt"
-	"io"
 	"net/http"
-	"net/http/httptest"
-	"os"
 	"strconv"
-	"sync"
 	"testing"
 	"time"
 
@@ -43,22 +39,7 @@ const (
 // out during the freeze and ran when Redis resumed hold no places.
 func TestFleetFreeze(t *testing.T) {
 	srv := startRedis(t)
-	var (
-		mu       sync.Mutex
-		arrivals []time.Time
-		procOf   []int
-	)
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		now := time.Now()
-		p, _ := strconv.Atoi(r.Header.Get("X-Proc"))
-		mu.Lock()
-		arrivals = append(arrivals, now)
-		procOf = append(procOf, p)
-		mu.Unlock()
-		time.Sleep(freezeLatency)
-		io.WriteString(w, "ok\n")
-	}))
-	defer up.Close()
+	up := newRecorder(t, freezeLatency)
 
 	// The processes start sending together, once all have started.
 	start := time.Now().Add(1500 * time.Millisecond)
@@ -68,10 +49,7 @@ func TestFleetFreeze(t *testing.T) {
 	ctx, cancel := context.WithDeadline(context.Background(), stop.Add(30*time.Second))
 	defer cancel()
 	wait := startChildren(ctx, t, freezeProcs, "TestFleetFreezeChild", "freeze", "",
-		"FLEET_REDIS="+srv.Addr(),
-		"FLEET_URL="+up.URL,
-		"FLEET_START="+strconv.FormatInt(start.UnixNano(), 10),
-		"FLEET_STOP="+strconv.FormatInt(stop.UnixNano(), 10))
+		fleetEnv(child{redis: srv.Addr(), url: up.url, start: start, stop: stop})...)
 	time.Sleep(time.Until(freeze))
 	if err := srv.Pause(); err != nil {
 		t.Fatal(err)
@@ -85,8 +63,7 @@ func TestFleetFreeze(t *testing.T) {
 		return
 	}
 
-	mu.Lock()
-	defer mu.Unlock()
+	arrivals, procOf := up.arrivals()
 	// rate returns the fleet's arrivals per second in [from, to), and each
 	// process's share of them.
 	rate := func(from, to time.Time) (float64, [freezeProcs]float64) {
@@ -136,28 +113,19 @@ func TestFleetFreeze(t *testing.T) {
 	if after < 0.85*before {
 		t.Errorf("the fleet sent %.1f/s from 1s after Redis resumed, under 0.85 of its %.1f/s before the freeze", after, before)
 	}
-	if n := newClient(t, srv.Addr()).ZCard(context.Background(), "sluice:{"+hostOf(up.URL)+"}:lease").Val(); n != 0 {
-		t.Errorf("%d leases left in Redis after every process closed its Backend: %v", n, newClient(t, srv.Addr()).ZRangeWithScores(context.Background(), "sluice:{"+hostOf(up.URL)+"}:lease", 0, -1).Val())
+	if n := newClient(t, srv.Addr()).ZCard(context.Background(), "sluice:{"+hostOf(up.url)+"}:lease").Val(); n != 0 {
+		t.Errorf("%d leases left in Redis after every process closed its Backend: %v", n, newClient(t, srv.Addr()).ZRangeWithScores(context.Background(), "sluice:{"+hostOf(up.url)+"}:lease", 0, -1).Val())
 	}
 }
 
 // TestFleetFreezeChild is one process of TestFleetFreeze; run alone it
 // skips.
 func TestFleetFreezeChild(t *testing.T) {
-	if os.Getenv(childEnv) != "freeze" {
-		t.Skip("a child of TestFleetFreeze")
-	}
-	env := func(k string) int64 {
-		v, err := strconv.ParseInt(os.Getenv(k), 10, 64)
-		if err != nil {
-			t.Fatalf("%s: %v", k, err)
-		}
-		return v
-	}
-	start, stop := time.Unix(0, env("FLEET_START")), time.Unix(0, env("FLEET_STOP"))
-	proc, url := os.Getenv("FLEET_PROC"), os.Getenv("FLEET_URL")
+	c := readChild(t, "freeze")
+	start, stop := c.start, c.stop
+	proc, url := strconv.Itoa(c.proc), c.url
 
-	b, err := NewTokens(newClient(t, os.Getenv("FLEET_REDIS")), WithInFlight(freezeCap, 30*time.Second))
+	b, err := NewTokens(newClient(t, c.redis), WithInFlight(freezeCap, 30*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}

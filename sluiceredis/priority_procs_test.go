@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -42,21 +40,7 @@ const (
 func TestSharesPriorityConverges(t *testing.T) {
 	const n = 4
 	srv := startRedis(t)
-	var (
-		mu       sync.Mutex
-		arrivals []time.Time
-		who      []int
-	)
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		now := time.Now()
-		p, _ := strconv.Atoi(r.Header.Get("X-Proc"))
-		mu.Lock()
-		arrivals = append(arrivals, now)
-		who = append(who, p)
-		mu.Unlock()
-		io.WriteString(w, "ok\n")
-	}))
-	defer up.Close()
+	up := newRecorder(t, 0)
 
 	// The processes start sending together, once all have started; the
 	// peer, in this process, too.
@@ -65,10 +49,7 @@ func TestSharesPriorityConverges(t *testing.T) {
 	ctx, cancel := context.WithDeadline(context.Background(), stop.Add(30*time.Second))
 	defer cancel()
 	wait := startChildren(ctx, t, n, "TestSharesPriorityChild", "priority", "",
-		"FLEET_REDIS="+srv.Addr(),
-		"FLEET_URL="+up.URL,
-		"FLEET_START="+strconv.FormatInt(start.UnixNano(), 10),
-		"FLEET_STOP="+strconv.FormatInt(stop.UnixNano(), 10))
+		fleetEnv(child{redis: srv.Addr(), url: up.url, start: start, stop: stop})...)
 	peerCtx, peerStop := context.WithDeadline(context.Background(), stop)
 	defer peerStop()
 	time.Sleep(time.Until(start))
@@ -79,7 +60,7 @@ func TestSharesPriorityConverges(t *testing.T) {
 	for range prioWorkers {
 		pw.Go(func() {
 			for lim.Wait(peerCtx) == nil {
-				req, _ := http.NewRequestWithContext(peerCtx, "GET", up.URL, nil)
+				req, _ := http.NewRequestWithContext(peerCtx, "GET", up.url, nil)
 				req.Header.Set("X-Proc", "-1")
 				resp, err := peerTr.RoundTrip(req)
 				if err != nil {
@@ -95,8 +76,7 @@ func TestSharesPriorityConverges(t *testing.T) {
 	if t.Failed() {
 		return
 	}
-	mu.Lock()
-	defer mu.Unlock()
+	arrivals, who := up.arrivals()
 	var (
 		inter, all, peer [prioSecs]int
 		in               []time.Time
@@ -156,20 +136,11 @@ func sum(xs []int) int {
 // TestSharesPriorityChild is one process of TestSharesPriorityConverges;
 // run alone it skips.
 func TestSharesPriorityChild(t *testing.T) {
-	if os.Getenv(childEnv) != "priority" {
-		t.Skip("a child of TestSharesPriorityConverges")
-	}
-	env := func(k string) int64 {
-		v, err := strconv.ParseInt(os.Getenv(k), 10, 64)
-		if err != nil {
-			t.Fatalf("%s: %v", k, err)
-		}
-		return v
-	}
-	start, stop := time.Unix(0, env("FLEET_START")), time.Unix(0, env("FLEET_STOP"))
-	proc, url := os.Getenv("FLEET_PROC"), os.Getenv("FLEET_URL")
+	c := readChild(t, "priority")
+	start, stop := c.start, c.stop
+	proc, url := strconv.Itoa(c.proc), c.url
 
-	b := newBackend(t, newClient(t, os.Getenv("FLEET_REDIS")), WithRefresh(prioRefresh))
+	b := newBackend(t, newClient(t, c.redis), WithRefresh(prioRefresh))
 	defer b.Close()
 	tr, err := sluice.New(nil, sluice.WithRate(prioRate, time.Second), sluice.WithBurst(prioBurst),
 		sluice.WithBackend(b), sluice.WithRetry(0))
@@ -185,7 +156,7 @@ func TestSharesPriorityChild(t *testing.T) {
 	time.Sleep(time.Until(start))
 
 	p := sluice.Batch
-	if proc == "0" {
+	if c.proc == 0 {
 		p = sluice.Interactive
 	}
 	var wg sync.WaitGroup

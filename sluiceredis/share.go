@@ -61,8 +61,14 @@ const (
 	// many times a refresh until Redis answers for it.
 	retryRefreshes = 4
 
-	// refreshParallel is how many keys' refreshes run at once.
+	// refreshParallel is how many batches of keys' refreshes run at once,
+	// and refreshBatch how many keys a batch holds (see refreshDue).
 	refreshParallel = 16
+	refreshBatch    = 64
+	// refreshGrid: a key's next refresh is rounded up to a refresh divided
+	// by this, so that a process with many keys refreshes them together,
+	// in batches, at most this many times a refresh.
+	refreshGrid = 20
 )
 
 // shares is a Backend's state (see New, WithRefresh): the keys its
@@ -123,6 +129,12 @@ type shareKey struct {
 	// whole rate while the others still send at their fallback rates.
 	fellTo float64
 	frac   float64 // the fallback's fraction of the rate, for this outage
+
+	budgets budgetState // see refreshBudgets
+	// idle counts the refreshes in a row that found the lanes idle;
+	// parked: the key is parked (see parkAfter).
+	idle   int
+	parked bool
 }
 
 // A member is one lane on a key.
@@ -137,6 +149,9 @@ type member struct {
 	// backedUpQueue or more at every look (see look); zero: it held less
 	// at the last.
 	backed time.Time
+	// budgets: the lane's budgets, as the refresher knows them (see
+	// refreshBudgets).
+	budgets []laneBudget
 }
 
 // look records the lane's demand d, read at now, at a refresh or between
@@ -220,10 +235,17 @@ func (b *backend) refreshLoop() {
 func (b *backend) refreshDue(now time.Time) (time.Time, bool) {
 	s := &b.shares
 	s.mu.Lock()
-	var due, watch, pushed []*shareKey
+	var due, watch, pushed, polls []*shareKey
 	for _, sk := range s.keys {
 		if sk.pushed.seq > 0 {
 			pushed = append(pushed, sk)
+		}
+		if sk.parked && !sk.fresh {
+			sk.nudged = time.Time{} // it holds no share to give up
+			if !now.Before(sk.next) {
+				polls = append(polls, sk)
+			}
+			continue
 		}
 		if sk.fresh || !now.Before(sk.next) || !sk.nudged.IsZero() && !now.Before(sk.nudged) {
 			sk.fresh, sk.sent, sk.nudged = false, now, time.Time{}
@@ -239,16 +261,36 @@ func (b *backend) refreshDue(now time.Time) (time.Time, bool) {
 	for _, sk := range watch {
 		b.watch(sk)
 	}
-	// Keys are refreshed side by side, a few at a time: one after another,
-	// a process with many keys and a Redis a few milliseconds away would
-	// take longer than a refresh to go round them.
+	if len(polls) > 0 {
+		woke := b.wakes(polls, now)
+		s.mu.Lock()
+		for _, sk := range woke {
+			sk.sent, sk.nudged = now, time.Time{}
+		}
+		s.mu.Unlock()
+		due = append(due, woke...)
+	}
+	// Keys are refreshed in batches of refreshBatch, one pipeline (one
+	// round trip) each on a single Redis, refreshParallel batches side by
+	// side: one after
+	// another, a process with many keys and a Redis a few milliseconds
+	// away would take longer than a refresh to go round them.
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, refreshParallel)
-	for _, sk := range due {
+	size := 1
+	if _, single := b.client.(*redis.Client); single {
+		// Not on a Cluster (or a Ring), whose keys live on several nodes:
+		// in a pipeline one that fails would hold up the others' answers
+		// (go-redis retries it), so each key has its own call.
+		size = refreshBatch
+	}
+	for len(due) > 0 {
+		batch := due[:min(len(due), size)]
+		due = due[len(batch):]
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			b.refresh(sk)
+			b.refreshBatch(batch)
 		})
 	}
 	wg.Wait()
@@ -290,10 +332,23 @@ func (b *backend) refreshDue(now time.Time) (time.Time, bool) {
 	return next, true
 }
 
-// refresh asks Redis for this process's share of sk's budget, by what its
-// lanes want, and hands the lanes their parts. Without an answer it keeps
-// the last share until its lease ends, and then falls back (see fallbackShare).
-func (b *backend) refresh(sk *shareKey) {
+// A refreshing is one refresh of a key between prepare and conclude: what
+// its lanes want, and the call to make.
+type refreshing struct {
+	sk       *shareKey
+	lanes    []*member
+	sent     time.Time
+	wants    [][levels]float64
+	places   [][levels]int
+	rate     float64
+	burst    int
+	lowShare int
+	args     shareArgs
+}
+
+// prepare reads what sk's lanes want and returns the call to make for
+// it; nil when none is to be made (the key is gone or parked, see park).
+func (b *backend) prepare(sk *shareKey) *refreshing {
 	lanes := b.live(sk)
 	if len(lanes) == 0 {
 		// The key's last lane is gone: its share goes back to the fleet now
@@ -301,9 +356,23 @@ func (b *backend) refresh(sk *shareKey) {
 		ctx, cancel := context.WithTimeout(context.Background(), b.cfg.timeout)
 		b.client.HDel(ctx, sk.redis[0], b.self)
 		cancel()
-		return
+		return nil
 	}
 	sent := time.Now()
+	if idle(lanes) {
+		sk.idle++
+		if sk.parked || sk.idle >= parkAfter && b.park(sk, lanes, sent) {
+			for _, m := range lanes {
+				m.prev, m.at = m.now, sent
+			}
+			if sk.parked {
+				sk.next = nextPoll(sent, b.cfg.refresh)
+			}
+			return nil
+		}
+	} else {
+		sk.idle, sk.parked = 0, false
+	}
 	wants := make([][levels]float64, len(lanes))
 	places := make([][levels]int, len(lanes))
 	var (
@@ -375,13 +444,26 @@ func (b *backend) refresh(sk *shareKey) {
 	}
 
 	sk.interactive = total[sluice.Interactive] > 0
-	ctx, cancel := context.WithTimeout(context.Background(), b.cfg.timeout)
-	r, err := runShare(ctx, b.client, sk.redis, shareArgs{
-		self: b.self, lease: shareLeases * b.cfg.refresh,
-		rate: rate, burst: burst, cap: b.cfg.leases, inFlight: inFlight,
-		wants: total, places: ptotal, most: sk.fellTo, channel: sk.channel, lowShare: lowShare,
-	})
-	cancel()
+	return &refreshing{sk: sk, lanes: lanes, sent: sent, wants: wants, places: places,
+		rate: rate, burst: burst, lowShare: lowShare,
+		args: shareArgs{
+			self: b.self, lease: shareLeases * b.cfg.refresh,
+			rate: rate, burst: burst, cap: b.cfg.leases, inFlight: inFlight,
+			wants: total, places: ptotal, most: sk.fellTo, channel: sk.channel, lowShare: lowShare,
+		}}
+}
+
+// conclude takes Redis's answer r (or err) to p's call: it hands the lanes
+// their parts, or keeps the last share until its lease ends and then
+// falls back, and sets when to refresh next.
+func (b *backend) conclude(p *refreshing, r shareReply, err error) {
+	sk, lanes, sent := p.sk, p.lanes, p.sent
+	wants, places, rate, burst, lowShare := p.wants, p.places, p.rate, p.burst, p.lowShare
+	if err == nil {
+		if berr := b.refreshBudgets(sk, lanes, sent); berr != nil {
+			b.cfg.logger.Warn("sluiceredis: could not refresh the budgets; the lanes keep what they hold", "key", sk.key, "err", berr)
+		}
+	}
 	now := time.Now()
 	// Subscribed after the call, which a key's first request waits for.
 	b.listen(sk)
@@ -391,6 +473,7 @@ func (b *backend) refresh(sk *shareKey) {
 			b.cfg.logger.Info("sluiceredis: redis answers again; using the leased share", "key", sk.key)
 		}
 		sk.leased, sk.fallen, sk.fellTo = true, false, 0
+		sk.budgets.fell = time.Time{}
 		sk.until = sent.Add(shareLeases * b.cfg.refresh)
 		if r.seq >= sk.seq {
 			// Not when a larger share pushed by a later refresh of another
@@ -425,7 +508,60 @@ func (b *backend) refresh(sk *shareKey) {
 	// Each process refreshes at its own phase, a little off the interval,
 	// so that a fleet that starts together does not refresh together.
 	jitter := 0.9 + 0.2*b.rand()
-	sk.next = now.Add(time.Duration(float64(next) * jitter))
+	grid := max(b.cfg.refresh/refreshGrid, time.Millisecond)
+	sk.next = now.Add(time.Duration(float64(next) * jitter)).Truncate(grid).Add(grid)
+}
+
+// refreshBatch asks Redis for this process's share of each key of batch,
+// by what its lanes want, their calls in one pipeline (one round trip),
+// and hands the lanes their parts (see prepare and conclude). Without an
+// answer a key keeps its last share until its lease ends, and then falls
+// back (see fallbackShare).
+func (b *backend) refreshBatch(batch []*shareKey) {
+	var ps []*refreshing
+	for _, sk := range batch {
+		if p := b.prepare(sk); p != nil {
+			ps = append(ps, p)
+		}
+	}
+	if len(ps) == 0 {
+		return
+	}
+	rs, errs := make([]shareReply, len(ps)), make([]error, len(ps))
+	ctx, cancel := context.WithTimeout(context.Background(), b.cfg.timeout)
+	if len(ps) == 1 {
+		rs[0], errs[0] = runShare(ctx, b.client, ps[0].sk.redis, ps[0].args)
+	} else {
+		pipe := b.client.Pipeline()
+		cmds := make([]*redis.Cmd, len(ps))
+		for i, p := range ps {
+			cmds[i] = shareScript.EvalSha(ctx, pipe, p.sk.redis[:], p.args.list()...)
+		}
+		pipe.Exec(ctx) // each command has its own error
+		var again []int
+		for i, c := range cmds {
+			if redis.HasErrorPrefix(c.Err(), "NOSCRIPT") {
+				again = append(again, i)
+			}
+		}
+		if len(again) > 0 && shareScript.Load(ctx, b.client).Err() == nil {
+			// Redis did not have the script (it restarted, or this is the
+			// first call): loaded, the calls are made again, in one more
+			// pipeline.
+			pipe := b.client.Pipeline()
+			for _, i := range again {
+				cmds[i] = shareScript.EvalSha(ctx, pipe, ps[i].sk.redis[:], ps[i].args.list()...)
+			}
+			pipe.Exec(ctx)
+		}
+		for i, c := range cmds {
+			rs[i], errs[i] = parseShare(c.Slice())
+		}
+	}
+	cancel()
+	for i, p := range ps {
+		b.conclude(p, rs[i], errs[i])
+	}
 }
 
 // urgent reports whether a queue of waiting at level l is urgent (see
@@ -483,6 +619,7 @@ func (b *backend) live(sk *shareKey) []*member {
 		d, ok := m.demand()
 		if !ok {
 			gone[m] = true
+			sk.budgets.gone(m)
 			continue
 		}
 		m.now = d
@@ -531,6 +668,7 @@ func (b *backend) fallbackShare(sk *shareKey, lanes []*member, wants [][levels]f
 		keyRate = sk.keyRate
 	}
 	sk.fellTo = sk.frac * keyRate
+	sk.budgets.fallback(lanes, sk.frac, time.Now(), b.cfg.refresh)
 	b.hand(lanes, wants, places, sk.fellTo, sk.places, keyRate, max(burst, 1), lowShare, time.Time{})
 }
 
@@ -554,6 +692,7 @@ func (b *backend) hand(lanes []*member, wants [][levels]float64, places [][level
 		if ps != nil {
 			s.InFlight = ps[i]
 		}
+		s.Budgets = m.budgetShares()
 		m.grant(s)
 	}
 }
@@ -588,11 +727,19 @@ type shareReply struct {
 
 // runShare runs share.lua: one round trip.
 func runShare(ctx context.Context, c redis.Scripter, k [2]string, a shareArgs) (shareReply, error) {
+	return parseShare(shareScript.Run(ctx, c, k[:], a.list()...).Slice())
+}
+
+// list returns a as share.lua's ARGV.
+func (a shareArgs) list() []any {
 	f := func(x float64) string { return strconv.FormatFloat(x, 'g', -1, 64) }
-	args := []any{a.self, a.lease.Microseconds(), f(a.rate), a.burst, a.cap, a.inFlight,
+	return []any{a.self, a.lease.Microseconds(), f(a.rate), a.burst, a.cap, a.inFlight,
 		f(a.wants[0]), f(a.wants[1]), f(a.wants[2]),
 		f(a.places[0]), f(a.places[1]), f(a.places[2]), f(a.most), a.channel, a.lowShare}
-	v, err := shareScript.Run(ctx, c, k[:], args...).Slice()
+}
+
+// parseShare reads share.lua's answer v (or err).
+func parseShare(v []any, err error) (shareReply, error) {
 	if err != nil {
 		return shareReply{}, err
 	}

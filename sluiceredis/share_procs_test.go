@@ -6,8 +6,6 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
-	"net/http/httptest"
-	"os"
 	"slices"
 	"strconv"
 	"sync"
@@ -38,21 +36,7 @@ const (
 
 func sharesProcesses(t *testing.T, n int) {
 	srv := startRedis(t)
-	var (
-		mu       sync.Mutex
-		arrivals []time.Time
-		who      []int
-	)
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		now := time.Now()
-		p, _ := strconv.Atoi(r.Header.Get("X-Proc"))
-		mu.Lock()
-		arrivals = append(arrivals, now)
-		who = append(who, p)
-		mu.Unlock()
-		io.WriteString(w, "ok\n")
-	}))
-	defer up.Close()
+	up := newRecorder(t, 0)
 
 	// Processes start together, once all have started (16 take a while
 	// under -race); the first seconds are the shares settling.
@@ -61,16 +45,11 @@ func sharesProcesses(t *testing.T, n int) {
 	ctx, cancel := context.WithDeadline(context.Background(), stop.Add(30*time.Second))
 	defer cancel()
 	reports := startChildren(ctx, t, n, "TestSharesChild", "shares", "shares: ",
-		"FLEET_REDIS="+srv.Addr(),
-		"FLEET_URL="+up.URL,
-		"FLEET_FROM="+strconv.FormatInt(from.UnixNano(), 10),
-		"FLEET_START="+strconv.FormatInt(start.UnixNano(), 10),
-		"FLEET_STOP="+strconv.FormatInt(stop.UnixNano(), 10))()
+		fleetEnv(child{redis: srv.Addr(), url: up.url, start: start, from: from, stop: stop})...)()
 	if t.Failed() {
 		return
 	}
-	mu.Lock()
-	defer mu.Unlock()
+	arrivals, who := up.arrivals()
 	per := make([]int, n)
 	var in []time.Time
 	for k, a := range arrivals {
@@ -107,20 +86,11 @@ func sharesProcesses(t *testing.T, n int) {
 
 // TestSharesChild is one process of TestSharesProcesses; run alone it skips.
 func TestSharesChild(t *testing.T) {
-	if os.Getenv(childEnv) != "shares" {
-		t.Skip("a child of TestSharesProcesses")
-	}
-	env := func(k string) int64 {
-		v, err := strconv.ParseInt(os.Getenv(k), 10, 64)
-		if err != nil {
-			t.Fatalf("%s: %v", k, err)
-		}
-		return v
-	}
-	start, from, stop := time.Unix(0, env("FLEET_START")), time.Unix(0, env("FLEET_FROM")), time.Unix(0, env("FLEET_STOP"))
-	proc, url := os.Getenv("FLEET_PROC"), os.Getenv("FLEET_URL")
+	c := readChild(t, "shares")
+	start, from, stop := c.start, c.from, c.stop
+	proc, url := strconv.Itoa(c.proc), c.url
 
-	b := newBackend(t, newClient(t, os.Getenv("FLEET_REDIS")), WithRefresh(procsRefresh))
+	b := newBackend(t, newClient(t, c.redis), WithRefresh(procsRefresh))
 	defer b.Close()
 	tr, err := sluice.New(nil, sluice.WithRate(procsRate, time.Second), sluice.WithBurst(procsBurst),
 		sluice.WithBackend(b), sluice.WithRetry(0))
@@ -159,7 +129,7 @@ func TestSharesChild(t *testing.T) {
 		}
 		mu.Unlock()
 	}
-	if proc == "0" {
+	if c.proc == 0 {
 		rng := rand.New(rand.NewPCG(1, 2))
 		for next := time.Now(); ; {
 			next = next.Add(time.Duration(rng.ExpFloat64() / procsDemand * float64(time.Second)))
@@ -179,7 +149,7 @@ func TestSharesChild(t *testing.T) {
 		}
 	}
 	wg.Wait()
-	if proc == "0" {
+	if c.proc == 0 {
 		fmt.Printf("shares: %d sent, Interactive p99 %v over %d\n", sent, p99(waits).Round(time.Millisecond), len(waits))
 	} else {
 		fmt.Printf("shares: %d sent\n", sent)

@@ -1,0 +1,260 @@
+package sluiceredis
+
+import (
+	"context"
+	_ "embed"
+	"fmt"
+	"math"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluice-go/sluice"
+)
+
+var (
+	//go:embed budget.lua
+	budgetSrc    string
+	budgetScript = redis.NewScript(budgetSrc)
+)
+
+// budgetRefreshes: a lane asks for what its recent costs spend in this
+// many refreshes, on top of its queue, so that it holds enough until the
+// next refresh even if that one is late.
+const budgetRefreshes = 2
+
+// A laneBudget is what the refresher knows of one lane's budget between
+// refreshes.
+type laneBudget struct {
+	spent float64   // the lane's Spent at the last refresh
+	at    time.Time // of the last refresh; zero before the first
+	est   float64   // its smoothed cost rate, units a second
+	seen  uint64    // the server counts passed on
+	level float64   // what it held after the last grant, given back if it goes
+	// share is the grant to hand the lane with its next share (see hand);
+	// nil: none.
+	share *sluice.BudgetShare
+}
+
+// budgetState is a shareKey's account of its budgets: what the lanes that
+// went held, to give back at the next refresh, and the fleet's margin.
+type budgetState struct {
+	back   map[string]float64
+	margin map[string]float64
+	fell   time.Time // when the fallback last granted (see fallback); zero: not fallen
+}
+
+// budgetKey names the hash of budget name of key (see budget.lua), in the
+// key's slot.
+func budgetKey(k keys, name string) string {
+	return k[0][:len(k[0])-len("tat")] + "budget:" + name
+}
+
+// refreshBudgets asks Redis for this process's part of sk's budgets, by
+// what lanes (read at sent) want of them, and leaves each lane's grant in
+// its laneBudget for hand. It does nothing for a key whose lanes have no
+// budgets. On an error the lanes keep what they hold, and get nothing.
+func (b *backend) refreshBudgets(sk *shareKey, lanes []*member, sent time.Time) error {
+	var names []string
+	var size []int
+	var per []time.Duration
+	for _, m := range lanes {
+		if len(m.now.Budgets) > len(names) {
+			names, size, per = names[:0], size[:0], per[:0]
+			for _, d := range m.now.Budgets {
+				names = append(names, d.Name)
+				size = append(size, d.Size)
+				per = append(per, d.Per)
+			}
+		}
+	}
+	if len(names) == 0 {
+		return nil
+	}
+	if sk.budgets.margin == nil {
+		sk.budgets.margin = map[string]float64{}
+	}
+	type lanePart struct{ ret, unmet, held float64 }
+	parts := make([][]lanePart, len(lanes))
+	k := newKeys(b.cfg.prefix, sk.key)
+	rkeys := make([]string, len(names))
+	args := []any{b.self, (shareLeases * b.cfg.refresh).Microseconds(), 0}
+	f := func(x float64) string { return strconv.FormatFloat(x, 'g', -1, 64) }
+	keep := time.Duration(0)
+	for j, name := range names {
+		rkeys[j] = budgetKey(k, name)
+		keep = max(keep, 2*per[j])
+		margin := sk.budgets.margin[name]
+		var held, back, want, unans, spent float64
+		server, seen := math.Inf(1), false
+		for i, m := range lanes {
+			if parts[i] == nil {
+				parts[i] = make([]lanePart, len(names))
+			}
+			if j >= len(m.now.Budgets) || m.now.Budgets[j].Name != name {
+				continue
+			}
+			d := m.now.Budgets[j]
+			for len(m.budgets) <= j {
+				m.budgets = append(m.budgets, laneBudget{spent: d.Spent})
+			}
+			lb := &m.budgets[j]
+			elapsed := b.cfg.refresh
+			if !lb.at.IsZero() {
+				elapsed = max(sent.Sub(lb.at), time.Millisecond)
+			}
+			lb.at = sent
+			ds := d.Spent - lb.spent
+			lb.spent = d.Spent
+			gain := 1 - math.Pow(1-estGain, min(elapsed.Seconds()/b.cfg.refresh.Seconds(), 1))
+			lb.est += gain * (max(ds, 0)/elapsed.Seconds() - lb.est)
+			spent += ds
+			var queued float64
+			for _, q := range d.Queued {
+				queued += q
+			}
+			w := lb.est*budgetRefreshes*b.cfg.refresh.Seconds() + max(queued*(1+margin), d.Need) + margin*d.Unanswered
+			p := &parts[i][j]
+			p.ret = max(d.Level-w, 0)
+			p.held = d.Level - p.ret
+			p.unmet = max(w-d.Level, 0)
+			held += p.held
+			back += p.ret
+			want += p.unmet
+			unans += d.Unanswered
+			if d.Seen > lb.seen {
+				lb.seen = d.Seen
+				seen = true
+				var others float64
+				for k, o := range lanes {
+					if k != i && j < len(o.now.Budgets) {
+						others += o.now.Budgets[j].Unanswered
+					}
+				}
+				server = min(server, d.Server-others)
+			}
+		}
+		back += sk.budgets.back[name]
+		srv := ""
+		if seen {
+			srv = f(server)
+		}
+		args = append(args, size[j], f(float64(size[j])/per[j].Seconds()), f(held), f(back), f(want), f(unans), f(spent), srv)
+	}
+	args[2] = keep.Microseconds()
+	ctx, cancel := context.WithTimeout(context.Background(), b.cfg.timeout)
+	v, err := budgetScript.Run(ctx, b.client, rkeys, args...).StringSlice()
+	cancel()
+	if err == nil && len(v) != 3*len(names) {
+		err = fmt.Errorf("sluiceredis: budget.lua returned %v", v)
+	}
+	if err != nil {
+		return err
+	}
+	clear(sk.budgets.back)
+	for j, name := range names {
+		var r [3]float64
+		for x := range r {
+			if r[x], err = strconv.ParseFloat(v[3*j+x], 64); err != nil || math.IsNaN(r[x]) {
+				return fmt.Errorf("sluiceredis: budget.lua returned %v", v)
+			}
+		}
+		grant, flow, margin := r[0], r[1], r[2]
+		sk.budgets.margin[name] = margin
+		var unmet, held float64
+		for i := range lanes {
+			unmet += parts[i][j].unmet
+			held += max(parts[i][j].held, 0)
+		}
+		wants := make([][levels]float64, len(lanes))
+		for i := range lanes {
+			wants[i][0] = parts[i][j].unmet
+		}
+		var give []float64
+		if grant > 0 {
+			give = apportion(grant, wants, 0)
+		}
+		for i, m := range lanes {
+			if j >= len(m.budgets) {
+				continue
+			}
+			p := parts[i][j]
+			s := sluice.BudgetShare{Add: -p.ret, Rate: flow / float64(len(lanes)), Margin: margin}
+			switch {
+			case give != nil:
+				s.Add += give[i]
+			case grant < 0 && held > 0:
+				s.Add += grant * max(p.held, 0) / held
+			}
+			if unmet > 0 {
+				s.Rate = flow * p.unmet / unmet
+			}
+			m.budgets[j].level = p.held + s.Add + p.ret
+			m.budgets[j].share = &s
+		}
+	}
+	return nil
+}
+
+// budgetShares takes the grants refreshBudgets left for m, indexed as its
+// budgets; nil if none.
+func (m *member) budgetShares() []sluice.BudgetShare {
+	var ss []sluice.BudgetShare
+	for j := range m.budgets {
+		lb := &m.budgets[j]
+		if lb.share == nil {
+			continue
+		}
+		if ss == nil {
+			ss = make([]sluice.BudgetShare, len(m.budgets))
+			for k := range ss {
+				ss[k].Rate, ss[k].Margin = -1, -1
+			}
+		}
+		ss[j] = *lb.share
+		lb.share = nil
+	}
+	return ss
+}
+
+// gone keeps what the budgets of m, a lane that went, held, for sk to
+// give back at its next refresh.
+func (bs *budgetState) gone(m *member) {
+	for j, lb := range m.budgets {
+		if lb.level <= 0 || j >= len(m.now.Budgets) {
+			continue
+		}
+		if bs.back == nil {
+			bs.back = map[string]float64{}
+		}
+		bs.back[m.now.Budgets[j].Name] += lb.level
+	}
+}
+
+// fallback grants lanes, at now, their part of frac of each budget's
+// refill since the last fallback grant (a refresh's worth at the first),
+// as the fallback share of the rate (see fallbackShare): no lane holds
+// more than frac of a budget's size.
+func (bs *budgetState) fallback(lanes []*member, frac float64, now time.Time, refresh time.Duration) {
+	elapsed := refresh
+	if !bs.fell.IsZero() {
+		elapsed = now.Sub(bs.fell)
+	}
+	bs.fell = now
+	for _, m := range lanes {
+		for j, d := range m.now.Budgets {
+			if d.Per <= 0 {
+				continue
+			}
+			for len(m.budgets) <= j {
+				m.budgets = append(m.budgets, laneBudget{spent: d.Spent})
+			}
+			most := frac * float64(d.Size) / float64(len(lanes))
+			add := min(frac*float64(d.Size)/d.Per.Seconds()*elapsed.Seconds()/float64(len(lanes)), most-d.Level)
+			s := sluice.BudgetShare{Add: max(add, 0), Rate: frac * float64(d.Size) / d.Per.Seconds() / float64(len(lanes)), Margin: -1}
+			m.budgets[j].share = &s
+			m.budgets[j].level = d.Level + s.Add
+		}
+	}
+}
