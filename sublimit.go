@@ -378,16 +378,6 @@ func (l *lane) coolWait(ctx context.Context) error {
 	}
 }
 
-// sending stamps h, the lane's hold of an attempt about to be sent after
-// a wait on its host, as sent now: its latency and its place among the
-// lane's sends are from the send, not from the grant.
-func (l *lane) sending(h *hold) {
-	l.mu.Lock()
-	now := l.clk.tick()
-	h.start, h.at = now, now
-	l.mu.Unlock()
-}
-
 // chargedLane returns the lane that drew the costs of req, sent through
 // its lane l: the sub-limit the caller named, where the server names none
 // for req's route (see sublimitOf), else l; nil if that sub-limit was

@@ -308,9 +308,6 @@ func (t *Transport) attempt(l *lane, req *http.Request, p Priority, enq time.Dur
 		closeBody(req)
 		return nil, enq, err
 	}
-	if s != nil {
-		s.l.sending(s)
-	}
 	resp, err := t.send(l, req, h, s)
 	if err != nil || resp == nil {
 		l.dropCharge(h.ch)
