@@ -107,23 +107,45 @@ type filed struct {
 	name  string
 	major bool
 	at    time.Time // its last use
+	sub   *lane     // the sub-limit's lane, once looked up, if not major
 }
 
 func newRoutes() *routes {
 	return &routes{byPath: map[string]filed{}, used: map[string]time.Time{}, rates: map[string]float64{}}
 }
 
-// lookup returns where route r (see routeOf) is filed; its name is "" if
-// nowhere.
-func (rs *routes) lookup(r string, now time.Time) filed {
+// lookup returns the name of the sub-limit that route r (see routeOf) of
+// a request to path is filed under, and its lane if known and alive; ""
+// if r is filed nowhere, or its sub-limit would pass maxSublimits. It
+// counts the use of both.
+func (rs *routes) lookup(r, path string, now time.Time) (string, *lane) {
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
 	f, ok := rs.byPath[r]
-	if ok {
-		f.at = now
+	if !ok {
+		return "", nil
+	}
+	name := sublimitName(f, path)
+	if !rs.admitLocked(name, now, false) {
+		return "", nil
+	}
+	f.at = now
+	rs.byPath[r] = f
+	if f.sub != nil && f.sub.dead.Load() {
+		return name, nil
+	}
+	return name, f.sub
+}
+
+// remember keeps sub, the lane of the sub-limit route r is filed under,
+// for the route's next lookups.
+func (rs *routes) remember(r string, sub *lane) {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	if f, ok := rs.byPath[r]; ok && !f.major {
+		f.sub = sub
 		rs.byPath[r] = f
 	}
-	return f
 }
 
 // admit reports whether name may be a sub-limit: it is one already, or
@@ -132,6 +154,10 @@ func (rs *routes) lookup(r string, now time.Time) filed {
 func (rs *routes) admit(name string, now time.Time, fold bool) bool {
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
+	return rs.admitLocked(name, now, fold)
+}
+
+func (rs *routes) admitLocked(name string, now time.Time, fold bool) bool {
 	if _, ok := rs.used[name]; !ok && len(rs.used) >= maxSublimits {
 		if fold {
 			rs.folded++
@@ -161,18 +187,19 @@ func (rs *routes) file(r string, f filed) {
 }
 
 // paced records that the sub-limit name paces to rate, and returns what
-// the sub-limits pace to in all.
-func (rs *routes) paced(name string, rate float64) float64 {
+// the sub-limits pace to in all, and whether that changed.
+func (rs *routes) paced(name string, rate float64) (float64, bool) {
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
-	if _, ok := rs.used[name]; ok {
-		rs.rates[name] = rate
+	if _, ok := rs.used[name]; !ok || rs.rates[name] == rate {
+		return 0, false
 	}
+	rs.rates[name] = rate
 	sum := 0.0
 	for _, r := range rs.rates {
 		sum += r
 	}
-	return sum
+	return sum, true
 }
 
 // forget drops the routes unused for idle, and the sub-limits unused for
@@ -305,11 +332,15 @@ func (t *Transport) sublimitOf(l *lane, req *http.Request) (sub *lane, caller bo
 	now := time.Now()
 	var name string
 	if rs := t.routesOf(l.key, false); rs != nil {
-		if name = sublimitName(rs.lookup(routeOf(req), now), req.URL.Path); name != "" {
-			if !rs.admit(name, now, false) {
-				return nil, false
-			}
-			return t.subLane(l, name), false
+		r := routeOf(req)
+		name, sub := rs.lookup(r, req.URL.Path, now)
+		if sub != nil {
+			return sub, false
+		}
+		if name != "" {
+			sub = t.subLane(l, name)
+			rs.remember(r, sub)
+			return sub, false
 		}
 	}
 	if sublimitsNamed.Load() {
@@ -342,7 +373,12 @@ func (t *Transport) subLane(l *lane, name string) *lane {
 // named files req's route under the limit a response named (bucket: a
 // bucket kept per major parameter), and returns that sub-limit's lane, or
 // nil if the lane has as many sub-limits as it may (see maxSublimits).
-func (t *Transport) named(l *lane, req *http.Request, name string, bucket bool) *lane {
+// filedAs is the lane req's route was found filed under, if any: when the
+// response names that limit again, nothing is filed anew.
+func (t *Transport) named(l *lane, req *http.Request, name string, bucket bool, filedAs *lane) *lane {
+	if filedAs != nil && isNamed(filedAs, name, bucket, req.URL.Path) {
+		return filedAs
+	}
 	now := time.Now()
 	rs := t.routesOf(l.key, true)
 	f := filed{name: name, major: bucket, at: now}
@@ -352,6 +388,20 @@ func (t *Transport) named(l *lane, req *http.Request, name string, bucket bool) 
 		return nil
 	}
 	return t.subLane(l, name)
+}
+
+// isNamed reports whether sub is the sub-limit lane of the limit name
+// (bucket: kept per major parameter) for a request to path.
+func isNamed(sub *lane, name string, bucket bool, path string) bool {
+	_, sn := splitKey(sub.key)
+	if !bucket {
+		return sn == name
+	}
+	rest, ok := strings.CutPrefix(sn, name)
+	if m := majorOf(path); m != "" {
+		return ok && len(rest) == 1+len(m) && rest[0] == '@' && rest[1:] == m
+	}
+	return ok && rest == ""
 }
 
 // coolWait waits until the lane's cooldown, if any, ends, or ctx does. It
@@ -387,7 +437,10 @@ func (t *Transport) chargedLane(l *lane, req *http.Request) *lane {
 		return l
 	}
 	rs := t.routesOf(l.key, false)
-	if rs == nil || rs.lookup(routeOf(req), time.Now()).name != "" {
+	if rs == nil {
+		return l
+	}
+	if name, _ := rs.lookup(routeOf(req), req.URL.Path, time.Now()); name != "" {
 		return l
 	}
 	var name string

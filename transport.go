@@ -426,7 +426,11 @@ func (t *Transport) read(ctx context.Context, l *lane, req *http.Request, resp *
 	case name != "" && hostRefusal(resp, body):
 		quota = false
 	case name != "":
-		on = t.named(l, req, name, bucket) // nil: past maxSublimits
+		var filedAs *lane // the sub-limit the route was found filed under
+		if s != nil && !caller {
+			filedAs = s.l
+		}
+		on = t.named(l, req, name, bucket, filedAs) // nil: past maxSublimits
 	case caller && !global:
 		on = s.l
 	}
@@ -461,7 +465,9 @@ func (t *Transport) read(ctx context.Context, l *lane, req *http.Request, resp *
 	}
 	if rs := t.routesOf(l.key, false); rs != nil {
 		_, name := splitKey(on.key)
-		l.subPaced(rs.paced(name, on.paceNow()))
+		if sum, changed := rs.paced(name, on.paceNow()); changed {
+			l.subPaced(sum)
+		}
 	}
 	return k, on, sent
 }
