@@ -189,7 +189,11 @@ func (m *quotaModel) observe(now, sent time.Duration, q headers.Quota, inFlight 
 			// remains) and does not leave it unused.
 			spread = max(q.Reset-time.Second/2, q.Reset/2)
 		}
-		return quotaPace{rate: float64(left) / spread.Seconds(), until: now + q.Reset}
+		// left+1 intervals: the last of what remains goes one interval
+		// before the reset, not at it, where it would open the next
+		// window (a window that starts at its first request, as Discord's
+		// do, would then lose one request in each).
+		return quotaPace{rate: float64(left+1) / spread.Seconds(), until: now + q.Reset}
 	}
 	rho, fill := bucketRate(q)
 	if rho == 0 && m.counts > 0 && q.Limit > 0 {
