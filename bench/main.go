@@ -28,6 +28,7 @@ func main() {
 		outFile  = flag.String("out", "", "also write the tables to this results file, with the commit, Go version, CPU count and date")
 		splice   = flag.String("splice", "", "with -out: also replace the tables between the file's <!-- results/bench begin/end --> markers")
 		traces   = flag.String("traces", "", "record the real middleware's header traces into this directory, and run nothing else")
+		harmFlag = flag.Bool("harm", false, "run the harm comparison instead: sluice reading the headers beside the same sluice with them stripped, on the real middleware")
 	)
 	flag.Parse()
 	if *traces != "" {
@@ -38,6 +39,23 @@ func main() {
 		return
 	}
 	cfg := config{d: *d, workers: *workers, latency: *latency}
+	if *harmFlag {
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+		defer stop()
+		ms, err := matching(harmModels(), func(m model) string { return m.name }, "-model", *modelRE)
+		if err == nil && len(ms) == 0 {
+			err = fmt.Errorf("no model matches")
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(2)
+		}
+		if err := harm(ctx, os.Stdout, os.Stderr, cfg, ms, harmClients()); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		return
+	}
 	if *short {
 		cfg.d = 2 * time.Second
 		if *modelRE == "" {
