@@ -50,6 +50,13 @@
 // was taken; the throttle rate a 429 teaches bounds every header rate; and
 // the quotas may raise a first estimate, never lower it.
 //
+// Several limits behind one host are sub-limits of its lane: a response
+// that names its limit (GitHub's X-RateLimit-Resource, Discord's
+// X-RateLimit-Bucket) files its route under it, and a caller can name one
+// (WithSublimit, WithSublimitKey), such as an LLM model. A request takes a
+// token on its sub-limit, then on the lane; one exhausted sub-limit holds
+// back only its own requests.
+//
 // Budgets beyond requests, such as tokens per minute, are named with
 // WithBudget and drawn on with WithCost. Processes that share an API key
 // can share one request budget through a Backend (see WithBackend and

@@ -51,6 +51,7 @@ func (q *events) push(ctx context.Context, e Event) {
 		ctx = context.Background()
 	}
 	e.Time = time.Now()
+	e.Lane, e.Sublimit = splitKey(e.Lane)
 	q.mu.Lock()
 	if q.n == len(q.ring) {
 		if len(q.ring) == eventCap {

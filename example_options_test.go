@@ -176,6 +176,36 @@ func ExampleWithKey() {
 	// globex 1
 }
 
+// Two models of one API, each limited on its own: naming the model as the
+// call's sub-limit gives each its own pace, cooldown and budgets, under
+// the lane of the host.
+func ExampleWithSublimit() {
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	defer api.Close()
+	tr, err := sluice.New(nil, sluice.WithBudget("tokens", 30000, time.Minute))
+	if err != nil {
+		log.Fatal(err)
+	}
+	client := &http.Client{Transport: tr}
+	for _, model := range []string{"gpt-4o", "gpt-4o-mini", "gpt-4o-mini"} {
+		ctx := sluice.WithCost(sluice.WithSublimit(context.Background(), model), "tokens", 500)
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, api.URL+"/v1/chat/completions", nil)
+		resp, err := client.Do(req)
+		if err != nil {
+			log.Fatal(err)
+		}
+		resp.Body.Close()
+	}
+
+	for _, lane := range tr.Stats().Lanes {
+		fmt.Printf("%q %d\n", lane.Sublimit, lane.Levels[sluice.Normal].Granted)
+	}
+	// Output:
+	// "" 3
+	// "gpt-4o" 1
+	// "gpt-4o-mini" 2
+}
+
 // ForEach runs a function for every item of a sequence, as many at once as
 // the Transport can send, and stops at the first error.
 func ExampleForEach() {

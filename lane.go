@@ -154,15 +154,19 @@ func (l *lane) timeNextLocked(now time.Duration) bool {
 // acquire waits until the lane grants this attempt a token and an in-flight
 // slot, in priority order, and returns its hold. enq is the enqueue time of
 // the logical request's first attempt on the lane's clock, or firstAttempt;
-// acquire returns it for the next attempt, also with an error. On error
-// nothing is held.
-func (l *lane) acquire(ctx context.Context, p Priority, enq time.Duration) (*hold, time.Duration, error) {
-	ch, rej := l.chargeOf(ctx, p)
-	if rej != nil {
-		l.mu.Lock()
-		l.countRefusedLocked(p, ReasonCost)
-		l.mu.Unlock()
-		return nil, enq, rej
+// acquire returns it for the next attempt, also with an error. free: the
+// attempt's costs are drawn on its sub-limit, not here. On error nothing
+// is held.
+func (l *lane) acquire(ctx context.Context, p Priority, enq time.Duration, free bool) (*hold, time.Duration, error) {
+	var ch *charge
+	if !free {
+		var rej *RejectedError
+		if ch, rej = l.chargeOf(ctx, p); rej != nil {
+			l.mu.Lock()
+			l.countRefusedLocked(p, ReasonCost)
+			l.mu.Unlock()
+			return nil, enq, rej
+		}
 	}
 	id := TenantFrom(ctx)
 	l.mu.Lock()
@@ -579,8 +583,29 @@ func (l *lane) rateChangedLocked(ctx context.Context, ev *events, cause string) 
 	}
 }
 
-// currentRateLocked returns the lane's pace now, 0 if not paced.
-func (l *lane) currentRateLocked() float64 { return l.pace.rate }
+// currentRateLocked returns the lane's pace now, or, if it has none of its
+// own, what its sub-limits pace to in all; 0 if not paced.
+func (l *lane) currentRateLocked() float64 {
+	if l.pace.rate == 0 {
+		return float64(l.slot.subRate)
+	}
+	return l.pace.rate
+}
+
+// subPaced takes what the lane's sub-limits now pace to in all, which
+// sizes the in-flight limit of a lane with no rate of its own.
+func (l *lane) subPaced(rate float64) {
+	l.mu.Lock()
+	l.slot.subRate = float32(rate)
+	l.mu.Unlock()
+}
+
+// paceNow returns the lane's pace now, 0 if not paced.
+func (l *lane) paceNow() float64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.pace.rate
+}
 
 // limitMovedLocked acts on what the limiter did on a sample: it logs what a
 // closed window found and a new limit, emits EventLimitChanged, and lets

@@ -64,10 +64,13 @@ type limiter struct {
 	// flags above, in their padding: a lane is at its size class's end,
 	// with the allocation header (TestLaneHeap).
 	held bool
-	n    int     // timed completions (samples)
-	done int     // completions, timed or not: the completion rate
-	sumW float64 // latencies (s)
-	sumL float64 // in-flight counts at completion
+	// subRate is what the lane's sub-limits pace to in all (see
+	// lane.subPaced): a lane with no rate of its own sizes its limit by it.
+	subRate float32
+	n       int     // timed completions (samples)
+	done    int     // completions, timed or not: the completion rate
+	sumW    float64 // latencies (s)
+	sumL    float64 // in-flight counts at completion
 
 	means [baselineWindows]float64 // means of recent windows, 0: none
 	next  int                      // where the next mean goes in means

@@ -107,6 +107,7 @@ type Event struct {
 	Kind     EventKind
 	Time     time.Time // when it happened
 	Lane     string    // the lane's key
+	Sublimit string    // the sub-limit of the lane, if the event is of one (see WithSublimit)
 	Priority Priority
 	Tenant   string // see WithTenant
 	Attempt  int    // 1 for a first attempt; set for Queued, Granted, Refused and Retried

@@ -95,6 +95,8 @@ type config struct {
 	tenantShare   [numLevels]float64
 	tenantQueue   int
 	maxQueue      int
+	sublimitKey   func(*http.Request) string // see WithSublimitKey
+	sub           bool                       // the options of a sub-limit's lane (see sublimit)
 }
 
 func defaultConfig() config {
@@ -121,6 +123,16 @@ func (c *config) perSecond() float64 {
 		return 0
 	}
 	return float64(c.rateN) / c.ratePer.Seconds() * c.headroom
+}
+
+// sublimit returns the options of a sub-limit's lane: c's, with no
+// configured rate, no Backend and an in-flight limit that never binds.
+func (c config) sublimit() config {
+	c.rateN, c.ratePer = 0, 0
+	c.minConc, c.maxConc = subSlots, subSlots
+	c.backend = nil
+	c.sub = true
+	return c
 }
 
 func hostKey(r *http.Request) string {
@@ -314,6 +326,22 @@ func WithKey(f func(*http.Request) string) Option {
 			return invalid("WithKey(nil)")
 		}
 		c.key = f
+		return nil
+	})
+}
+
+// WithSublimitKey names, for each request, the sub-limit it draws on
+// besides its lane's limit (see WithSublimit), or "" for none: for example
+// the model of an LLM call, read from the request's path or a header. A
+// sub-limit named by the request's context comes first. Without it, a
+// lane still learns the sub-limits that its responses name (GitHub's
+// X-RateLimit-Resource, Discord's X-RateLimit-Bucket).
+func WithSublimitKey(f func(*http.Request) string) Option {
+	return optionFunc(func(c *config) error {
+		if f == nil {
+			return invalid("WithSublimitKey(nil)")
+		}
+		c.sublimitKey = f
 		return nil
 	})
 }

@@ -25,10 +25,26 @@ func (s Stats) Lane(key string) (LaneStats, bool) {
 	return s.Lanes[i], true
 }
 
+// Name returns the lane's key, and for a sub-limit its key, "/" and the
+// sub-limit's name ("api.github.com/search"): a name unique in a Stats.
+func (ls *LaneStats) Name() string {
+	if ls.Sublimit == "" {
+		return ls.Key
+	}
+	return ls.Key + "/" + ls.Sublimit
+}
+
 // LaneStats is a snapshot of one lane. Counters count since the lane was
 // created.
 type LaneStats struct {
-	Key      string
+	Key string
+	// Sublimit names one of several limits behind the lane's host (see
+	// WithSublimit): the lane's sub-limits follow it in Stats, with its
+	// Key and their names. It is "" for the lane itself.
+	Sublimit string
+	// Folded counts the responses whose named limit was read as the
+	// lane's own, because the lane had as many sub-limits as it may.
+	Folded   uint64
 	Rate     float64   // tokens per second the lane paces to now; 0 if not paced
 	Ceiling  float64   // the most Rate can be: WithRate x WithHeadroom; 0 if none
 	InFlight int       // attempts sent and not finished
@@ -95,10 +111,12 @@ func (t *Transport) Stats() Stats {
 		}
 		return true
 	})
+	// The key of a sub-limit's lane is its host's, then subSep: it sorts
+	// right after its host's lane.
 	slices.SortFunc(ls, func(a, b *lane) int { return strings.Compare(a.key, b.key) })
 	s := Stats{Lanes: make([]LaneStats, len(ls))}
 	for i, l := range ls {
-		s.Lanes[i] = l.stats()
+		s.Lanes[i] = t.laneStats(l)
 	}
 	if ev := t.cfg.events; ev != nil {
 		s.EventsDropped = ev.dropped.Load()
@@ -115,7 +133,20 @@ func (t *Transport) LaneStats(key string) (LaneStats, bool) {
 	if l == nil {
 		return LaneStats{}, false
 	}
-	return l.stats(), true
+	return t.laneStats(l), true
+}
+
+// laneStats returns l's stats, with what the Transport keeps of it.
+func (t *Transport) laneStats(l *lane) LaneStats {
+	ls := l.stats()
+	if t.learned.Load() && ls.Sublimit == "" {
+		if rs := t.routesOf(l.key, false); rs != nil {
+			rs.mu.Lock()
+			ls.Folded = rs.folded
+			rs.mu.Unlock()
+		}
+	}
+	return ls
 }
 
 func (l *lane) stats() LaneStats {
@@ -123,8 +154,10 @@ func (l *lane) stats() LaneStats {
 	defer l.mu.Unlock()
 	l.reclaimLocked(false)
 	tick := l.clk.tick()
+	host, sub := splitKey(l.key)
 	ls := LaneStats{
-		Key:      l.key,
+		Key:      host,
+		Sublimit: sub,
 		InFlight: l.slot.inUse,
 		Limit:    l.slot.limit,
 	}

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sluice-go/sluice/internal/headers"
 	"github.com/sluice-go/sluice/internal/verdict"
 )
 
@@ -43,6 +44,13 @@ type Transport struct {
 	sweeper *time.Timer
 
 	closed atomic.Bool // see Close
+
+	// Sub-limits (see sublimit.go): subCfg is the options of their lanes;
+	// routes maps a host's key to its *routes, made when a response first
+	// names a limit or a caller a sub-limit, which sets learned.
+	subCfg  config
+	routes  sync.Map
+	learned atomic.Bool
 }
 
 // New returns a Transport that sends requests through base, or, if base is
@@ -63,6 +71,7 @@ func New(base http.RoundTripper, opts ...Option) (*Transport, error) {
 		return nil, err
 	}
 	t.cfg.events = newEvents(t.cfg.observers, t.cfg.logger)
+	t.subCfg = t.cfg.sublimit()
 	return t, nil
 }
 
@@ -96,18 +105,19 @@ func (t *Transport) lane(key string) *lane {
 			return l
 		}
 	}
-	return t.laneSlow(key)
+	return t.laneSlow(key, &t.cfg)
 }
 
 // relane returns the live lane of a lane that acquire found forgotten.
 func (t *Transport) relane(dead *lane) *lane {
 	t.hot.CompareAndSwap(dead, nil)
-	return t.laneSlow(dead.key)
+	return t.laneSlow(dead.key, dead.cfg)
 }
 
-// laneSlow returns the live lane for key, creating it if there is none,
-// or only a forgotten one not yet removed from the map.
-func (t *Transport) laneSlow(key string) *lane {
+// laneSlow returns the live lane for key, with the options cfg, creating
+// it if there is none, or only a forgotten one not yet removed from the
+// map.
+func (t *Transport) laneSlow(key string, cfg *config) *lane {
 	for {
 		v, ok := t.lanes.Load(key)
 		if ok {
@@ -115,14 +125,14 @@ func (t *Transport) laneSlow(key string) *lane {
 			if !old.dead.Load() {
 				return old
 			}
-			l := newLane(key, &t.cfg)
+			l := newLane(key, cfg)
 			if t.lanes.CompareAndSwap(key, old, l) {
 				t.added(l)
 				return l
 			}
 			continue
 		}
-		l := newLane(key, &t.cfg)
+		l := newLane(key, cfg)
 		if _, loaded := t.lanes.LoadOrStore(key, l); !loaded {
 			t.nLanes.Add(1)
 			t.added(l)
@@ -136,7 +146,9 @@ func (t *Transport) laneSlow(key string) *lane {
 // before it visits the map, so one of the two sees the other), and the
 // sweep is armed if it is not.
 func (t *Transport) added(l *lane) {
-	t.hot.CompareAndSwap(nil, l)
+	if !l.cfg.sub {
+		t.hot.CompareAndSwap(nil, l)
+	}
 	if t.closed.Load() {
 		l.close()
 	}
@@ -187,6 +199,15 @@ func (t *Transport) sweep() {
 		}
 		return true
 	})
+	if t.learned.Load() {
+		now := time.Now()
+		t.routes.Range(func(k, v any) bool {
+			if v.(*routes).forget(now, t.cfg.laneIdle) {
+				t.routes.CompareAndDelete(k, v)
+			}
+			return true
+		})
+	}
 	// A lane created from here on arms the sweep itself; one created
 	// before is counted in nLanes.
 	t.armed.Store(false)
@@ -250,8 +271,22 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 // attempt returns it for the next.
 func (t *Transport) attempt(l *lane, req *http.Request, p Priority, enq time.Duration, n int) (*http.Response, time.Duration, error) {
 	ctx := req.Context()
-	h, enq, err := l.acquire(ctx, p, enq)
+	var s *hold // the attempt's hold on its sub-limit, if it draws on one
+	var caller bool
+	if t.learned.Load() || sublimitsNamed.Load() || t.cfg.sublimitKey != nil {
+		var sub *lane
+		var err error
+		if s, caller, sub, err = t.acquireSub(ctx, l, req, p); err != nil {
+			t.refused(ctx, sub, p, n, err)
+			closeBody(req)
+			return nil, enq, err
+		}
+	}
+	h, enq, err := l.acquire(ctx, p, enq, s != nil)
 	if err != nil {
+		if s != nil {
+			s.Drop()
+		}
 		if err != errLaneGone { // nothing was taken; do tries the live lane
 			t.refused(ctx, l, p, n, err)
 			closeBody(req)
@@ -265,19 +300,30 @@ func (t *Transport) attempt(l *lane, req *http.Request, p Priority, enq time.Dur
 		// Cancelled between grant and send: nothing was sent, so the token
 		// and the slot go back.
 		h.Drop()
+		if s != nil {
+			s.Drop()
+		}
 		closeBody(req)
 		return nil, enq, err
 	}
-	resp, err := t.send(l, req, h)
+	resp, err := t.send(l, req, h, s)
 	if err != nil || resp == nil {
 		l.dropCharge(h.ch)
 		h.Done(verdict.Failed)
+		if s != nil {
+			s.l.dropCharge(s.ch)
+			s.Done(verdict.Failed)
+		}
 		if err == nil {
 			err = errNilResponse
 		}
 		return nil, enq, err
 	}
-	h.kind = t.read(ctx, l, resp, p, h)
+	h.kind = t.read(ctx, l, req, resp, p, h, s, caller)
+	if s != nil {
+		// The sub-limit bounds no slots: its hold ends with the headers.
+		s.Done(h.kind)
+	}
 	// A protocol switch keeps the connection for as long as it lives; it is
 	// not a request in flight, and its body must stay writable. A stream
 	// (see HoldStream) is done with the server's work when its headers
@@ -300,6 +346,21 @@ func (t *Transport) attempt(l *lane, req *http.Request, p Priority, enq time.Dur
 	return resp, enq, nil
 }
 
+// acquireSub takes req's token on the sub-limit it draws on besides l, if
+// any (see sublimitOf), and returns its hold, whether the caller named the
+// sub-limit, and the sub-limit's lane.
+func (t *Transport) acquireSub(ctx context.Context, l *lane, req *http.Request, p Priority) (s *hold, caller bool, sub *lane, err error) {
+	sub, caller = t.sublimitOf(l, req)
+	for sub != nil {
+		s, _, err = sub.acquire(ctx, p, firstAttempt, false)
+		if err != errLaneGone {
+			return s, caller, sub, err
+		}
+		sub = t.relane(sub)
+	}
+	return nil, false, nil, nil
+}
+
 // refused reports an attempt that acquire refused or failed.
 func (t *Transport) refused(ctx context.Context, l *lane, p Priority, n int, err error) {
 	rej, ok := err.(*RejectedError)
@@ -313,10 +374,11 @@ func (t *Transport) refused(ctx context.Context, l *lane, p Priority, n int, err
 	}
 }
 
-// read passes what resp says about limits to l, and returns what the
-// attempt was to the server (see verdict), which the lane learns from when
-// the attempt is done.
-func (t *Transport) read(ctx context.Context, l *lane, resp *http.Response, p Priority, h *hold) verdict.Kind {
+// read passes what resp says about limits to l, or to the sub-limit it
+// names, and returns what the attempt was to the server (see verdict),
+// which the lane learns from when the attempt is done. s is the attempt's
+// hold on a sub-limit, nil if none; caller: the caller named it.
+func (t *Transport) read(ctx context.Context, l *lane, req *http.Request, resp *http.Response, p Priority, h, s *hold, caller bool) verdict.Kind {
 	// A refusal's, a 403's or a GraphQL answer's body may say what its
 	// status and headers do not (see verdict.Body); other bodies are not
 	// looked at.
@@ -328,19 +390,63 @@ func (t *Transport) read(ctx context.Context, l *lane, resp *http.Response, p Pr
 	}
 	if !body.Throttles() && !l.reads(resp) {
 		l.dropCharge(h.ch)
+		if s != nil {
+			s.l.dropCharge(s.ch)
+		}
 		return verdict.Of(resp.StatusCode)
 	}
-	k := l.observe(ctx, resp, h.at, p, h.ch, body)
-	if l.be != nil {
-		l.shareCooldown()
+	// Which limit the response speaks of: the one it names, else the
+	// caller's, else the host's. A global refusal is the host's.
+	on, ch, sent := l, h.ch, h.at
+	name, bucket, global := headers.LimitName(resp.Header)
+	switch {
+	case name != "" && !otherRefusal(resp):
+		if sub := t.named(l, req, name, bucket); sub != nil {
+			on = sub
+		}
+	case caller && !global:
+		on = s.l
+	}
+	if on != l {
+		l.dropCharge(ch)
+		ch, sent = nil, on.clk.ticks(l.clk.timeOf(h.at))
+	}
+	if s != nil {
+		if on == s.l {
+			ch, sent = s.ch, s.at
+		} else {
+			s.l.dropCharge(s.ch)
+		}
+	}
+	k := on.observe(ctx, resp, sent, p, ch, body)
+	if on == l {
+		if l.be != nil {
+			l.shareCooldown()
+		}
+		return k
+	}
+	if rs := t.routesOf(l.key, false); rs != nil {
+		_, name := splitKey(on.key)
+		l.subPaced(rs.paced(name, on.paceNow()))
 	}
 	return k
+}
+
+// otherRefusal reports a refusal (429, or 403) whose named limit has
+// requests left: a limit that did not run out did not refuse it, so the
+// refusal is the host's, as GitHub's secondary limits are.
+func otherRefusal(resp *http.Response) bool {
+	if resp.StatusCode != http.StatusTooManyRequests && resp.StatusCode != http.StatusForbidden {
+		return false
+	}
+	q, ok := headers.Parse(resp.Header, time.Now())
+	return ok && q.Remaining > 0
 }
 
 // send hands req to the base, with a trace of its write if the lane wants
 // it (see lane.traceWrite). If the base panics, the attempt's slot is given
 // back and the panic goes on: nothing is recovered.
-func (t *Transport) send(l *lane, req *http.Request, h *hold) (*http.Response, error) {
+func (t *Transport) send(l *lane, req *http.Request, h, s *hold) (*http.Response, error) {
 	sent := req
 	if h.spaced {
 		sent = l.traceWrite(req, h.at)
@@ -349,6 +455,9 @@ func (t *Transport) send(l *lane, req *http.Request, h *hold) (*http.Response, e
 	defer func() {
 		if !returned {
 			h.finish(verdict.Failed, false)
+			if s != nil {
+				s.finish(verdict.Failed, false)
+			}
 		}
 	}()
 	resp, err := t.baseRT().RoundTrip(sent)
@@ -374,6 +483,9 @@ func (t *Transport) fanoutLimit() int {
 	n := 0
 	t.lanes.Range(func(_, v any) bool {
 		l := v.(*lane)
+		if l.cfg.sub {
+			return true // its host's limit bounds it
+		}
 		l.mu.Lock()
 		n += l.slot.limit
 		l.mu.Unlock()

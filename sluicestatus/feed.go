@@ -109,8 +109,9 @@ func (h *Handler) feed(q url.Values) feedJSON {
 	for _, lh := range lanes {
 		// Live figures where the lane is still there; what the sampler saw
 		// last where it was forgotten since.
+		// A sub-limit's series is keyed by its Name: it has no live read.
 		ls, ok := h.t.LaneStats(lh.key)
-		if !ok {
+		if !ok || ls.Name() != lh.key {
 			ls = lh.last
 		}
 		f.Shown = append(f.Shown, laneFeed(now, lh, ls))

@@ -107,7 +107,7 @@ func (h *history) record(now time.Time, s sluice.Stats) {
 			p.queued[l], p.waitP99[l] = lv.Queued, lv.WaitP99
 			queued += lv.Queued
 		}
-		prev, known := h.seen[ls.Key]
+		prev, known := h.seen[ls.Name()]
 		switch {
 		case known && !first:
 			p.achieved = float64(delta(cur.granted, prev.granted)) / dt
@@ -124,7 +124,7 @@ func (h *history) record(now time.Time, s sluice.Stats) {
 		if known {
 			cur.score = prev.score + scoreWeight*(activity-prev.score)
 		}
-		next[ls.Key] = cur
+		next[ls.Name()] = cur
 		cands = append(cands, candidate{ls, p, cur.score})
 	}
 	// The busiest first; among equals the lane already shown, then by key,
@@ -133,25 +133,25 @@ func (h *history) record(now time.Time, s sluice.Stats) {
 		if c := cmp.Compare(b.sc, a.sc); c != 0 {
 			return c
 		}
-		_, as := h.shown[a.ls.Key]
-		_, bs := h.shown[b.ls.Key]
+		_, as := h.shown[a.ls.Name()]
+		_, bs := h.shown[b.ls.Name()]
 		if as != bs {
 			if as {
 				return -1
 			}
 			return 1
 		}
-		return cmp.Compare(a.ls.Key, b.ls.Key)
+		return cmp.Compare(a.ls.Name(), b.ls.Name())
 	})
 	shown := make(map[string]*series, min(len(cands), h.maxLanes))
 	for _, c := range cands[:min(len(cands), h.maxLanes)] {
-		ser := h.shown[c.ls.Key]
+		ser := h.shown[c.ls.Name()]
 		if ser == nil {
 			ser = &series{pts: make([]point, 0, h.size)}
 		}
 		ser.add(c.p)
 		ser.last = *c.ls
-		shown[c.ls.Key] = ser
+		shown[c.ls.Name()] = ser
 	}
 	h.seen, h.shown, h.total, h.last = next, shown, len(s.Lanes), now
 }

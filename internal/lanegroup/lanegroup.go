@@ -162,14 +162,18 @@ func (g *Grouper) Groups(stats func() sluice.Stats) ([]Group, sluice.Stats) {
 	live := make(map[string]bool, len(s.Lanes))
 	for i := range s.Lanes {
 		ls := &s.Lanes[i]
-		live[ls.Key] = true
-		label := g.labelLocked(ls.Key)
+		// A sub-limit has a series of its own, under its lane's label.
+		name, label := ls.Name(), g.labelLocked(ls.Key)
+		if ls.Sublimit != "" && label != Other {
+			label += "/" + ls.Sublimit
+		}
+		live[name] = true
 		c := counters(ls)
-		if m, ok := g.last[ls.Key]; ok && (m.label != label || !m.c.le(&c)) {
+		if m, ok := g.last[name]; ok && (m.label != label || !m.c.le(&c)) {
 			// The lane was forgotten and made anew since the last read.
 			g.retire(m)
 		}
-		g.last[ls.Key] = laneMemo{label, c}
+		g.last[name] = laneMemo{label, c}
 		gr := group(label)
 		gr.Counters.add(&c)
 		gr.Gauges.add(ls, now)

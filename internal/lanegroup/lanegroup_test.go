@@ -118,3 +118,22 @@ func TestConcurrentGroups(t *testing.T) {
 		t.Errorf("granted = %d after concurrent reads, want the last snapshot's %d", got, want)
 	}
 }
+
+// A sub-limit is a group of its own under its lane's label, and its
+// counters are not added to its lane's: a request granted by both is
+// counted once in each.
+func TestSublimitGroups(t *testing.T) {
+	g := New(func(k string) string { return strings.TrimSuffix(k, ":443") }, 0)
+	sub := lane("api:443", 5, 0, 0)
+	sub.Sublimit = "search"
+	gs := groups(g, sluice.Stats{Lanes: []sluice.LaneStats{lane("api:443", 7, 0, 0), sub}})
+	if len(gs) != 2 {
+		t.Fatalf("groups %+v, want api and api/search", gs)
+	}
+	if a := find(t, gs, "api"); a.Level[sluice.Normal].Granted != 7 {
+		t.Errorf("api = %+v, want its own 7 grants", a)
+	}
+	if s := find(t, gs, "api/search"); s.Level[sluice.Normal].Granted != 5 {
+		t.Errorf("api/search = %+v, want its 5 grants", s)
+	}
+}
