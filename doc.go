@@ -39,6 +39,17 @@
 // is paced at its limit per window, less two). A reset rounded to the
 // second never slows a lane below its configured rate.
 //
+// Reading the headers never serves a lane worse than ignoring them: a
+// header may slow a lane only as far as the server's behaviour confirms,
+// and a reading that a refusal contradicts, or that acceptances outrun,
+// is dropped. A refill rate counted from the quotas is dropped when a
+// later quota shows the server refilled faster; a count measures only
+// while the bucket is known not full, its size known only from what the
+// quotas showed remaining, since a stated limit may be a rate; a limit is
+// read as a burst only once a quota showed a request remaining after one
+// was taken; the throttle rate a 429 teaches bounds every header rate; and
+// the quotas may raise a first estimate, never lower it.
+//
 // Several limits behind one host are sub-limits of its lane: a response
 // that names its limit (GitHub's X-RateLimit-Resource, Discord's
 // X-RateLimit-Bucket) files its route under it, and a caller can name one

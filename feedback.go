@@ -254,12 +254,21 @@ func (f *feedback) cut(now time.Duration, r refusal) {
 	}
 	rf, cut, edge := current, throttleCut, false
 	guess := false   // rf is a rough refill count: probe up from it
+	stated := false  // rf is the first estimate, from what the quotas state
 	counted := false // rf is the refill count (see recount)
 	switch {
 	case current == 0:
 		// Not paced yet: the first estimate of the server's limit, from
-		// which the lane probes upward (see grow).
+		// which the lane probes upward (see grow). Where the quotas state
+		// more and showed no burst (nothing ever remained after a
+		// request: their limit is no bucket's size, so it is a rate),
+		// their limit per window, or per the time to their reset (at
+		// least a second), from which the lane creeps as from an edge.
+		// The quotas only raise the estimate, never lower it.
 		rf, cut = f.firstRate(now, r.ra), 1
+		if s := f.quota.perSecond; s > rf && !f.quota.statesBurst() && (rf > 0 || f.acceptedAt(now) > 0) {
+			rf, stated = s, true
+		}
 	case acc+thr >= ratioTrusted && share < edgeShare:
 		// Answers enough to show the server refusing much of the pace
 		// (many were in flight): the lane is well over, whatever came
@@ -299,7 +308,7 @@ func (f *feedback) cut(now time.Duration, r refusal) {
 		// Failed again at or under the plateau, below a pace the server
 		// took: the jitter is wider than the margin.
 		f.margin, f.creep = min(2*f.margin, maxMargin), edgeCreep
-	case edge:
+	case edge || stated:
 		f.margin, f.creep = throttleMargin, edgeCreep
 	default:
 		f.margin, f.creep = throttleMargin, 0
@@ -309,7 +318,7 @@ func (f *feedback) cut(now time.Duration, r refusal) {
 	// is a guess: the lane probes up from it fast (see grow).
 	// A rough count is a guess too: a window's first fill, spent fast,
 	// reads as a bucket that refills at a fraction of the window's rate.
-	f.probing = current == 0 || guess || !edge && acc+thr < ratioTrusted
+	f.probing = current == 0 && !stated || guess || !edge && !stated && acc+thr < ratioTrusted
 	f.peak = max(f.peak, rf)
 	f.fail, f.failAt, f.grown = rf, now, now
 	f.throttle = max(f.floor(), min(cut, 1-f.margin)*rf)

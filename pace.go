@@ -442,6 +442,11 @@ func (p *pacer) pace(now, sent time.Duration, qp quotaPace) coolChange {
 	if qp.told {
 		p.fb.forget()
 	}
+	if qp.outrun {
+		// The count the header rate was read from is outrun: the server
+		// takes more than it said.
+		p.fb.header, p.fb.headerUntil = 0, 0
+	}
 	switch {
 	case qp.stop > now:
 		c = p.cool(now, min(qp.stop, now+p.maxWait), "remaining 0 until the window resets")

@@ -367,6 +367,8 @@ func TestPacerFollowsARecountedRefill(t *testing.T) {
 			p.observe(now+20*time.Millisecond, reply{status: http.StatusOK, sent: now, hasQuota: true, quota: q(rem)}, 1)
 		}
 	}
+	// The bucket shows its size first: at 30 remaining it is not full.
+	accept(20, 50*time.Millisecond, 49)
 	accept(20, 1200*time.Millisecond, 30)
 	p.observe(now, reply{status: http.StatusTooManyRequests, sent: now, hasRA: true, retryAfter: time.Second,
 		hasQuota: true, quota: q(0)}, 1)
@@ -612,15 +614,18 @@ func TestPacerCutsAtTheKeptPace(t *testing.T) {
 // them, and holding the lateness back there cost a sliding window at 48/s
 // 2% of its pace on real loopback.
 func TestPacerStrictPlateau(t *testing.T) {
+	// A burst is what the quotas showed remaining after a request, not the
+	// limit they state: a limit of 50 with nothing ever remaining is a
+	// rate (redis_rate's), and the server is strict.
 	for _, c := range []struct {
-		limit int64
-		want  float64
-	}{{0, 49}, {1, 49}, {2, 0}, {50, 0}} {
+		limit, held int64
+		want        float64
+	}{{0, 0, 49}, {1, 0, 49}, {50, 0, 49}, {2, 1, 0}, {50, 49, 0}} {
 		p := newPacer(100, 1, time.Minute, true, 0)
 		p.fb.fail, p.fb.margin = 50, 0.02
-		p.fb.quota.limit = c.limit
+		p.fb.quota.limit, p.fb.quota.held = c.limit, c.held
 		if got := p.strictPlateau(); got != c.want {
-			t.Errorf("limit %d: plateau %v, want %v", c.limit, got, c.want)
+			t.Errorf("limit %d, %d seen remaining: plateau %v, want %v", c.limit, c.held, got, c.want)
 		}
 	}
 }

@@ -85,14 +85,29 @@ const resetSlack = 50 * time.Millisecond
 // Evidence overrides the family's prior (see priorKind).
 type quotaModel struct {
 	kind     limitKind
-	evidence bool  // kind comes from evidence, not from the prior
-	limit    int64 // the last limit stated (a bucket's burst); 0: none yet
+	evidence bool // kind comes from evidence, not from the prior
+	// The flags of the groups below, kept together to keep the lane small.
+	run      bool // a run is under way (see learn)
+	runMoved bool // a reset stated as an instant moved before it came
+	counting bool // a count is under way (see count)
+	// rough: counts is from a count a refusal ended, over less than
+	// countSpan (see refused).
+	rough   bool
+	hasLast bool // lastAt and lastLeft hold a quota (see outrun)
 
-	run      bool
+	limit int64 // the last limit stated (a bucket's burst); 0: none yet
+	// perSecond is the last quota's limit over its window, else over the
+	// time to its reset, at least a second; 0 if it stated neither.
+	perSecond float64
+	// held is the most remaining any quota stated: the bucket holds at
+	// least one more when full. A stated limit may be a rate, not the
+	// bucket's size (redis_rate states its rate), so it alone does not
+	// say when the bucket may be full.
+	held int64
+
 	runSeen  time.Duration // when the run's first quota was seen
 	runReset time.Duration // its reset instant
 	runLeft  int64         // its remaining
-	runMoved bool          // a reset stated as an instant moved before it came
 
 	// A reset stated as an instant and replaced when it came, with
 	// requests counted before and after: the step from the instant to the
@@ -101,14 +116,14 @@ type quotaModel struct {
 	jump, window time.Duration
 
 	// The refill rate counted from the quotas themselves (see count).
-	counting  bool          // a count is under way
 	countFrom time.Duration // when it began
 	countLeft int64         // remaining then
 	counted   int64         // responses seen since
 	counts    float64       // the refill rate counted, 0 until known
-	// rough: counts is from a count a refusal ended, over less than
-	// countSpan (see refused).
-	rough bool
+	// The last quota counted (see outrun): when its attempt was sent,
+	// and what remained.
+	lastAt   time.Duration
+	lastLeft int64
 }
 
 // countSpan is the least time a refill rate is counted over: long enough
@@ -136,6 +151,10 @@ type quotaPace struct {
 	// spare: the bucket holds tokens beyond the last one kept, and rate
 	// spends them over its refill rate.
 	spare bool
+	// outrun: this quota showed the server refilled faster than the rate
+	// counted from its quotas (see quotaModel.outrun): a pace read from
+	// that count no longer holds.
+	outrun bool
 	// told: this quota told a sliding window apart. What the lane learned
 	// of the rate from refusals before it, reading the window as a bucket
 	// (a count, a climb cut short), no longer holds.
@@ -151,6 +170,10 @@ func (m *quotaModel) observe(now, sent time.Duration, q headers.Quota, inFlight 
 	}
 	if q.Limit > 0 {
 		m.limit = q.Limit
+		m.perSecond = 0
+		if per := max(q.Window, q.Reset); per > 0 {
+			m.perSecond = float64(q.Limit) / max(per, time.Second).Seconds()
+		}
 	}
 	if q.Remaining < 0 {
 		if q.Limit > 0 && q.Window > 0 {
@@ -159,11 +182,12 @@ func (m *quotaModel) observe(now, sent time.Duration, q headers.Quota, inFlight 
 		}
 		return quotaPace{}
 	}
+	m.held = max(m.held, q.Remaining)
 	was := m.kind
 	if q.Reset > 0 {
 		m.learn(now, q)
 	}
-	m.count(sent, q)
+	outrun := m.count(sent, q)
 	// Attempts in flight other than this one may not be counted by the
 	// server yet: count them as used.
 	left := q.Remaining - int64(inFlight-1)
@@ -199,7 +223,7 @@ func (m *quotaModel) observe(now, sent time.Duration, q headers.Quota, inFlight 
 	if rho == 0 && m.counts > 0 && q.Limit > 0 {
 		rho, fill = m.counts, time.Duration(float64(q.Limit)/m.counts*float64(time.Second))
 	}
-	p := quotaPace{empty: left <= 0}
+	p := quotaPace{empty: left <= 0, outrun: outrun}
 	if rho > 0 {
 		p.spare = left > 1
 		// What the bucket holds may go out over the time it takes to
@@ -250,16 +274,24 @@ func bucketRate(q headers.Quota) (float64, time.Duration) {
 // starts over. Its instants are when the attempts were sent, near when the
 // server counted them (a response comes a latency later, a refusal at
 // once).
-func (m *quotaModel) count(now time.Duration, q headers.Quota) {
-	// After a request took its token, a bucket that was full holds
-	// Limit-1: only what is below says the bucket gained all it could.
-	if m.kind == kindWindow || m.kind == kindSliding || q.Limit <= 0 || q.Remaining < 0 || q.Remaining >= q.Limit-1 {
+// It reports whether q outran the count known before (see outrun).
+func (m *quotaModel) count(now time.Duration, q headers.Quota) (outrun bool) {
+	if q.Remaining >= 0 {
+		outrun = m.outrun(now, q)
+	}
+	// After a request took its token, a bucket that was full holds one
+	// less than its size: only what is below says the bucket gained all
+	// it could. Its size is at most the limit and, as far as the quotas
+	// show, one more than the most they stated remaining: a bucket that
+	// never stated more than 0 may hold one request, and a count of it
+	// would only count what the lane sent.
+	if m.kind == kindWindow || m.kind == kindSliding || q.Limit <= 0 || q.Remaining < 0 || q.Remaining >= min(q.Limit-1, m.held) {
 		m.counting = false
-		return
+		return outrun
 	}
 	if !m.counting {
 		m.counting, m.countFrom, m.countLeft, m.counted = true, now, q.Remaining, 0
-		return
+		return outrun
 	}
 	m.counted++
 	if d := now - m.countFrom; d >= countSpan {
@@ -268,6 +300,27 @@ func (m *quotaModel) count(now time.Duration, q headers.Quota) {
 		}
 		m.countFrom, m.countLeft, m.counted = now, q.Remaining, 0
 	}
+	return outrun
+}
+
+// outrun drops the counted refill rate when q, stated to an attempt sent
+// at now, shows the bucket gained more since the last quota counted than
+// that rate allows (two requests' slack for answers out of order): the
+// server refilled faster than counted (a window refilled at once, a count
+// made over a fraction of a second), and a pace at the count would hold
+// the lane under what the server takes.
+// It reports whether it dropped the count.
+func (m *quotaModel) outrun(now time.Duration, q headers.Quota) (dropped bool) {
+	if m.hasLast && m.counts > 0 && now > m.lastAt {
+		gained := float64(q.Remaining-m.lastLeft+1) - 2
+		if gained > m.counts*(1+refillSlack)*(now-m.lastAt).Seconds() {
+			m.counts, m.rough, m.counting, dropped = 0, false, false, true
+		}
+	}
+	if !m.hasLast || now >= m.lastAt {
+		m.lastAt, m.lastLeft, m.hasLast = now, q.Remaining, true
+	}
+	return dropped
 }
 
 // refused ends the count under way at a refusal seen at now that states q,
@@ -314,7 +367,11 @@ func (m *quotaModel) learn(now time.Duration, q headers.Quota) {
 	case q.Instant && !m.runMoved && now >= m.runReset-resetSlack && reset > m.runReset+resetSlack:
 		// The instant came and a later one replaced it.
 		jump := reset - m.runReset
-		busy := q.Limit >= 4 && max(m.runLeft, q.Remaining) <= q.Limit-3
+		// Busy: three or more taken of a count that was seen to fall (a
+		// bucket of one, whose remaining is always 0 and whose reset
+		// rounded up to the second jumps a second at a time, is not a
+		// counter).
+		busy := q.Limit >= 4 && max(m.runLeft, q.Remaining) <= q.Limit-3 && m.held >= 2
 		if busy && prior == kindUnknown && m.jump > 0 && (jump-m.jump).Abs() <= resetSlack {
 			kind, m.window = kindSliding, jump
 			// What it counted was the lane's own past sends.
@@ -347,9 +404,13 @@ func (m *quotaModel) learn(now time.Duration, q headers.Quota) {
 	m.runSeen, m.runReset, m.runLeft, m.runMoved = now, reset, q.Remaining, false
 }
 
-// statesBurst reports whether the server's quotas state a limit of two or
-// more: a bucket or window that takes two requests closer than its rate.
-func (m *quotaModel) statesBurst() bool { return m.limit >= 2 }
+// statesBurst reports whether the server's quotas showed a burst: a
+// bucket or window that takes two requests closer than its rate, seen to
+// have one request or more remaining after one was taken. A stated limit
+// alone does not say so: it may be a rate (redis_rate's, an IETF policy's
+// quota), and a strict server that states its rate as a limit refuses the
+// grants a burst would let bunch.
+func (m *quotaModel) statesBurst() bool { return m.held >= 1 }
 
 // refusalWait returns how long a refusal that states q (nothing remains)
 // pauses the lane when it names no Retry-After: until a window's reset, or

@@ -219,6 +219,8 @@ func TestQuotaCountAtRefusal(t *testing.T) {
 			m.refused(250*ms, empty, 1)
 		}, 0},
 		{"a count from acceptances ends at the refusal, with refill", func(m *quotaModel) {
+			// The bucket once showed 9 remaining: at 5 it is not full.
+			m.observe(-50*ms, -50*ms, quotaAt("x-ratelimit", 10, 9, time.Second, true), 1)
 			for i := range 5 {
 				m.observe(time.Duration(i)*50*ms, time.Duration(i)*50*ms, quotaAt("x-ratelimit", 10, 5, time.Second, true), 1)
 			}

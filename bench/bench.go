@@ -9,6 +9,7 @@
 //	cd bench && go run . -short       # a 2 s smoke run of one model
 //	cd bench && go run . -d 20s -model gcra -client sluice
 //	cd bench && go run . -traces ../testdata/traces   # header traces of the real middleware
+//	cd bench && go run . -harm -d 20s                 # headers read beside headers stripped
 //
 // It lives in its own module so that the peers' dependencies (failsafe-go)
 // stay out of the library's go.mod; its module path is under sluice's, so
@@ -47,6 +48,9 @@ type model struct {
 	redis bool
 	// header, if set, is added to every request (token costs).
 	header http.Header
+	// workers, if > 0, is the number of callers for this server instead
+	// of the run's.
+	workers int
 	// penalty, if > 0, starts a GitHub secondary-limit penalty of that
 	// length at the start of the measured half.
 	penalty time.Duration
@@ -255,7 +259,11 @@ func run(ctx context.Context, cfg config, m model, c client) result {
 			}
 		})
 	}
-	for range cfg.workers {
+	workers := cfg.workers
+	if m.workers > 0 {
+		workers = m.workers
+	}
+	for range workers {
 		wg.Go(func() {
 			for ctx.Err() == nil {
 				req, err := http.NewRequestWithContext(ctx, http.MethodGet, srv.url+"/v1/thing", nil)

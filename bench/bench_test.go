@@ -103,7 +103,7 @@ func TestSelectRuns(t *testing.T) {
 		t.Error("no error for a bad regexp")
 	}
 	ms, cs, err := selectRuns("", "")
-	if err != nil || len(ms) != len(projectModels())+len(realModels()) || len(projectModels()) != 10 || len(realModels()) != 31 || len(cs) != 6 {
+	if err != nil || len(ms) != len(projectModels())+len(realModels()) || len(projectModels()) != 10 || len(realModels()) != 32 || len(cs) != 6 {
 		t.Errorf("selectRuns(all) = %d models, %d clients, %v", len(ms), len(cs), err)
 	}
 	// The child process finds its model by name.

@@ -29,6 +29,7 @@ func main() {
 		splice   = flag.String("splice", "", "with -out: also replace the tables between the file's <!-- results/bench begin/end --> markers")
 		traces   = flag.String("traces", "", "record the real middleware's header traces into this directory, and run nothing else")
 		subs     = flag.Bool("sublimits", false, "run the hosts with several limits (GitHub resources, Discord buckets, two models) for -d each, and nothing else")
+		harmFlag = flag.Bool("harm", false, "run the harm comparison instead: sluice reading the headers beside the same sluice with them stripped, on the real middleware")
 	)
 	flag.Parse()
 	if *subs {
@@ -43,6 +44,23 @@ func main() {
 		return
 	}
 	cfg := config{d: *d, workers: *workers, latency: *latency}
+	if *harmFlag {
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+		defer stop()
+		ms, err := matching(harmModels(), func(m model) string { return m.name }, "-model", *modelRE)
+		if err == nil && len(ms) == 0 {
+			err = fmt.Errorf("no model matches")
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(2)
+		}
+		if err := harm(ctx, os.Stdout, os.Stderr, cfg, ms, harmClients()); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		return
+	}
 	if *short {
 		cfg.d = 2 * time.Second
 		if *modelRE == "" {

@@ -69,7 +69,9 @@ func realModels() []model {
 	}
 	ms = append(ms, mwModel("go-redis/redis_rate PerSecond(50), burst 1", 50, time.Second, true,
 		redisRate(redis_rate.Limit{Rate: 50, Period: time.Second, Burst: 1})))
-	return ms
+	both := mwModel("strict GCRA (throttled, burst 1), IETF RateLimit and X-RateLimit-* with epoch reset, 100/s, 64 callers", 100, time.Second, false, bothHeadersGCRA(100))
+	both.workers = 64
+	return append(ms, both)
 }
 
 func mwModel(name string, limit int, per time.Duration, redis bool, mw middleware) model {

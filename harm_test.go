@@ -1,0 +1,340 @@
+package sluice
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/sluice-go/sluice/internal/upstream"
+)
+
+// The servers of the do-no-harm tests, in virtual time: each enforces its
+// limit as a real middleware does and sends that middleware's headers (see
+// bench/middleware.go for the real packages these stand for).
+
+// fixedWindow is a window of limit requests per per that refills all at
+// once, its first window starting at the first request: ulule/limiter's
+// memory store (reset the Unix time the window ends, truncated to the
+// second, and no Retry-After) or, with date set, sethvargo/go-limiter's
+// memorystore (reset and Retry-After the window's end as time.RFC1123 in
+// UTC).
+type fixedWindow struct {
+	limit int
+	per   time.Duration
+	date  bool
+
+	mu    sync.Mutex
+	start time.Time
+	n     int
+}
+
+func (w *fixedWindow) Rate() float64 { return float64(w.limit) / w.per.Seconds() }
+
+func (w *fixedWindow) Admit(now time.Time, _ *http.Request) upstream.Decision {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.start.IsZero() || now.Sub(w.start) >= w.per {
+		if w.start.IsZero() {
+			w.start = now
+		}
+		for now.Sub(w.start) >= w.per {
+			w.start = w.start.Add(w.per)
+		}
+		w.n = 0
+	}
+	end := w.start.Add(w.per)
+	ok := w.n < w.limit
+	if ok {
+		w.n++
+	}
+	h := http.Header{}
+	h.Set("X-RateLimit-Limit", strconv.Itoa(w.limit))
+	h.Set("X-RateLimit-Remaining", strconv.Itoa(w.limit-w.n))
+	if w.date {
+		d := end.UTC().Format(time.RFC1123)
+		h.Set("X-RateLimit-Reset", d)
+		if !ok {
+			h.Set("Retry-After", d)
+		}
+	} else {
+		h.Set("X-RateLimit-Reset", strconv.FormatInt(end.Unix(), 10))
+	}
+	return upstream.Decision{Accepted: ok, Header: h}
+}
+
+// gcraStyle names the headers a gcra sends.
+type gcraStyle int
+
+const (
+	// throttled's: X-RateLimit-Limit the burst, -Remaining, -Reset whole
+	// seconds until full, rounded up.
+	styleThrottled gcraStyle = iota
+	// redis_rate's, as its README's handler sends them: X-RateLimit-Limit
+	// the rate, -Remaining, -Reset the Unix time it is full, rounded up.
+	styleRedisRate
+	// both families: IETF RateLimit-Policy and RateLimit (t whole seconds
+	// until full, rounded up) and X-RateLimit-* as styleRedisRate.
+	styleBoth
+)
+
+// gcra is a GCRA of rate requests a second and burst, that refuses with
+// 429 and Retry-After in whole seconds, rounded up, and sends style's
+// headers on every response.
+type gcra struct {
+	rate, burst int
+	style       gcraStyle
+
+	mu  sync.Mutex
+	tat time.Time
+}
+
+func (g *gcra) Rate() float64 { return float64(g.rate) }
+
+func (g *gcra) Admit(now time.Time, _ *http.Request) upstream.Decision {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	T := time.Second / time.Duration(g.rate)
+	tol := time.Duration(g.burst-1) * T
+	tat := g.tat
+	if tat.Before(now) {
+		tat = now
+	}
+	ok := !now.Before(tat.Add(-tol))
+	var resetAfter, retryAfter time.Duration
+	if ok {
+		g.tat = tat.Add(T)
+		resetAfter = g.tat.Sub(now)
+	} else {
+		resetAfter = tat.Sub(now)
+		retryAfter = tat.Add(-tol).Sub(now)
+	}
+	remaining := max(0, int((time.Duration(g.burst)*T-resetAfter)/T))
+	ceil := func(d time.Duration) string { return strconv.FormatInt(int64(math.Ceil(d.Seconds())), 10) }
+	epoch := strconv.FormatInt(int64(math.Ceil(float64(now.Add(resetAfter).UnixNano())/1e9)), 10)
+	h := http.Header{}
+	switch g.style {
+	case styleThrottled:
+		h.Set("X-RateLimit-Limit", strconv.Itoa(g.burst))
+		h.Set("X-RateLimit-Remaining", strconv.Itoa(remaining))
+		h.Set("X-RateLimit-Reset", ceil(resetAfter))
+	case styleRedisRate, styleBoth:
+		h.Set("X-RateLimit-Limit", strconv.Itoa(g.rate))
+		h.Set("X-RateLimit-Remaining", strconv.Itoa(remaining))
+		h.Set("X-RateLimit-Reset", epoch)
+		if g.style == styleBoth {
+			h.Set("RateLimit-Policy", `"default";q=`+strconv.Itoa(g.rate)+`;w=1`)
+			h.Set("RateLimit", `"default";r=`+strconv.Itoa(remaining)+`;t=`+ceil(resetAfter))
+		}
+	}
+	if !ok {
+		h.Set("Retry-After", ceil(retryAfter))
+	}
+	return upstream.Decision{Accepted: ok, Header: h}
+}
+
+// stripLimits is a base RoundTripper that removes every rate-limit field
+// from base's responses, keeping the status and Retry-After: what a lane
+// that ignores the headers sees.
+type stripLimits struct{ base http.RoundTripper }
+
+func (s stripLimits) RoundTrip(r *http.Request) (*http.Response, error) {
+	resp, err := s.base.RoundTrip(r)
+	if err != nil {
+		return nil, err
+	}
+	for k := range resp.Header {
+		l := strings.ToLower(k)
+		if strings.HasPrefix(l, "x-ratelimit") || strings.HasPrefix(l, "x-rate-limit") || strings.HasPrefix(l, "ratelimit") {
+			delete(resp.Header, k)
+		}
+	}
+	return resp, nil
+}
+
+// harmRun is one lane against one server in virtual time: callers in a
+// closed loop, 20 ms service time.
+type harmRun struct {
+	half, whole float64 // accepted/s ÷ the server's rate: second half, whole run
+	refused     float64 // share of attempts refused, second half
+	perSecond   []int   // accepted in each second of the run
+}
+
+// add adds a run's shares to r, as one of n.
+func (r *harmRun) add(a harmRun, n uint64) {
+	r.half += a.half / float64(n)
+	r.whole += a.whole / float64(n)
+	r.refused += a.refused / float64(n)
+}
+
+func (r harmRun) String() string {
+	return fmt.Sprintf("%.2f, %.1f%% (whole %.2f)", r.half, 100*r.refused, r.whole)
+}
+
+// jittered delays each request on its way to base by up to max, drawn
+// from a fixed sequence: what a loaded host and its loopback add between
+// a grant and the server's clock read.
+type jittered struct {
+	base http.RoundTripper
+	max  time.Duration
+	mu   sync.Mutex
+	rng  *rand.Rand
+}
+
+func (j *jittered) RoundTrip(r *http.Request) (*http.Response, error) {
+	j.mu.Lock()
+	d := time.Duration(j.rng.Int64N(int64(j.max)))
+	j.mu.Unlock()
+	time.Sleep(d)
+	return j.base.RoundTrip(r)
+}
+
+// runHarm runs callers in a closed loop against mod for dur from a cold
+// lane made with opts, its base stripping the rate-limit headers if strip
+// says so and delaying each request by up to jitter (drawn from seed).
+func runHarm(t *testing.T, mod upstream.Model, callers int, jitter time.Duration, seed uint64, dur time.Duration, strip bool, opts ...Option) harmRun {
+	var res harmRun
+	synctest.Test(t, func(t *testing.T) {
+		// Past the 1e9 seconds that tell a Unix time from a delay.
+		time.Sleep(time.Until(time.Unix(1_700_000_000, 0)))
+		srv := upstream.New(upstream.Config{Limiter: mod, Latency: func(int, *http.Request) time.Duration { return 20 * time.Millisecond }})
+		defer srv.Close()
+		var base http.RoundTripper = srv.Transport()
+		if jitter > 0 {
+			base = &jittered{base: base, max: jitter, rng: rand.New(rand.NewPCG(seed, 2))}
+		}
+		if strip {
+			base = stripLimits{base}
+		}
+		tr := mustNew(t, base, opts...)
+		start := time.Now()
+		ctx, cancel := context.WithTimeout(t.Context(), dur)
+		defer cancel()
+		var wg sync.WaitGroup
+		for range callers {
+			wg.Go(func() {
+				for ctx.Err() == nil {
+					req, _ := http.NewRequestWithContext(ctx, "GET", srv.URL()+"/", nil)
+					resp, err := tr.RoundTrip(req)
+					if err != nil {
+						pause(ctx)
+						continue
+					}
+					resp.Body.Close()
+				}
+			})
+		}
+		wg.Wait()
+		res.perSecond = make([]int, int(dur/time.Second))
+		var acc, ref, all int
+		for _, a := range srv.Arrivals() {
+			at := a.At.Sub(start)
+			if a.Accepted {
+				all++
+				if s := int(at / time.Second); s < len(res.perSecond) {
+					res.perSecond[s]++
+				}
+			}
+			if at < dur/2 {
+				continue
+			}
+			if a.Accepted {
+				acc++
+			} else {
+				ref++
+			}
+		}
+		res.half = float64(acc) / (dur / 2).Seconds() / mod.Rate()
+		res.whole = float64(all) / dur.Seconds() / mod.Rate()
+		res.refused = float64(ref) / float64(max(1, acc+ref))
+	})
+	return res
+}
+
+// harmServers are the servers TestHeadersDoNoHarm compares on: each
+// real middleware's behaviour and headers.
+func harmServers() []struct {
+	name    string
+	make    func() upstream.Model
+	callers int
+	jitter  time.Duration
+} {
+	return []struct {
+		name    string
+		make    func() upstream.Model
+		callers int
+		jitter  time.Duration
+	}{
+		{"ulule fixed window 50 per 1 s", func() upstream.Model { return &fixedWindow{limit: 50, per: time.Second} }, 32, 0},
+		{"go-limiter window 50 per 1 s, dates", func() upstream.Model { return &fixedWindow{limit: 50, per: time.Second, date: true} }, 32, 0},
+		{"ulule fixed window 300 per 6 s", func() upstream.Model { return &fixedWindow{limit: 300, per: 6 * time.Second} }, 32, 0},
+		{"throttled GCRA 50/s burst 6", func() upstream.Model { return &gcra{rate: 50, burst: 6, style: styleThrottled} }, 32, 0},
+		{"redis_rate GCRA 50/s burst 50", func() upstream.Model { return &gcra{rate: 50, burst: 50, style: styleRedisRate} }, 32, 0},
+		{"redis_rate GCRA 50/s burst 1", func() upstream.Model { return &gcra{rate: 50, burst: 1, style: styleRedisRate} }, 32, 0},
+		{"strict GCRA 100/s, both families, 64 callers", func() upstream.Model { return &gcra{rate: 100, burst: 1, style: styleBoth} }, 64, 0},
+		{"strict GCRA 100/s, both families, 64 callers, 2 ms jitter", func() upstream.Model { return &gcra{rate: 100, burst: 1, style: styleBoth} }, 64, 2 * time.Millisecond},
+		{"redis_rate GCRA 50/s burst 1, 2 ms jitter", func() upstream.Model { return &gcra{rate: 50, burst: 1, style: styleRedisRate} }, 32, 2 * time.Millisecond},
+	}
+}
+
+// TestHeadersDoNoHarm compares, on every server of harmServers, a lane
+// reading the rate-limit headers with the same lane whose base strips
+// them, with no WithRate and at the published rate R, over 20 s from a
+// cold lane in virtual time: reading them must serve the lane at least as
+// well (within 0.02 of R, second half and whole run) and refuse no more
+// (within half a point).
+func TestHeadersDoNoHarm(t *testing.T) {
+	for _, s := range harmServers() {
+		for _, c := range []struct {
+			name string
+			opts []Option
+		}{{"no WithRate", nil}, {"at R", []Option{WithRate(int(s.make().Rate()), time.Second)}}} {
+			t.Run(s.name+"/"+c.name, func(t *testing.T) {
+				// With jitter, a strict server's refusals fall by chance,
+				// and one run's share depends on where: the mean of several,
+				// each with its own sequence, is compared (twelve with no
+				// WithRate, whose first seconds vary most; two at R).
+				seeds := uint64(1)
+				if s.jitter > 0 {
+					seeds = 12
+					if c.opts != nil {
+						seeds = 2
+					}
+				}
+				var on, off harmRun
+				for seed := range seeds {
+					a := runHarm(t, s.make(), s.callers, s.jitter, seed, 20*time.Second, false, c.opts...)
+					b := runHarm(t, s.make(), s.callers, s.jitter, seed, 20*time.Second, true, c.opts...)
+					t.Logf("seed %d: headers read %v; stripped %v\nper second read %v\nper second stripped %v", seed, a, b, a.perSecond, b.perSecond)
+					on.add(a, seeds)
+					off.add(b, seeds)
+				}
+				if on.half < off.half-0.02 || on.whole < off.whole-0.02 || on.refused > off.refused+0.005 {
+					t.Errorf("headers read %v, stripped %v: reading them does harm", on, off)
+				}
+			})
+		}
+	}
+}
+
+// TestColdStrictStart guards the first seconds against a strict server:
+// from a cold lane with no WithRate, a 20 s run against a GCRA of burst
+// 1 that states its rate as its limit (redis_rate's handler) is served at
+// least 0.85 of its rate over the whole run, the first refusals' cooldown
+// included. The lane's first estimate is the quotas' limit per second
+// (they never showed a burst), where its own acceptances, one per
+// Retry-After, said one request a second.
+func TestColdStrictStart(t *testing.T) {
+	r := runHarm(t, &gcra{rate: 50, burst: 1, style: styleRedisRate}, 32, 0, 0, 20*time.Second, false)
+	t.Logf("%v; accepted each second: %v", r, r.perSecond)
+	if r.whole < 0.85 || r.refused > 0.01 {
+		t.Errorf("%v over the whole run; want at least 0.85 of the rate, at most 1%% refused in the second half", r)
+	}
+}
