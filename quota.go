@@ -206,18 +206,18 @@ func (m *quotaModel) observe(now, sent time.Duration, q headers.Quota, inFlight 
 		case left <= 0:
 			return quotaPace{stop: now + q.Reset}
 		}
-		spread := q.Reset
+		// A precise reset: what remains goes over left+1 intervals, so the
+		// last goes one interval before the reset, not at it, where it
+		// would open the next window (a window that starts at its first
+		// request, as Discord's do, would lose one request in each).
+		spread, n := q.Reset, left+1
 		if q.Coarse {
 			// A reset rounded up to the second: spreading what remains over
 			// half a second less is still within the quota (it is what
 			// remains) and does not leave it unused.
-			spread = max(q.Reset-time.Second/2, q.Reset/2)
+			spread, n = max(q.Reset-time.Second/2, q.Reset/2), left
 		}
-		// left+1 intervals: the last of what remains goes one interval
-		// before the reset, not at it, where it would open the next
-		// window (a window that starts at its first request, as Discord's
-		// do, would then lose one request in each).
-		return quotaPace{rate: float64(left+1) / spread.Seconds(), until: now + q.Reset}
+		return quotaPace{rate: float64(n) / spread.Seconds(), until: now + q.Reset}
 	}
 	rho, fill := bucketRate(q)
 	if rho == 0 && m.counts > 0 && q.Limit > 0 {
