@@ -101,23 +101,6 @@ func (g *routeGroup) p99() time.Duration {
 	return g.waits[len(g.waits)*99/100]
 }
 
-// githubRoutes serves core (100 per 2 s) and search (search per 2 s) on
-// one host, told apart only by X-RateLimit-Resource.
-func githubRoutes(search int) upstream.Limiter {
-	return &upstream.Routes{
-		Route: func(r *http.Request) string {
-			if strings.HasPrefix(r.URL.Path, "/search/") {
-				return "search"
-			}
-			return "core"
-		},
-		Limits: map[string]upstream.Limiter{
-			"core":   upstream.NewGitHub(upstream.GitHubConfig{Limit: 100, Window: 2 * time.Second}),
-			"search": upstream.NewGitHub(upstream.GitHubConfig{Limit: search, Window: 2 * time.Second, Resource: "search"}),
-		},
-	}
-}
-
 // While search is exhausted, core is served as when search has room: its
 // rate and its p99 round trip, with no core call held by search's reset.
 // The lane learns the two limits from X-RateLimit-Resource alone.
@@ -126,7 +109,7 @@ func TestSublimitGitHubSearchHoldsNoCore(t *testing.T) {
 	run := func(search int) (core, srch *routeGroup, st Stats) {
 		core = &routeGroup{path: "/repos/o/r/issues/7", callers: 16}
 		srch = &routeGroup{path: "/search/issues", callers: 4}
-		st = runRoutes(t, githubRoutes(search), dur, []*routeGroup{core, srch}, WithRate(60, time.Second))
+		st = runRoutes(t, upstream.NewGitHubResources(100, search, 2*time.Second), dur, []*routeGroup{core, srch}, WithRate(60, time.Second))
 		return core, srch, st
 	}
 	idleCore, _, _ := run(1000)

@@ -49,21 +49,8 @@ type SubRow struct {
 
 func subScenarios() []subScenario {
 	github := subScenario{
-		name: "GitHub core 50/s + search 2.5/s, search exhausted",
-		limits: func() upstream.Limiter {
-			return &upstream.Routes{
-				Route: func(r *http.Request) string {
-					if strings.HasPrefix(r.URL.Path, "/search/") {
-						return "search"
-					}
-					return "core"
-				},
-				Limits: map[string]upstream.Limiter{
-					"core":   upstream.NewGitHub(upstream.GitHubConfig{Limit: 100, Window: 2 * time.Second}),
-					"search": upstream.NewGitHub(upstream.GitHubConfig{Limit: 5, Window: 2 * time.Second, Resource: "search"}),
-				},
-			}
-		},
+		name:   "GitHub core 50/s + search 2.5/s, search exhausted",
+		limits: func() upstream.Limiter { return upstream.NewGitHubResources(100, 5, 2*time.Second) },
 		groups: []subGroup{
 			{label: "core", path: "/repos/o/r/issues/7", callers: 16, rate: 50},
 			{label: "search", path: "/search/issues", callers: 4, rate: 2.5},

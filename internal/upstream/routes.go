@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 )
@@ -31,6 +32,25 @@ func (rs *Routes) Admit(now time.Time, r *http.Request) Decision {
 		return l.Admit(now, r)
 	}
 	return Decision{Accepted: true}
+}
+
+// NewGitHubResources returns GitHub's core and search limits on one host,
+// told apart only by X-RateLimit-Resource: paths under /search/ count
+// against search (search requests per window), every other path against
+// core (core per window).
+func NewGitHubResources(core, search int, window time.Duration) *Routes {
+	return &Routes{
+		Route: func(r *http.Request) string {
+			if strings.HasPrefix(r.URL.Path, "/search/") {
+				return "search"
+			}
+			return "core"
+		},
+		Limits: map[string]Limiter{
+			"core":   NewGitHub(GitHubConfig{Limit: core, Window: window}),
+			"search": NewGitHub(GitHubConfig{Limit: search, Window: window, Resource: "search"}),
+		},
+	}
 }
 
 // DiscordBucket models one of Discord's per-route buckets: Limit requests
