@@ -597,29 +597,8 @@ func (l *lane) rateChangedLocked(ctx context.Context, ev *events, cause string) 
 	}
 }
 
-// currentRateLocked returns the lane's pace now, or, if it has none of its
-// own, what its sub-limits pace to in all; 0 if not paced.
-func (l *lane) currentRateLocked() float64 {
-	if l.pace.rate == 0 {
-		return float64(l.slot.subRate)
-	}
-	return l.pace.rate
-}
-
-// subPaced takes what the lane's sub-limits now pace to in all, which
-// sizes the in-flight limit of a lane with no rate of its own.
-func (l *lane) subPaced(rate float64) {
-	l.mu.Lock()
-	l.slot.subRate = float32(rate)
-	l.mu.Unlock()
-}
-
-// paceNow returns the lane's pace now, 0 if not paced.
-func (l *lane) paceNow() float64 {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.pace.rate
-}
+// currentRateLocked returns the lane's pace now, 0 if not paced.
+func (l *lane) currentRateLocked() float64 { return l.pace.rate }
 
 // limitMovedLocked acts on what the limiter did on a sample: it logs what a
 // closed window found and a new limit, emits EventLimitChanged, and lets

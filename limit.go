@@ -79,11 +79,6 @@ type limiter struct {
 	cap      int   // cap on the limit from the gradient; 0: none
 	knee     int   // the upstream's capacity in calls, estimated by the last cut
 	sinceCut int32 // windows since the last cut, from 1; 0: none yet
-	// subRate is what the lane's sub-limits pace to in all (see
-	// lane.subPaced): a lane with no rate of its own sizes its limit by it.
-	// With sinceCut, in one word: a lane is at its size class's end
-	// (TestLaneHeap).
-	subRate float32
 
 	// over caps the limit after the server answered overloaded (see
 	// onOverload); 0: no cap. overAt is when it was last cut.

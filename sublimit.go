@@ -96,7 +96,6 @@ type routes struct {
 	mu     sync.Mutex
 	byPath map[string]filed     // route → where it is filed
 	used   map[string]time.Time // sub-limit name → its last use
-	rates  map[string]float64   // sub-limit name → its pace when last read
 	folded uint64               // responses that named a limit past maxSublimits
 }
 
@@ -111,7 +110,7 @@ type filed struct {
 }
 
 func newRoutes() *routes {
-	return &routes{byPath: map[string]filed{}, used: map[string]time.Time{}, rates: map[string]float64{}}
+	return &routes{byPath: map[string]filed{}, used: map[string]time.Time{}}
 }
 
 // lookup returns the name of the sub-limit that route r (see routeOf) of
@@ -186,22 +185,6 @@ func (rs *routes) file(r string, f filed) {
 	rs.byPath[r] = f
 }
 
-// paced records that the sub-limit name paces to rate, and returns what
-// the sub-limits pace to in all, and whether that changed.
-func (rs *routes) paced(name string, rate float64) (float64, bool) {
-	rs.mu.Lock()
-	defer rs.mu.Unlock()
-	if _, ok := rs.used[name]; !ok || rs.rates[name] == rate {
-		return 0, false
-	}
-	rs.rates[name] = rate
-	sum := 0.0
-	for _, r := range rs.rates {
-		sum += r
-	}
-	return sum, true
-}
-
 // forget drops the routes unused for idle, and the sub-limits unused for
 // idle whose lanes are gone (alive reports a sub-limit's lane still
 // there: one that cools down outlives its idle time, and still counts
@@ -212,7 +195,6 @@ func (rs *routes) forget(now time.Time, idle time.Duration, alive func(name stri
 	for name, at := range rs.used {
 		if now.Sub(at) >= idle && !alive(name) {
 			delete(rs.used, name)
-			delete(rs.rates, name)
 		}
 	}
 	for r, f := range rs.byPath {

@@ -457,17 +457,8 @@ func (t *Transport) read(ctx context.Context, l *lane, req *http.Request, resp *
 		sent = on.clk.ticks(l.clk.timeOf(h.at))
 	}
 	k := on.observe(ctx, resp, sent, p, ch, body, quota)
-	if on == l {
-		if l.be != nil {
-			l.shareCooldown()
-		}
-		return k, l, sent
-	}
-	if rs := t.routesOf(l.key, false); rs != nil {
-		_, name := splitKey(on.key)
-		if sum, changed := rs.paced(name, on.paceNow()); changed {
-			l.subPaced(sum)
-		}
+	if on == l && l.be != nil {
+		l.shareCooldown()
 	}
 	return k, on, sent
 }
