@@ -318,18 +318,7 @@ func TestSublimitLanesCapped(t *testing.T) {
 func TestSublimitFoldedRefusalSparesHost(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		refused := fmt.Sprintf("/channels/%d/messages", 100+maxSublimits+1)
-		base := rtFunc(func(r *http.Request) (*http.Response, error) {
-			h := http.Header{"X-Ratelimit-Bucket": {"b"}, "X-Ratelimit-Limit": {"5"}, "X-Ratelimit-Remaining": {"4"},
-				"X-Ratelimit-Reset-After": {"1"}}
-			status := 200
-			if r.URL.Path == refused {
-				status = 429
-				h.Set("X-Ratelimit-Scope", "user")
-				h.Set("X-Ratelimit-Remaining", "0")
-				h.Set("Retry-After", "60")
-			}
-			return &http.Response{StatusCode: status, Header: h, Body: http.NoBody, Request: r}, nil
-		})
+		base := discordBase(refused, "user")
 		tr := mustNew(t, base, WithRetry(0))
 		defer tr.Close()
 		for ch := 101; ch <= 100+maxSublimits+1; ch++ {
@@ -375,17 +364,7 @@ func TestSublimitRejectedKey(t *testing.T) {
 // the host's other channels.
 func TestSublimitDiscordSharedScope(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		base := rtFunc(func(r *http.Request) (*http.Response, error) {
-			h := http.Header{"X-Ratelimit-Bucket": {"b"}, "X-Ratelimit-Limit": {"5"}, "X-Ratelimit-Remaining": {"4"},
-				"X-Ratelimit-Reset-After": {"1"}}
-			status := 200
-			if r.URL.Path == "/channels/101/messages" {
-				status = 429
-				h.Set("X-Ratelimit-Scope", "shared")
-				h.Set("Retry-After", "60")
-			}
-			return &http.Response{StatusCode: status, Header: h, Body: http.NoBody, Request: r}, nil
-		})
+		base := discordBase("/channels/101/messages", "shared")
 		tr := mustNew(t, base, WithRetry(0))
 		defer tr.Close()
 		for _, ch := range []int{102, 101} {
@@ -478,11 +457,7 @@ func TestSublimitPathsLeaveNothingHeld(t *testing.T) {
 // sub-limit of its own.
 func TestSublimitDiscordVersionedPath(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		base := rtFunc(func(r *http.Request) (*http.Response, error) {
-			h := http.Header{"X-Ratelimit-Bucket": {"b"}, "X-Ratelimit-Limit": {"5"}, "X-Ratelimit-Remaining": {"4"},
-				"X-Ratelimit-Reset-After": {"1"}}
-			return &http.Response{StatusCode: 200, Header: h, Body: http.NoBody, Request: r}, nil
-		})
+		base := discordBase("", "")
 		tr := mustNew(t, base)
 		defer tr.Close()
 		for _, ch := range []int{101, 102} {
@@ -526,5 +501,25 @@ func TestSublimitCallerAndNamedLimit(t *testing.T) {
 		if n := sent.Load(); n > 1 {
 			t.Errorf("%d calls sent while core had nothing left until its reset, want only the first", n)
 		}
+	})
+}
+
+// discordBase answers as Discord does on bucket "b", with room in it,
+// except on path refused, answered 429 with a minute's Retry-After in the
+// given scope ("user": the bucket is spent; "shared": a busy resource).
+func discordBase(refused, scope string) rtFunc {
+	return rtFunc(func(r *http.Request) (*http.Response, error) {
+		h := http.Header{"X-Ratelimit-Bucket": {"b"}, "X-Ratelimit-Limit": {"5"}, "X-Ratelimit-Remaining": {"4"},
+			"X-Ratelimit-Reset-After": {"1"}}
+		status := 200
+		if r.URL.Path == refused {
+			status = 429
+			h.Set("X-Ratelimit-Scope", scope)
+			if scope == "user" {
+				h.Set("X-Ratelimit-Remaining", "0")
+			}
+			h.Set("Retry-After", "60")
+		}
+		return &http.Response{StatusCode: status, Header: h, Body: http.NoBody, Request: r}, nil
 	})
 }
