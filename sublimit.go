@@ -312,7 +312,6 @@ func (t *Transport) routesOf(host string, create bool) *routes {
 // one is drawn on: a caller's name is for where the server names none.
 func (t *Transport) sublimitOf(l *lane, req *http.Request) (sub *lane, caller bool) {
 	now := time.Now()
-	var name string
 	if rs := t.routesOf(l.key, false); rs != nil {
 		r := routeOf(req)
 		name, sub := rs.lookup(r, req.URL.Path, now)
@@ -325,16 +324,10 @@ func (t *Transport) sublimitOf(l *lane, req *http.Request) (sub *lane, caller bo
 			return sub, false
 		}
 	}
-	if sublimitsNamed.Load() {
-		name = SublimitFrom(req.Context())
-	}
-	if name == "" && t.cfg.sublimitKey != nil {
-		name = t.cfg.sublimitKey(req)
-	}
+	name := t.callerSublimit(req)
 	if name == "" {
 		return nil, false
 	}
-	name = callerName(name)
 	if !t.routesOf(l.key, true).admit(name, now, false) {
 		return nil, false
 	}
@@ -425,6 +418,17 @@ func (t *Transport) chargedLane(l *lane, req *http.Request) *lane {
 	if name, _ := rs.lookup(routeOf(req), req.URL.Path, time.Now()); name != "" {
 		return l
 	}
+	name := t.callerSublimit(req)
+	if name == "" {
+		return l
+	}
+	return t.find(l.key + subSep + name)
+}
+
+// callerSublimit returns the sub-limit the caller names for req, by its
+// context (see WithSublimit) or else WithSublimitKey, as a lane keeps it
+// (see callerName); "" if none.
+func (t *Transport) callerSublimit(req *http.Request) string {
 	var name string
 	if sublimitsNamed.Load() {
 		name = SublimitFrom(req.Context())
@@ -432,8 +436,5 @@ func (t *Transport) chargedLane(l *lane, req *http.Request) *lane {
 	if name == "" && t.cfg.sublimitKey != nil {
 		name = t.cfg.sublimitKey(req)
 	}
-	if name == "" {
-		return l
-	}
-	return t.find(l.key + subSep + callerName(name))
+	return callerName(name)
 }
