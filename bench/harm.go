@@ -128,17 +128,9 @@ func bothHeadersGCRA(perSec int) middleware {
 // and writes the table to out: each cell as in bench, then the
 // differences that reading the headers makes.
 func harm(ctx context.Context, out, log io.Writer, cfg config, ms []model, cs []client) error {
-	cells := make([][]result, len(ms))
-	for i, m := range ms {
-		cells[i] = make([]result, len(cs))
-		for j, c := range cs {
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			fmt.Fprintf(log, "%s | %s ... ", m.name, c.name)
-			cells[i][j] = run(ctx, cfg, m, c)
-			fmt.Fprintf(log, "%v (%d attempts measured)\n", cells[i][j], cells[i][j].attempts)
-		}
+	cells, err := runAll(ctx, log, cfg, ms, cs)
+	if err != nil {
+		return err
 	}
 	writeHarmTable(out, cfg, ms, cs, cells)
 	return nil

@@ -179,20 +179,30 @@ func matching[T any](items []T, name func(T) string, opt, expr string) ([]T, err
 // reporting progress to log, and writes the table to out. It returns the
 // cells, models by clients.
 func bench(ctx context.Context, out, log io.Writer, cfg config, ms []model, cs []client) error {
+	cells, err := runAll(ctx, log, cfg, ms, cs)
+	if err != nil {
+		return err
+	}
+	writeTable(out, cfg, ms, cs, cells)
+	return nil
+}
+
+// runAll runs every client against every model, one run at a time,
+// reporting progress to log, and returns the cells, models by clients.
+func runAll(ctx context.Context, log io.Writer, cfg config, ms []model, cs []client) ([][]result, error) {
 	cells := make([][]result, len(ms))
 	for i, m := range ms {
 		cells[i] = make([]result, len(cs))
 		for j, c := range cs {
 			if ctx.Err() != nil {
-				return ctx.Err()
+				return nil, ctx.Err()
 			}
 			fmt.Fprintf(log, "%s | %s ... ", m.name, c.name)
 			cells[i][j] = run(ctx, cfg, m, c)
 			fmt.Fprintf(log, "%v (%d attempts measured)\n", cells[i][j], cells[i][j].attempts)
 		}
 	}
-	writeTable(out, cfg, ms, cs, cells)
-	return nil
+	return cells, nil
 }
 
 func writeTable(w io.Writer, cfg config, ms []model, cs []client, cells [][]result) {
