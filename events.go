@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -13,6 +14,10 @@ import (
 // events are dropped and counted, so an Observer that blocks costs memory
 // up to here and nothing more.
 const eventCap = 4096
+
+// deliverSpins is how many times the deliverer yields, finding no event,
+// before it exits.
+const deliverSpins = 4
 
 // events delivers a Transport's events to its Observers, in order, from a
 // goroutine that runs while there are events to deliver and exits when
@@ -81,8 +86,17 @@ func (q *events) grow() {
 }
 
 func (q *events) deliver() {
-	for {
+	for spins := 0; ; {
 		q.mu.Lock()
+		if q.n == 0 && spins < deliverSpins {
+			// Events come one a request: starting a goroutine, and waking
+			// a processor for it, for each would cost more than the rest
+			// of the request. A few yields first catch the next one.
+			spins++
+			q.mu.Unlock()
+			runtime.Gosched()
+			continue
+		}
 		if q.n == 0 {
 			q.running = false
 			if q.idle != nil {
@@ -92,6 +106,7 @@ func (q *events) deliver() {
 			q.mu.Unlock()
 			return
 		}
+		spins = 0
 		qe := q.ring[q.head]
 		q.ring[q.head] = queuedEvent{} // drop the references
 		q.head = (q.head + 1) % len(q.ring)

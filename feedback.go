@@ -453,15 +453,16 @@ const (
 // status whose verdict its headers decide (see verdict.Classify), or a
 // header that might. Most responses say nothing, and this lets them skip
 // parsing and the lane's lock. While l's server sends no such header, it
-// looks at the headers of only some responses (see quietAfter).
-func (l *lane) reads(resp *http.Response) bool {
+// looks at the headers of only the responses whose grant said look (see
+// lookLocked).
+func (l *lane) reads(resp *http.Response, look bool) bool {
 	if verdict.HeadersDecide(resp.StatusCode) {
 		return true
 	}
-	n := l.quiet.Load()
-	if n >= quietAfter && l.quiet.Add(1)%quietEvery != 0 {
+	if !look {
 		return false
 	}
+	n := l.quiet.Load()
 	if limitHeader(resp.Header) {
 		if n != 0 {
 			l.quiet.Store(0)
@@ -472,4 +473,12 @@ func (l *lane) reads(resp *http.Response) bool {
 		l.quiet.Add(1)
 	}
 	return false
+}
+
+// lookLocked reports whether the response to a grant of level p, counted
+// already, is to be looked at for rate-limit headers (see quietAfter). The
+// choice is made under the lock, where the grants are counted, so that a
+// quiet lane's responses write no shared counter.
+func (l *lane) lookLocked(p Priority) bool {
+	return l.quiet.Load() < quietAfter || l.levels[p].granted%quietEvery == 0
 }

@@ -28,6 +28,7 @@ type hold struct {
 	tn            *tenant
 	ch            *charge      // what it cost the lane's budgets
 	timed, spaced bool         // spaced: the lane wants to know when it is written (see lane.traceWrite)
+	look          bool         // its response's headers are looked at (see lane.reads)
 	kind          verdict.Kind // the response's, once it came
 
 	// out: the caller has the response's body, which gives the hold back
@@ -76,7 +77,7 @@ func (l *lane) holdLocked(ctx context.Context, tn *tenant, ch *charge, at, wait 
 	h.done = false
 	h.out.Store(false)
 	h.start, h.at, h.wait = at, at, wait
-	h.timed, h.spaced = l.timeNextLocked(at), l.pace.spaces()
+	h.timed, h.spaced, h.look = l.timeNextLocked(at), l.pace.spaces(), l.lookLocked(tn.level)
 	h.idx = len(l.held)
 	l.held = append(l.held, h)
 	return h

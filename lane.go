@@ -348,7 +348,11 @@ func (l *lane) grantedLocked(now time.Duration, p Priority, first bool, wait tim
 		testHookGrant(l, now)
 	}
 	l.levels[p].granted++
-	l.levels[p].wait.Record(now, waitPeriod, wait)
+	if wait <= 0 {
+		l.levels[p].wait.RecordZero(now, waitPeriod)
+	} else {
+		l.levels[p].wait.Record(now, waitPeriod, wait)
+	}
 	if first {
 		l.budget.firsts.AddNano(l.clk.epochNS+int64(now), 1)
 	}

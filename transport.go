@@ -406,7 +406,7 @@ func (t *Transport) read(ctx context.Context, l *lane, req *http.Request, resp *
 		prefix, resp.Body = peek(resp.Body)
 		body = verdict.Body(prefix)
 	}
-	if !body.Throttles() && !body.Points.Stated && !l.reads(resp) {
+	if !body.Throttles() && !body.Points.Stated && !l.reads(resp, h.look) {
 		l.dropCharge(h.ch)
 		if s != nil {
 			s.l.dropCharge(s.ch)
