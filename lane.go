@@ -245,7 +245,7 @@ func (l *lane) enqueueLocked(ctx context.Context, p Priority, tn *tenant, ch *ch
 	l.q.push(w, l.slot.limit)
 	l.budgets.queue(w.level, w.charge, 1)
 	if ev := l.cfg.events; ev != nil {
-		ev.push(ctx, Event{Kind: EventQueued, Lane: l.key, Priority: p, Tenant: tn.id, Queued: l.q.len()})
+		ev.push(ctx, &Event{Kind: EventQueued, Lane: l.key, Priority: p, Tenant: tn.id, Queued: l.q.len()})
 	}
 	if !l.dispatching {
 		l.dispatching = true
@@ -462,7 +462,7 @@ func (l *lane) overloadedLocked(ctx context.Context, now, sent time.Duration, st
 		if status == 0 {
 			cause = OverloadStream
 		}
-		ev.push(ctx, Event{Kind: EventOverloaded, Lane: l.key, Priority: p, Tenant: TenantFrom(ctx),
+		ev.push(ctx, &Event{Kind: EventOverloaded, Lane: l.key, Priority: p, Tenant: TenantFrom(ctx),
 			Status: status, Cause: cause, From: float64(ch.from), To: float64(ch.to), Wait: ch.pause})
 	}
 	l.limitMovedLocked(ch)
@@ -538,7 +538,7 @@ func (l *lane) pacedLocked(ctx context.Context, now time.Duration, r reply, inFl
 	}
 	ev := l.cfg.events
 	if c.refused && ev != nil {
-		ev.push(ctx, Event{Kind: EventThrottled, Lane: l.key, Priority: p, Tenant: TenantFrom(ctx), Status: r.status})
+		ev.push(ctx, &Event{Kind: EventThrottled, Lane: l.key, Priority: p, Tenant: TenantFrom(ctx), Status: r.status})
 	}
 	l.cooledLocked(ctx, c.cool)
 	if c.raised && l.q.len() > 0 {
@@ -557,7 +557,7 @@ func (l *lane) cooledLocked(ctx context.Context, c coolChange) {
 		l.cfg.logger.Info("sluice: lane cooling down", "lane", l.name(), "for", (c.until - l.clk.last).Round(time.Millisecond), "why", c.why)
 	}
 	if ev := l.cfg.events; ev != nil && c.extended {
-		ev.push(ctx, Event{Kind: EventCooldown, Lane: l.key, Until: l.clk.timeOf(c.until),
+		ev.push(ctx, &Event{Kind: EventCooldown, Lane: l.key, Until: l.clk.timeOf(c.until),
 			Wait: c.until - l.clk.last, Cause: c.why})
 	}
 }
@@ -597,7 +597,7 @@ func (l *lane) settleLocked(now, sent time.Duration, k verdict.Kind) {
 // since the last report (see pacer.report).
 func (l *lane) rateChangedLocked(ctx context.Context, ev *events, cause string) {
 	if from, to, ok := l.pace.report(cause); ok {
-		ev.push(ctx, Event{Kind: EventRateChanged, Lane: l.key, From: from, To: to, Cause: cause})
+		ev.push(ctx, &Event{Kind: EventRateChanged, Lane: l.key, From: from, To: to, Cause: cause})
 	}
 }
 
@@ -627,7 +627,7 @@ func (l *lane) limitMovedLocked(ch limitChange) {
 		l.cfg.logger.Debug("sluice: in-flight limit changed", "lane", l.name(), "from", ch.from, "to", ch.to)
 	}
 	if ev := l.cfg.events; ev != nil {
-		ev.push(context.Background(), Event{Kind: EventLimitChanged, Lane: l.key, From: float64(ch.from), To: float64(ch.to)})
+		ev.push(context.Background(), &Event{Kind: EventLimitChanged, Lane: l.key, From: float64(ch.from), To: float64(ch.to)})
 	}
 	if ch.to > ch.from && l.q.len() > 0 {
 		for p := range l.q.levels {
