@@ -72,7 +72,12 @@ func (h *hold) recycle() {
 // holdLocked hands out a hold on l's token and slot, which the caller has
 // taken, granted at at to an attempt of ctx, and puts it on the lane's list.
 func (l *lane) holdLocked(ctx context.Context, tn *tenant, ch *charge, at, wait time.Duration) *hold {
-	h := holds.Get().(*hold)
+	return l.fillLocked(holds.Get().(*hold), ctx, tn, ch, at, wait)
+}
+
+// fillLocked is holdLocked with a hold h from the pool, taken before the
+// lock so that the lock is held for less.
+func (l *lane) fillLocked(h *hold, ctx context.Context, tn *tenant, ch *charge, at, wait time.Duration) *hold {
 	h.l, h.ctx, h.tn, h.ch = l, ctx, tn, ch
 	h.done = false
 	h.out.Store(false)

@@ -170,9 +170,11 @@ func (l *lane) acquire(ctx context.Context, p Priority, enq time.Duration, free 
 		}
 	}
 	id := TenantFrom(ctx)
+	h := holds.Get().(*hold) // before the lock: see fillLocked
 	l.mu.Lock()
 	if err := l.usableLocked(); err != nil {
 		l.mu.Unlock()
+		holds.Put(h)
 		return nil, enq, err
 	}
 	// The clock is read under the lock: a reading taken before it would
@@ -188,15 +190,17 @@ func (l *lane) acquire(ctx context.Context, p Priority, enq time.Duration, free 
 		l.joinLocked()
 	}
 	tn := l.q.levels[p].tenant(id)
-	if h := l.tryGrantLocked(ctx, p, tn, ch, now, first); h != nil {
+	if l.tryGrantLocked(h, ctx, p, tn, ch, now, first) {
 		l.mu.Unlock()
 		return h, enq, nil
 	}
 	w, err := l.enqueueLocked(ctx, p, tn, ch, enq, now, first, after)
 	if err != nil {
 		l.mu.Unlock()
+		holds.Put(h)
 		return nil, enq, err
 	}
+	holds.Put(h) // the dispatcher takes one for the grant (nothing else holds h)
 	return l.await(ctx, w)
 }
 
@@ -214,18 +218,20 @@ func (l *lane) usableLocked() error {
 
 // tryGrantLocked is the fast path: nobody waiting, token and slot free,
 // the tenant under its cap. It grants at now with no goroutine hand-off,
-// or returns nil. Taking tokens from a Backend, every token is a call to
-// it, which must not be made under mu: the dispatcher makes it.
-func (l *lane) tryGrantLocked(ctx context.Context, p Priority, tn *tenant, ch *charge, now time.Duration, first bool) *hold {
+// filling h, or reports false. Taking tokens from a Backend, every token
+// is a call to it, which must not be made under mu: the dispatcher makes
+// it.
+func (l *lane) tryGrantLocked(h *hold, ctx context.Context, p Priority, tn *tenant, ch *charge, now time.Duration, first bool) bool {
 	lv := &l.q.levels[p]
 	if l.perToken || l.q.len() > 0 || tn.inFlight >= lv.capOf(l.slot.limit) || !l.tryTakeLocked(now, false, ch) {
-		return nil
+		return false
 	}
 	lv.started(tn, l.slot.limit)
 	l.grantedLocked(now, p, first, 0)
 	// The grant time is the send time, give or take the few nanoseconds
 	// until the caller sends: no clock read is needed.
-	return l.holdLocked(ctx, tn, ch, now, 0)
+	l.fillLocked(h, ctx, tn, ch, now, 0)
+	return true
 }
 
 // enqueueLocked queues an attempt that cannot be granted at once, unless
