@@ -45,6 +45,8 @@ const (
 	refillSlack = 0.05 // a counted refill rate's error: rates within it are one
 	recountStep = 0.1  // how far over a counted failed rate spare tokens may pace (see rate)
 
+	overshoot = 1.5 // a pace this far over what the server took since the last cut overshot it
+
 	acceptWindow = 2 * time.Second
 	minFirstSpan = time.Second // shortest span firstRate counts acceptances over
 )
@@ -87,6 +89,9 @@ type feedback struct {
 	// any acceptance, and the first will make the lane's first estimate.
 	firstRA time.Duration
 	creep   time.Duration // how long the last cut's creep from plateau to fail takes; 0: no creep
+	// cutGrants is the lane's paced grants when the last cut was made
+	// (see sinceCut).
+	cutGrants int
 
 	reported float64 // the rate last reported to Observers
 
@@ -228,6 +233,7 @@ type refusal struct {
 	ra     time.Duration // the Retry-After it named; 0 if none
 	refill float64       // the server's refill rate counted from its quotas; 0 if none
 	rough  bool          // refill was counted over a fraction of a second, to the refusal
+	grants int           // the lane's paced grants up to the refused attempt's (see sinceCut)
 }
 
 // cut lowers the throttle rate after a 429 at now for r. A refill rate
@@ -282,6 +288,9 @@ func (f *feedback) cut(now time.Duration, r refusal) {
 	case acc > 0 && acc+thr >= ratioSamples:
 		rf, cut = current*share, throttleCutKnown
 	}
+	if s := f.sinceCut(r); s*overshoot <= rf && s >= f.cutTo {
+		rf, cut = s, throttleCutKnown
+	}
 	if refill := r.refill; refill > 0 && current > 0 && rf > refill*(1+refillSlack) {
 		// A bucket with a burst takes a pace over its rate for as long as
 		// the burst lasts, a run that reads as the edge: cut to the rate
@@ -320,9 +329,27 @@ func (f *feedback) cut(now time.Duration, r refusal) {
 	// reads as a bucket that refills at a fraction of the window's rate.
 	f.probing = current == 0 && !stated || guess || !edge && !stated && acc+thr < ratioTrusted
 	f.peak = max(f.peak, rf)
-	f.fail, f.failAt, f.grown = rf, now, now
+	f.fail, f.failAt, f.grown, f.cutGrants = rf, now, now, r.grants
 	f.throttle = max(f.floor(), min(cut, 1-f.margin)*rf)
 	f.cutTo = f.throttle
+}
+
+// sinceCut returns the most the server can have accepted per second
+// since the last cut, from the refusal r: that cut answered a refusal, so
+// the server had no token to spare then, and it had none for r's attempt
+// either; the tokens it made between went to the lane's attempts granted
+// since (if no other client took them), the refused one aside. It returns
+// +Inf when it cannot tell: no paced cut before, or r's attempt sent
+// within a token's time of it.
+func (f *feedback) sinceCut(r refusal) float64 {
+	if f.failAt == longAgo || r.pace == 0 || r.sent <= f.failAt || f.coolTo > f.failAt {
+		return math.Inf(1)
+	}
+	n, dt := r.grants-f.cutGrants, (r.sent - f.failAt).Seconds()
+	if n < 2 || dt*r.pace < 1 {
+		return math.Inf(1)
+	}
+	return float64(n) / dt
 }
 
 // recount follows the refill rate counted from the server's quotas up,
