@@ -289,7 +289,10 @@ func (f *feedback) cut(now time.Duration, r refusal) {
 		rf, cut = current*share, throttleCutKnown
 	}
 	if s := f.sinceCut(r); s*overshoot <= rf && s >= f.cutTo {
-		rf, cut = s, throttleCutKnown
+		// Far over what the server took since the last cut: that count is
+		// its rate, to within a request over the time counted. Go back to
+		// the plateau under it at once, and creep as from an edge.
+		rf, cut, edge = s, 1, true
 	}
 	if refill := r.refill; refill > 0 && current > 0 && rf > refill*(1+refillSlack) {
 		// A bucket with a burst takes a pace over its rate for as long as
