@@ -113,7 +113,8 @@ func TestSlowStart(t *testing.T) {
 // TestPacerCutsToGrantsSinceCut: a lane cut at 1 s to 25/s probes up and
 // is refused at 120/s 1.14 s later, having been granted 58 attempts since
 // the cut: the server took at most 58 / 1.14 s, and that is the rate that
-// failed, not the pace. A cooldown since the cut, a count under the rate
+// failed, not the pace; the lane goes to the plateau under it and creeps
+// up over seconds. A cooldown since the cut, a count under the rate
 // the cut set, or a pace under 1.5 times the count leave the pace's rule.
 func TestPacerCutsToGrantsSinceCut(t *testing.T) {
 	cut := func(pace float64, grants int, cool bool) feedback {
@@ -127,9 +128,10 @@ func TestPacerCutsToGrantsSinceCut(t *testing.T) {
 		return f
 	}
 	count := 58 / 1.14
-	if f := cut(120, 58, false); math.Abs(f.fail-count) > 1e-9 || f.throttle > count || f.throttle < 0.85*count {
-		t.Errorf("refused at 120/s after 58 grants in 1.14 s: fail %.1f, throttle %.1f; want fail %.1f and a cut under it",
-			f.fail, f.throttle, count)
+	if f := cut(120, 58, false); math.Abs(f.fail-count) > 1e-9 || math.Abs(f.throttle-f.plateau()) > 1e-9 ||
+		f.plateau() >= count || !f.edge || f.creep != countCreep {
+		t.Errorf("refused at 120/s after 58 grants in 1.14 s: fail %.1f, throttle %.1f (plateau %.1f), edge %v, creep %v; "+
+			"want fail %.1f, the plateau under it, creeping over %v", f.fail, f.throttle, f.plateau(), f.edge, f.creep, count, countCreep)
 	}
 	for _, c := range []struct {
 		name   string

@@ -36,6 +36,7 @@ const (
 	maxMargin      = 0.16             // bound on the margin's doubling
 	throttleRamp   = 2 * time.Second  // the climb from the cut to the plateau
 	edgeCreep      = 4 * time.Minute  // the first creep period from the plateau to r_f
+	countCreep     = 10 * time.Second // the same from a count of grants (see sinceCut)
 	maxCreep       = 32 * time.Minute // bound on the creep period's doubling
 	throttleProbe  = 0.2              // growth per second beyond r_f
 	firstProbe     = 4                // growth per second from a guess, until the next 429
@@ -288,11 +289,14 @@ func (f *feedback) cut(now time.Duration, r refusal) {
 	case acc > 0 && acc+thr >= ratioSamples:
 		rf, cut = current*share, throttleCutKnown
 	}
+	took := false // rf is the count of grants since the last cut (see sinceCut)
 	if s := f.sinceCut(r); s*overshoot <= rf && s >= f.cutTo {
 		// Far over what the server took since the last cut: that count is
-		// its rate, to within a request over the time counted. Go back to
-		// the plateau under it at once, and creep as from an edge.
-		rf, cut, edge = s, 1, true
+		// its rate, to within a request over the time counted, or under it
+		// where the server's bucket overflowed while the lane sent little.
+		// Go back to the plateau under it at once, and creep as from an
+		// edge, in seconds rather than minutes.
+		rf, cut, edge, took = s, 1, true, true
 	}
 	if refill := r.refill; refill > 0 && current > 0 && rf > refill*(1+refillSlack) {
 		// A bucket with a burst takes a pace over its rate for as long as
@@ -320,6 +324,8 @@ func (f *feedback) cut(now time.Duration, r refusal) {
 		// Failed again at or under the plateau, below a pace the server
 		// took: the jitter is wider than the margin.
 		f.margin, f.creep = min(2*f.margin, maxMargin), edgeCreep
+	case took && !counted:
+		f.margin, f.creep = throttleMargin, countCreep
 	case edge || stated:
 		f.margin, f.creep = throttleMargin, edgeCreep
 	default:
