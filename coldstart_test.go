@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sluice-go/sluice/internal/upstream"
+	"github.com/sluice-go/sluice/internal/verdict"
 )
 
 // TestColdStartFitsLittle: a lane with no configured rate that learns 50/s
@@ -159,5 +160,31 @@ func TestPacerCutsToGrantsSinceCut(t *testing.T) {
 	}
 	if n := p.grantsTo(200*time.Millisecond, 60*time.Millisecond); n != 3 {
 		t.Errorf("grants up to one no longer held, 140 ms before now at 50/s: %d, want 10 - 7", n)
+	}
+}
+
+// TestPacerFirstEstimateCountsInFlight: a lane with no rate whose calls
+// take 400 ms has had 26 accepted by 1.2 s, the first sent at 0, and 20
+// more in flight when a 429 comes at once: the server took 46 in 1.2 s,
+// where the acceptances alone tell 26 a second.
+func TestPacerFirstEstimateCountsInFlight(t *testing.T) {
+	for _, c := range []struct {
+		inFlight int // the lane's, the refused attempt's included
+		want     float64
+	}{
+		{21, 46 / 1.2},
+		{1, 26}, // nothing else in flight: the acceptances over a second
+	} {
+		p := newPacer(0, 1, time.Minute, true, 0)
+		for i := range 26 {
+			sent := time.Duration(i) * 30 * time.Millisecond
+			p.settle(sent+400*time.Millisecond, sent, verdict.Served)
+		}
+		at := 1200 * time.Millisecond
+		p.observe(at, reply{status: http.StatusTooManyRequests, sent: at}, c.inFlight)
+		if math.Abs(p.fb.fail-c.want) > 1e-9 || p.rate <= 0 || p.rate > c.want {
+			t.Errorf("%d in flight: first estimate %.2f, pace %.2f; want %.2f and a pace at most that",
+				c.inFlight, p.fb.fail, p.rate, c.want)
+		}
 	}
 }

@@ -86,13 +86,13 @@ type feedback struct {
 	sustained bool
 	edge      bool // the last cut was at the edge: a 429 after a run the server took
 	probing   bool // the last cut was a lane's first estimate: grow fast until the next
+	// cutGrants is the lane's paced grants when the last cut was made,
+	// modulo 2^32 (see sinceCut); in the bools' padding.
+	cutGrants int32
 	// firstRA >= 0: a 429 (which said to retry after firstRA) came before
 	// any acceptance, and the first will make the lane's first estimate.
 	firstRA time.Duration
 	creep   time.Duration // how long the last cut's creep from plateau to fail takes; 0: no creep
-	// cutGrants is the lane's paced grants when the last cut was made
-	// (see sinceCut).
-	cutGrants int
 
 	reported float64 // the rate last reported to Observers
 
@@ -102,6 +102,9 @@ type feedback struct {
 	// counted: the last cut took the server's refill rate counted from its
 	// quotas (see recount).
 	counted bool
+	// firstLag is how long the first accepted attempt took, in
+	// microseconds (see firstSends); in the bools' padding.
+	firstLag int32
 
 	accepted  stats.Window  // accepted responses over acceptWindow
 	refused   *stats.Window // throttled responses over acceptWindow; nil before the first
@@ -174,6 +177,22 @@ func (f *feedback) firstRate(now, ra time.Duration) float64 {
 	return max(r, float64(n)/max(f.countSpan(now), minFirstSpan).Seconds())
 }
 
+// firstSends estimates the limit of a server that refused a lane not yet
+// paced, with inFlight other attempts on their way, from what the lane
+// sent: the attempts accepted since the first was sent (all still
+// counted) and those in flight, which a refusal answered at once would
+// have been refused with, over at least a second. Where calls are slow,
+// a lane's slow start has most of what it sent in flight, and the
+// acceptances alone tell half the rate. It returns 0 if it cannot tell.
+func (f *feedback) firstSends(now time.Duration, inFlight int) float64 {
+	if f.firstSeen == longAgo || now-f.firstSeen > acceptWindow || inFlight <= 0 {
+		return 0
+	}
+	n := f.acceptedAt(now) + uint64(inFlight)
+	span := now - f.firstSeen + time.Duration(f.firstLag)*time.Microsecond
+	return float64(n) / max(span, minFirstSpan).Seconds()
+}
+
 // firstAccepted makes the lane's first estimate at now, from the first
 // acceptance after a 429 that found nothing accepted to estimate from, and
 // reports whether it did: a strict server refuses all but one of a
@@ -235,6 +254,8 @@ type refusal struct {
 	refill float64       // the server's refill rate counted from its quotas; 0 if none
 	rough  bool          // refill was counted over a fraction of a second, to the refusal
 	grants int           // the lane's paced grants up to the refused attempt's (see sinceCut)
+	// inFlight is the lane's other attempts in flight (see firstSends).
+	inFlight int
 }
 
 // cut lowers the throttle rate after a 429 at now for r. A refill rate
@@ -272,7 +293,7 @@ func (f *feedback) cut(now time.Duration, r refusal) {
 		// their limit per window, or per the time to their reset (at
 		// least a second), from which the lane creeps as from an edge.
 		// The quotas only raise the estimate, never lower it.
-		rf, cut = f.firstRate(now, r.ra), 1
+		rf, cut = max(f.firstRate(now, r.ra), f.firstSends(now, r.inFlight)), 1
 		if s := f.quota.perSecond; s > rf && !f.quota.statesBurst() && (rf > 0 || f.acceptedAt(now) > 0) {
 			rf, stated = s, true
 		}
@@ -338,7 +359,7 @@ func (f *feedback) cut(now time.Duration, r refusal) {
 	// reads as a bucket that refills at a fraction of the window's rate.
 	f.probing = current == 0 && !stated || guess || !edge && !stated && acc+thr < ratioTrusted
 	f.peak = max(f.peak, rf)
-	f.fail, f.failAt, f.grown, f.cutGrants = rf, now, now, r.grants
+	f.fail, f.failAt, f.grown, f.cutGrants = rf, now, now, int32(r.grants)
 	f.throttle = max(f.floor(), min(cut, 1-f.margin)*rf)
 	f.cutTo = f.throttle
 }
@@ -354,7 +375,7 @@ func (f *feedback) sinceCut(r refusal) float64 {
 	if f.failAt == longAgo || r.pace == 0 || r.sent <= f.failAt || f.coolTo > f.failAt {
 		return math.Inf(1)
 	}
-	n, dt := r.grants-f.cutGrants, (r.sent - f.failAt).Seconds()
+	n, dt := int32(r.grants)-f.cutGrants, (r.sent - f.failAt).Seconds()
 	if n < 2 || dt*r.pace < 1 {
 		return math.Inf(1)
 	}

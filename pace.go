@@ -440,7 +440,7 @@ func (p *pacer) observe(now time.Duration, r reply, inFlight int) paceChange {
 			f.quota.refused(r.sent, r.quota, inFlight-1)
 		}
 		f.cut(now, refusal{sent: r.sent, pace: p.rate, kept: p.kept(r.sent), ra: r.retryAfter,
-			refill: f.quota.counts, rough: f.quota.rough, grants: p.grantsTo(now, r.sent)})
+			refill: f.quota.counts, rough: f.quota.rough, grants: p.grantsTo(now, r.sent), inFlight: inFlight - 1})
 		c.cause = RateCut
 	}
 	c.raised = p.applyRate(now)
@@ -494,6 +494,7 @@ func (p *pacer) settle(now, sent time.Duration, k verdict.Kind) (moved string, r
 	f.penalty = 0
 	if f.firstSeen == longAgo {
 		f.firstSeen = now
+		f.firstLag = int32(min((now - sent).Microseconds(), math.MaxInt32))
 	}
 	f.accepted.AddNano(f.origin+int64(now), 1)
 	if p.lim == nil && f.firstAccepted(now, sent) {
