@@ -369,8 +369,9 @@ func (f *feedback) cut(now time.Duration, r refusal) {
 // the server had no token to spare then, and it had none for r's attempt
 // either; the tokens it made between went to the lane's attempts granted
 // since (if no other client took them), the refused one aside. It returns
-// +Inf when it cannot tell: no paced cut before, or r's attempt sent
-// within a token's time of it.
+// +Inf when it cannot tell: no cut of a paced lane before, a cooldown
+// since it, fewer than two grants since it, or r's attempt sent within a
+// token's time of it.
 func (f *feedback) sinceCut(r refusal) float64 {
 	if f.failAt == longAgo || r.pace == 0 || r.sent <= f.failAt || f.coolTo > f.failAt {
 		return math.Inf(1)
