@@ -133,6 +133,19 @@ func (p *pacer) kept(sent time.Duration) float64 {
 	return 0
 }
 
+// grantsTo returns the lane's grants up to and including the one at sent,
+// counted from its first paced grant: found among the last grants, or
+// estimated from its pace since.
+func (p *pacer) grantsTo(now, sent time.Duration) int {
+	n := len(p.grants)
+	for i := p.ngrants - 1; i >= max(0, p.ngrants-n); i-- {
+		if p.grants[i%n] == sent {
+			return i + 1
+		}
+	}
+	return max(0, p.ngrants-int(p.rate*(now-sent).Seconds()))
+}
+
 func (p *pacer) takeAll(now time.Duration, late bool) bool {
 	var share bucket
 	if p.share != nil {
@@ -427,7 +440,7 @@ func (p *pacer) observe(now time.Duration, r reply, inFlight int) paceChange {
 			f.quota.refused(r.sent, r.quota, inFlight-1)
 		}
 		f.cut(now, refusal{sent: r.sent, pace: p.rate, kept: p.kept(r.sent), ra: r.retryAfter,
-			refill: f.quota.counts, rough: f.quota.rough})
+			refill: f.quota.counts, rough: f.quota.rough, grants: p.grantsTo(now, r.sent), inFlight: inFlight - 1})
 		c.cause = RateCut
 	}
 	c.raised = p.applyRate(now)
@@ -481,6 +494,7 @@ func (p *pacer) settle(now, sent time.Duration, k verdict.Kind) (moved string, r
 	f.penalty = 0
 	if f.firstSeen == longAgo {
 		f.firstSeen = now
+		f.firstLag = int32(min((now - sent).Microseconds(), math.MaxInt32))
 	}
 	f.accepted.AddNano(f.origin+int64(now), 1)
 	if p.lim == nil && f.firstAccepted(now, sent) {
