@@ -16,8 +16,9 @@ import (
 const eventCap = 4096
 
 // deliverSpins is how many times the deliverer yields, finding no event,
-// before it exits.
-const deliverSpins = 4
+// before it exits: some microseconds, in which a busy lane pushes its next
+// event (see deliver), and which a goroutine that has work takes first.
+const deliverSpins = 32
 
 // events delivers a Transport's events to its Observers, in order, from a
 // goroutine that runs while there are events to deliver and exits when
