@@ -83,6 +83,10 @@ type feedback struct {
 	sustained bool
 	edge      bool // the last cut was at the edge: a 429 after a run the server took
 	probing   bool // the last cut was a lane's first estimate: grow fast until the next
+	spare     bool // header spends tokens the server's bucket holds to spare
+	// counted: the last cut took the server's refill rate counted from its
+	// quotas (see recount).
+	counted bool
 	// firstRA >= 0: a 429 (which said to retry after firstRA) came before
 	// any acceptance, and the first will make the lane's first estimate.
 	firstRA time.Duration
@@ -92,10 +96,6 @@ type feedback struct {
 
 	header      float64 // rate from rate-limit headers; 0 if none
 	headerUntil time.Duration
-	spare       bool // header spends tokens the server's bucket holds to spare
-	// counted: the last cut took the server's refill rate counted from its
-	// quotas (see recount).
-	counted bool
 
 	accepted  stats.Window  // accepted responses over acceptWindow
 	refused   *stats.Window // throttled responses over acceptWindow; nil before the first

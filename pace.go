@@ -403,13 +403,18 @@ func (p *pacer) observe(now time.Duration, r reply, inFlight int) paceChange {
 		c.raised = p.applyRate(now)
 		return c
 	}
+	if r.hasQuota && f.quota.seeEdge(now, r.sent, r.quota, false) {
+		// What the refusals before taught, of a window read as a bucket,
+		// no longer holds.
+		f.forget()
+	}
 	switch {
 	case r.hasRA:
 		c.cool = p.cool(now, now+r.retryAfter, "retry-after")
 	case tokensOut && r.tokens.Reset > 0:
 		c.cool = p.cool(now, now+min(r.tokens.Reset, p.maxWait), r.tokens.Resource+" remaining 0")
-	case exhausted && r.quota.Reset > 0:
-		c.cool = p.cool(now, now+min(f.quota.refusalWait(r.quota), p.maxWait), "remaining 0")
+	case exhausted && (r.quota.Reset > 0 || f.quota.edgeTold()):
+		c.cool = p.cool(now, now+min(f.quota.refusalWait(now, r.quota), p.maxWait), "remaining 0")
 	case r.body.Secondary:
 		// GitHub: wait at least a minute, then longer at each repeat.
 		f.penalty = min(max(2*f.penalty, secondaryPause), p.maxWait)
