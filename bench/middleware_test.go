@@ -86,8 +86,6 @@ var realGaps = []struct {
 		"a window refilled all at once each second, its reset a date truncated to the second"},
 	{"^sethvargo/go-limiter", "no WithRate|2R", 0.02, 5,
 		"with no WithRate or at 2R the lane settles at times near the rate and at times at a few requests a second (0.06 to 0.87 of R over 20 s runs)"},
-	{"^ulule/limiter", "no WithRate|2R", 0.02, 15,
-		"a window refilled all at once each second, with no Retry-After: a cold lane's slow start spends the window in its first tens of milliseconds and is refused for the rest of it, and each refusal of that tail cuts the pace again"},
 }
 
 // realFloor returns the share of the pair's rate that sluice must reach
