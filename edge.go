@@ -25,30 +25,31 @@ import (
 // period is the step between the stated instants of two windows in a
 // row.
 //
-// It is told a window that refills at once, not a bucket, when nothing
-// remained over a span (the zero run) and, the instant then moving on,
-// the next answer stated half the limit or more remaining: a bucket that
-// gained so much so soon would have gained more than twice what the lane
-// took over the zero run (its accepted attempts), and so would not have
-// stated nothing remaining through it.
+// It is told a window that refills at once apart at a refill no bucket
+// could make: the answers of one window showed the server gaining little
+// (what the lane took, less what remaining fell, over the span from the
+// window's first answer to its least), and the next window's first answer
+// stated remaining higher by more than twice as much per second, by an
+// eighth of the limit or more, and three quarters of the limit or more
+// remaining (a window refilled at once gains all it took, a bucket as
+// much per second as before, and a sliding window what its count of the
+// window before lets go). A window spent early and
+// refused for its tail gained nothing over the tail; one paced through
+// without a refusal, nothing over the whole window.
 type windowEdge struct {
 	told bool // a window refilled at once was seen
 
-	// The zero run: answers stating nothing remaining, to attempts sent
-	// from zeroFrom to zeroLast, all in the current window; zeros of them
-	// were accepted (a refused attempt takes nothing from a bucket).
-	zero               bool
-	zeroFrom, zeroLast time.Duration
-	zeros              int64
-
 	// The current window: its stated instant (cur, 0: none yet; stated:
-	// cur was stated, not yet passed, so a step to the next is exact),
-	// when the first attempt it answered was sent, and the least any of
-	// its answers stated remaining, to the attempt sent at leastAt.
-	cur, from time.Duration
-	stated    bool
-	least     int64
-	leastAt   time.Duration
+	// cur was stated, not yet passed, so a step to the next is exact), when
+	// the first attempt it answered was sent and what that answer stated
+	// remaining, the least any of its answers stated, to the attempt sent
+	// at leastAt, and how many of its answers after the first were
+	// acceptances (a refused attempt takes nothing from a bucket).
+	cur, from    time.Duration
+	stated       bool
+	first, least int64
+	leastAt      time.Duration
+	took         int64
 
 	period time.Duration // the step from one window to the next; 0: unknown
 	exact  bool          // period is a step between two stated instants
@@ -83,13 +84,15 @@ func (e *windowEdge) observe(now, sent time.Duration, q headers.Quota, accepted 
 	rose := 2*(q.Remaining-e.least) >= q.Limit && sent > e.leastAt
 	switch {
 	case e.cur == 0:
-		e.cur, e.stated, e.from, e.least, e.leastAt = inst, stated, sent, q.Remaining, sent
+		e.start(inst, stated, sent, q.Remaining)
+		return false
 	case inst > e.cur+resetSlack || rose && inst >= e.cur-resetSlack:
 		// A later window answered: the one before ended before sent.
-		if e.zero && sent > e.zeroLast && !e.told && q.Remaining >= 1 && 2*q.Remaining >= q.Limit {
-			gain := float64(q.Remaining + 1)
-			dt, span := (sent - e.zeroLast).Seconds(), (e.zeroLast - e.zeroFrom).Seconds()
-			e.told = gain*span > 2*float64(e.zeros+2)*dt
+		if gain := q.Remaining - e.least + 1; !e.told && gain >= 3 && 8*gain >= q.Limit && 4*q.Remaining >= 3*q.Limit && sent > e.leastAt && e.leastAt > e.from {
+			// What the window before gained, per second, beside what the
+			// server gained since its least.
+			before := float64(max(0, e.took-(e.first-e.least))+2) / (e.leastAt - e.from).Seconds()
+			e.told = float64(gain)/(sent-e.leastAt).Seconds() > 2*before
 			told = e.told
 		}
 		switch jump := inst - e.cur; {
@@ -113,30 +116,29 @@ func (e *windowEdge) observe(now, sent time.Duration, q headers.Quota, accepted 
 		if !stated {
 			inst = max(inst, now) // a passed instant: the next stated one is later
 		}
-		e.cur, e.stated, e.from, e.zero = inst, stated, sent, false
-		e.least, e.leastAt = q.Remaining, sent
+		e.start(inst, stated, sent, q.Remaining)
 		return told
 	case inst < e.cur-resetSlack:
 		return false // an answer from a window before, out of order
 	}
+	if accepted {
+		e.took++
+	}
 	if q.Remaining < e.least || q.Remaining == e.least && sent > e.leastAt {
 		e.least, e.leastAt = q.Remaining, sent
-	}
-	if q.Remaining == 0 {
-		if !e.zero {
-			e.zero, e.zeroFrom, e.zeroLast, e.zeros = true, sent, sent, 0
-		}
-		e.zeroLast = max(e.zeroLast, sent)
-		if accepted {
-			e.zeros++
-		}
-	} else if e.zero && sent > e.zeroLast {
-		e.zero = false // it gained within the window: not all at once
 	}
 	if e.told && sent >= e.end {
 		e.end = sent + e.period/edgeGuard
 	}
 	return false
+}
+
+// start makes the window whose stated instant is inst (stated: not yet
+// passed) the current one, from its first answer, to an attempt sent at
+// sent, that stated left remaining.
+func (e *windowEdge) start(inst time.Duration, stated bool, sent time.Duration, left int64) {
+	e.cur, e.stated, e.from = inst, stated, sent
+	e.first, e.least, e.leastAt, e.took = left, left, sent, 0
 }
 
 // until returns how long after now the current window ends; valid once

@@ -359,29 +359,37 @@ func TestColdStrictStart(t *testing.T) {
 }
 
 // TestWindowOffTheSecond guards a lane against a window refilled all at
-// once whose reset is a Unix time truncated to the second (ulule/limiter's
-// memory store), its windows starting off the whole second as a real
-// server's do: the instant it states comes before the window ends, by up
-// to a second. From a cold lane with no WithRate and at 2R, the lane's
-// first fill spends the window early and is refused for its tail; read as
-// a bucket, each refusal of the tail cut the pace again, down to a few
-// requests a second. Told apart, the lane measures the window's end and
-// spreads what remains until then: over the second half of a 20 s run it
-// is served at least 0.95 of the rate, with at most 1% of its attempts
-// refused.
+// once whose reset is stated to the second, its windows starting off the
+// whole second as a real server's do: ulule/limiter's memory store (a
+// Unix time truncated to the second, which comes before the window ends,
+// by up to a second) and sethvargo/go-limiter's (a date, read as the end
+// of its second, after the window ends; Retry-After the same date). From
+// a cold lane with no WithRate and at 2R, the lane's first fill spends
+// the window early and is refused for its tail; read as a bucket, each
+// refusal of the tail cut the pace again, down to a few requests a
+// second, and each Retry-After held the lane past the refill. Told apart,
+// the lane measures the window's end and spreads what remains until then:
+// over the second half of a 20 s run it is served at least 0.95 of the
+// rate, with at most 1% of its attempts refused.
 func TestWindowOffTheSecond(t *testing.T) {
-	for _, phase := range []time.Duration{300 * time.Millisecond, 600 * time.Millisecond, 900 * time.Millisecond} {
-		for _, c := range []struct {
-			name string
-			opts []Option
-		}{{"no WithRate", nil}, {"at 2R", []Option{WithRate(100, time.Second)}}} {
-			t.Run(fmt.Sprintf("%v/%s", phase, c.name), func(t *testing.T) {
-				r := runHarm(t, &fixedWindow{limit: 50, per: time.Second}, 32, 0, 0, phase, 20*time.Second, false, c.opts...)
-				t.Logf("%v; accepted each second: %v", r, r.perSecond)
-				if r.half < 0.95 || r.refused > 0.01 {
-					t.Errorf("%v; want at least 0.95 of the rate in the second half, at most 1%% refused", r)
+	for _, date := range []bool{false, true} {
+		for _, phase := range []time.Duration{300 * time.Millisecond, 600 * time.Millisecond, 900 * time.Millisecond} {
+			for _, c := range []struct {
+				name string
+				opts []Option
+			}{{"no WithRate", nil}, {"at 2R", []Option{WithRate(100, time.Second)}}} {
+				name := "ulule"
+				if date {
+					name = "go-limiter"
 				}
-			})
+				t.Run(fmt.Sprintf("%s/%v/%s", name, phase, c.name), func(t *testing.T) {
+					r := runHarm(t, &fixedWindow{limit: 50, per: time.Second, date: date}, 32, 0, 0, phase, 20*time.Second, false, c.opts...)
+					t.Logf("%v; accepted each second: %v", r, r.perSecond)
+					if r.half < 0.95 || r.refused > 0.01 {
+						t.Errorf("%v; want at least 0.95 of the rate in the second half, at most 1%% refused", r)
+					}
+				})
+			}
 		}
 	}
 }

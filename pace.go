@@ -409,6 +409,11 @@ func (p *pacer) observe(now time.Duration, r reply, inFlight int) paceChange {
 		f.forget()
 	}
 	switch {
+	case r.hasRA && exhausted && f.quota.edgeTold():
+		// A window's measured end bounds a Retry-After stated to the
+		// second (sethvargo/go-limiter's is its reset, a date read as the
+		// end of its second): the window refills then.
+		c.cool = p.cool(now, now+min(r.retryAfter, f.quota.refusalWait(now, r.quota)), "retry-after")
 	case r.hasRA:
 		c.cool = p.cool(now, now+r.retryAfter, "retry-after")
 	case tokensOut && r.tokens.Reset > 0:
