@@ -323,14 +323,7 @@ func TestHeadersDoNoHarm(t *testing.T) {
 				// that is not, its share is no yardstick, only a bound a
 				// tenth away.
 				pushed := off.refused > 0.01 && on.refused <= 0.01
-				slack := 0.02
-				if strings.Contains(s.name, "dates") && c.opts == nil {
-					// A known gap: a reset stated as a date of whole seconds,
-					// measured against a Date of whole seconds, holds a lane
-					// with no rate up to half a second past each 1 s window
-					// (docs/design.md, "Readings the server contradicts").
-					slack = 0.1
-				}
+				const slack = 0.02
 				lower := on.half < off.half-slack || on.whole < off.whole-slack
 				if pushed {
 					lower = on.whole < 0.9*off.whole

@@ -82,10 +82,6 @@ var realGaps = []struct {
 		"a burst-5 GCRA refuses three of the first requests, and each Retry-After: 1 holds the lane at one request a second for seconds"},
 	{"^go-chi/httprate", ".", 0.3, 2,
 		"the sliding window is told apart from a bucket only after some seconds, and paced at its limit less two after that"},
-	{"^sethvargo/go-limiter", "at R$", 0.5, 2,
-		"a window refilled all at once each second, its reset a date truncated to the second"},
-	{"^sethvargo/go-limiter", "no WithRate|2R", 0.02, 5,
-		"with no WithRate or at 2R the lane settles at times near the rate and at times at a few requests a second (0.06 to 0.87 of R over 20 s runs)"},
 }
 
 // realFloor returns the share of the pair's rate that sluice must reach
