@@ -84,6 +84,7 @@ type feedback struct {
 	edge      bool // the last cut was at the edge: a 429 after a run the server took
 	probing   bool // the last cut was a lane's first estimate: grow fast until the next
 	spare     bool // header spends tokens the server's bucket holds to spare
+	draining  bool // the last quota showed the server's bucket below the most it held
 	// counted: the last cut took the server's refill rate counted from its
 	// quotas (see recount).
 	counted bool
@@ -364,6 +365,9 @@ func (f *feedback) grow(now time.Duration) {
 		f.throttle = min(plateau, f.throttle+step*dt)
 	case f.throttle < f.fail && f.creep > 0:
 		f.throttle = min(f.fail, f.throttle+throttleMargin*f.fail/f.creep.Seconds()*dt)
+	case f.probing && f.draining:
+		// The server's bucket is emptying: the pace is over its refill
+		// rate already, and growing on would only spend the burst sooner.
 	case f.probing:
 		f.throttle *= math.Pow(firstProbe, dt)
 	default:

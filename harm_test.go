@@ -386,3 +386,20 @@ func TestWindowOffTheSecond(t *testing.T) {
 		}
 	}
 }
+
+// TestColdBurstStart guards the first seconds against a GCRA whose quotas
+// show a burst (throttled's: burst 6, X-RateLimit-Reset whole seconds
+// until full, Retry-After: 1): from a cold lane with no WithRate, the
+// first refusals' Retry-After and the probe up from the first estimate
+// cost the first seconds, and a probe grown on while the quotas showed
+// the bucket emptying spent the burst and was refused into another
+// second's Retry-After. Paused while the bucket empties, a 20 s run is
+// served at least 0.88 of the rate over the whole run, with nothing
+// refused after the first seconds.
+func TestColdBurstStart(t *testing.T) {
+	r := runHarm(t, &gcra{rate: 50, burst: 6, style: styleThrottled}, 32, 0, 0, 0, 20*time.Second, false)
+	t.Logf("%v; accepted each second: %v", r, r.perSecond)
+	if r.whole < 0.88 || r.refused > 0 {
+		t.Errorf("%v over the whole run; want at least 0.88 of the rate, nothing refused in the second half", r)
+	}
+}

@@ -403,6 +403,8 @@ func (p *pacer) observe(now time.Duration, r reply, inFlight int) paceChange {
 		c.raised = p.applyRate(now)
 		return c
 	}
+	// The cooldown a refusal brings lets the server's bucket fill again.
+	f.draining = false
 	if r.hasQuota && f.quota.seeEdge(now, r.sent, r.quota, false) {
 		// What the refusals before taught, of a window read as a bucket,
 		// no longer holds.
@@ -448,7 +450,7 @@ func (p *pacer) observe(now time.Duration, r reply, inFlight int) paceChange {
 // sent says.
 func (p *pacer) pace(now, sent time.Duration, qp quotaPace) coolChange {
 	var c coolChange
-	p.fb.spare = qp.spare
+	p.fb.spare, p.fb.draining = qp.spare, qp.draining
 	if qp.told {
 		p.fb.forget()
 	}

@@ -156,6 +156,9 @@ type quotaPace struct {
 	// spare: the bucket holds tokens beyond the last one kept, and rate
 	// spends them over its refill rate.
 	spare bool
+	// draining: the bucket holds less than the most the quotas ever
+	// showed it hold: the lane took more than it refilled lately.
+	draining bool
 	// outrun: this quota showed the server refilled faster than the rate
 	// counted from its quotas (see quotaModel.outrun): a pace read from
 	// that count no longer holds.
@@ -241,7 +244,7 @@ func (m *quotaModel) observe(now, sent time.Duration, q headers.Quota, inFlight 
 	if rho == 0 && m.counts > 0 && q.Limit > 0 {
 		rho, fill = m.counts, time.Duration(float64(q.Limit)/m.counts*float64(time.Second))
 	}
-	p := quotaPace{empty: left <= 0, outrun: outrun}
+	p := quotaPace{empty: left <= 0, outrun: outrun, draining: q.Remaining < m.held}
 	if rho > 0 {
 		p.spare = left > 1
 		// What the bucket holds may go out over the time it takes to
