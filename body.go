@@ -60,6 +60,9 @@ func (b *body) Close() error {
 // finish gives the hold back, if the body is not done yet, and recycles
 // its token.
 func (b *body) finish() {
+	if b.tok.Load() == nil {
+		return // done already: a Close after EOF, as most callers make
+	}
 	tk := b.tok.Swap(nil)
 	if tk == nil {
 		return

@@ -3,6 +3,7 @@ package sluice
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 )
 
 // Priority orders requests that wait for the same lane. Lower values are
@@ -35,16 +36,27 @@ func (p Priority) valid() bool { return p >= Interactive && p <= Batch }
 
 type priorityKey struct{}
 
+// prioritiesSet and tenantsSet are set by the first WithPriority and the
+// first WithTenant in the process: until then no context can carry one,
+// and a request skips the walk up its context's chain for it.
+var prioritiesSet, tenantsSet atomic.Bool
+
 // WithPriority returns a copy of ctx that carries p. Requests made with the
 // returned context wait at that level. A priority outside Interactive..Batch
 // is stored as given and read back by PriorityFrom as Normal.
 func WithPriority(ctx context.Context, p Priority) context.Context {
+	if !prioritiesSet.Load() {
+		prioritiesSet.Store(true)
+	}
 	return context.WithValue(ctx, priorityKey{}, p)
 }
 
 // PriorityFrom returns the priority carried by ctx, or Normal when it carries
 // none (or one that is not a defined level).
 func PriorityFrom(ctx context.Context) Priority {
+	if !prioritiesSet.Load() {
+		return Normal
+	}
 	if p, ok := ctx.Value(priorityKey{}).(Priority); ok && p.valid() {
 		return p
 	}
@@ -59,12 +71,18 @@ type tenantKey struct{}
 // lane's gate, and WithTenantShare caps what one tenant holds in flight.
 // Requests without a tenant share one anonymous tenant (the empty id).
 func WithTenant(ctx context.Context, id string) context.Context {
+	if !tenantsSet.Load() {
+		tenantsSet.Store(true)
+	}
 	return context.WithValue(ctx, tenantKey{}, id)
 }
 
 // TenantFrom returns the tenant id carried by ctx, or "" (the anonymous
 // tenant) when it carries none.
 func TenantFrom(ctx context.Context) string {
+	if !tenantsSet.Load() {
+		return ""
+	}
 	id, _ := ctx.Value(tenantKey{}).(string)
 	return id
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -14,18 +15,27 @@ import (
 // up to here and nothing more.
 const eventCap = 4096
 
+// deliverSpins is how many times the deliverer yields, finding no event,
+// before it exits.
+const deliverSpins = 4
+
 // events delivers a Transport's events to its Observers, in order, from a
 // goroutine that runs while there are events to deliver and exits when
 // there are none. Pushing one takes a short lock and never waits, so it may
 // be done with a lane's lock held.
+//
+// Events are appended to one buffer while the deliverer hands out those of
+// the other: it takes the lock once a batch, not once an event, so that
+// the pushes of a busy lane and the deliverer do not take turns at it.
 type events struct {
 	obs    []Observer
 	logger *slog.Logger
 
 	mu      sync.Mutex
-	ring    []queuedEvent // FIFO: head is the oldest, n of them
-	head, n int
-	running bool // a deliverer goroutine runs
+	queued  []queuedEvent // pushed, not yet taken by the deliverer
+	spare   []queuedEvent // the other buffer, empty, or nil while being delivered
+	taken   int           // events the deliverer has taken and not yet delivered
+	running bool          // a deliverer goroutine runs
 	idle    chan struct{}
 
 	dropped  atomic.Uint64
@@ -44,25 +54,26 @@ func newEvents(obs []Observer, logger *slog.Logger) *events {
 	return &events{obs: obs, logger: logger}
 }
 
-// push queues e for delivery, stamped with the time now, or drops it if
-// eventCap are waiting. A nil *events drops nothing and does nothing.
-func (q *events) push(ctx context.Context, e Event) {
+// push queues a copy of e for delivery, stamped with the time now unless
+// it has a time, or drops it if eventCap are waiting. A nil *events drops
+// nothing and does nothing.
+func (q *events) push(ctx context.Context, e *Event) {
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	e.Time = time.Now()
+	if e.Time.IsZero() {
+		e.Time = time.Now()
+	}
 	e.Lane, e.Sublimit = splitKey(e.Lane)
 	q.mu.Lock()
-	if q.n == len(q.ring) {
-		if len(q.ring) == eventCap {
-			q.mu.Unlock()
-			q.dropped.Add(1)
-			return
-		}
-		q.grow()
+	if len(q.queued)+q.taken >= eventCap {
+		q.mu.Unlock()
+		q.dropped.Add(1)
+		return
 	}
-	q.ring[(q.head+q.n)%len(q.ring)] = queuedEvent{ctx, e}
-	q.n++
+	q.queued = append(q.queued, queuedEvent{})
+	qe := &q.queued[len(q.queued)-1]
+	qe.ctx, qe.e = ctx, *e
 	start := !q.running
 	q.running = true
 	q.mu.Unlock()
@@ -71,19 +82,21 @@ func (q *events) push(ctx context.Context, e Event) {
 	}
 }
 
-// grow doubles the ring, keeping the order. q.mu must be held.
-func (q *events) grow() {
-	ring := make([]queuedEvent, min(max(2*len(q.ring), 16), eventCap))
-	for i := range q.n {
-		ring[i] = q.ring[(q.head+i)%len(q.ring)]
-	}
-	q.ring, q.head = ring, 0
-}
-
+// deliver hands the queued events to the Observers, a batch at a time,
+// until none is left.
 func (q *events) deliver() {
-	for {
+	for spins := 0; ; {
 		q.mu.Lock()
-		if q.n == 0 {
+		if len(q.queued) == 0 && spins < deliverSpins {
+			// Events come one or more a request: starting a goroutine, and waking
+			// a processor for it, for each would cost more than the rest
+			// of the request. A few yields first catch the next one.
+			spins++
+			q.mu.Unlock()
+			runtime.Gosched()
+			continue
+		}
+		if len(q.queued) == 0 {
 			q.running = false
 			if q.idle != nil {
 				close(q.idle)
@@ -92,20 +105,26 @@ func (q *events) deliver() {
 			q.mu.Unlock()
 			return
 		}
-		qe := q.ring[q.head]
-		q.ring[q.head] = queuedEvent{} // drop the references
-		q.head = (q.head + 1) % len(q.ring)
-		q.n--
+		spins = 0
+		batch := q.queued
+		q.queued, q.spare = q.spare[:0], nil
+		q.taken = len(batch)
 		q.mu.Unlock()
-		for _, o := range q.obs {
-			q.call(o, qe)
+		for i := range batch {
+			for _, o := range q.obs {
+				q.call(o, &batch[i])
+			}
+			batch[i] = queuedEvent{} // drop the references
 		}
+		q.mu.Lock()
+		q.spare, q.taken = batch[:0], 0
+		q.mu.Unlock()
 	}
 }
 
 // call hands one event to one Observer; a panic loses that event only, and
 // the first is logged.
-func (q *events) call(o Observer, qe queuedEvent) {
+func (q *events) call(o Observer, qe *queuedEvent) {
 	defer func() {
 		if r := recover(); r != nil && q.panicked.CompareAndSwap(false, true) {
 			q.logger.ErrorContext(qe.ctx, "sluice: an Observer panicked; its event was lost (later panics are not logged)",

@@ -36,6 +36,7 @@ const (
 	maxMargin      = 0.16             // bound on the margin's doubling
 	throttleRamp   = 2 * time.Second  // the climb from the cut to the plateau
 	edgeCreep      = 4 * time.Minute  // the first creep period from the plateau to r_f
+	countCreep     = 10 * time.Second // the same from a count of grants (see sinceCut)
 	maxCreep       = 32 * time.Minute // bound on the creep period's doubling
 	throttleProbe  = 0.2              // growth per second beyond r_f
 	firstProbe     = 4                // growth per second from a guess, until the next 429
@@ -44,6 +45,8 @@ const (
 
 	refillSlack = 0.05 // a counted refill rate's error: rates within it are one
 	recountStep = 0.1  // how far over a counted failed rate spare tokens may pace (see rate)
+
+	overshoot = 1.5 // a pace this far over what the server took since the last cut overshot it
 
 	acceptWindow = 2 * time.Second
 	minFirstSpan = time.Second // shortest span firstRate counts acceptances over
@@ -83,11 +86,9 @@ type feedback struct {
 	sustained bool
 	edge      bool // the last cut was at the edge: a 429 after a run the server took
 	probing   bool // the last cut was a lane's first estimate: grow fast until the next
-	spare     bool // header spends tokens the server's bucket holds to spare
-	draining  bool // the last quota showed the server's bucket below the most it held
-	// counted: the last cut took the server's refill rate counted from its
-	// quotas (see recount).
-	counted bool
+	// cutGrants is the lane's paced grants when the last cut was made,
+	// modulo 2^32 (see sinceCut); in the bools' padding.
+	cutGrants int32
 	// firstRA >= 0: a 429 (which said to retry after firstRA) came before
 	// any acceptance, and the first will make the lane's first estimate.
 	firstRA time.Duration
@@ -97,6 +98,14 @@ type feedback struct {
 
 	header      float64 // rate from rate-limit headers; 0 if none
 	headerUntil time.Duration
+	spare       bool // header spends tokens the server's bucket holds to spare
+	draining    bool // the last quota showed the server's bucket below the most it held
+	// counted: the last cut took the server's refill rate counted from its
+	// quotas (see recount).
+	counted bool
+	// firstLag is how long the first accepted attempt took, in
+	// microseconds (see firstSends); in the bools' padding.
+	firstLag int32
 
 	accepted  stats.Window  // accepted responses over acceptWindow
 	refused   *stats.Window // throttled responses over acceptWindow; nil before the first
@@ -169,6 +178,22 @@ func (f *feedback) firstRate(now, ra time.Duration) float64 {
 	return max(r, float64(n)/max(f.countSpan(now), minFirstSpan).Seconds())
 }
 
+// firstSends estimates the limit of a server that refused a lane not yet
+// paced, with inFlight other attempts on their way, from what the lane
+// sent: the attempts accepted since the first was sent (all still
+// counted) and those in flight, which a refusal answered at once would
+// have been refused with, over at least a second. Where calls are slow,
+// a lane's slow start has most of what it sent in flight, and the
+// acceptances alone tell half the rate. It returns 0 if it cannot tell.
+func (f *feedback) firstSends(now time.Duration, inFlight int) float64 {
+	if f.firstSeen == longAgo || now-f.firstSeen > acceptWindow || inFlight <= 0 {
+		return 0
+	}
+	n := f.acceptedAt(now) + uint64(inFlight)
+	span := now - f.firstSeen + time.Duration(f.firstLag)*time.Microsecond
+	return float64(n) / max(span, minFirstSpan).Seconds()
+}
+
 // firstAccepted makes the lane's first estimate at now, from the first
 // acceptance after a 429 that found nothing accepted to estimate from, and
 // reports whether it did: a strict server refuses all but one of a
@@ -229,6 +254,9 @@ type refusal struct {
 	ra     time.Duration // the Retry-After it named; 0 if none
 	refill float64       // the server's refill rate counted from its quotas; 0 if none
 	rough  bool          // refill was counted over a fraction of a second, to the refusal
+	grants int           // the lane's paced grants up to the refused attempt's (see sinceCut)
+	// inFlight is the lane's other attempts in flight (see firstSends).
+	inFlight int
 }
 
 // cut lowers the throttle rate after a 429 at now for r. A refill rate
@@ -266,7 +294,7 @@ func (f *feedback) cut(now time.Duration, r refusal) {
 		// their limit per window, or per the time to their reset (at
 		// least a second), from which the lane creeps as from an edge.
 		// The quotas only raise the estimate, never lower it.
-		rf, cut = f.firstRate(now, r.ra), 1
+		rf, cut = max(f.firstRate(now, r.ra), f.firstSends(now, r.inFlight)), 1
 		if s := f.quota.perSecond; s > rf && !f.quota.statesBurst() && (rf > 0 || f.acceptedAt(now) > 0) {
 			rf, stated = s, true
 		}
@@ -282,6 +310,15 @@ func (f *feedback) cut(now time.Duration, r refusal) {
 		rf, cut, edge = min(kept, f.paceBefore(f.paceAt(current, now-sent))), throttleCutKnown, true
 	case acc > 0 && acc+thr >= ratioSamples:
 		rf, cut = current*share, throttleCutKnown
+	}
+	took := false // rf is the count of grants since the last cut (see sinceCut)
+	if s := f.sinceCut(r); s*overshoot <= rf && s >= f.cutTo {
+		// Far over what the server took since the last cut: that count is
+		// its rate, to within a request over the time counted, or under it
+		// where the server's bucket overflowed while the lane sent little.
+		// Go back to the plateau under it at once, and creep as from an
+		// edge, in seconds rather than minutes.
+		rf, cut, edge, took = s, 1, true, true
 	}
 	if refill := r.refill; refill > 0 && current > 0 && rf > refill*(1+refillSlack) {
 		// A bucket with a burst takes a pace over its rate for as long as
@@ -309,6 +346,8 @@ func (f *feedback) cut(now time.Duration, r refusal) {
 		// Failed again at or under the plateau, below a pace the server
 		// took: the jitter is wider than the margin.
 		f.margin, f.creep = min(2*f.margin, maxMargin), edgeCreep
+	case took && !counted:
+		f.margin, f.creep = throttleMargin, countCreep
 	case edge || stated:
 		f.margin, f.creep = throttleMargin, edgeCreep
 	default:
@@ -321,9 +360,28 @@ func (f *feedback) cut(now time.Duration, r refusal) {
 	// reads as a bucket that refills at a fraction of the window's rate.
 	f.probing = current == 0 && !stated || guess || !edge && !stated && acc+thr < ratioTrusted
 	f.peak = max(f.peak, rf)
-	f.fail, f.failAt, f.grown = rf, now, now
+	f.fail, f.failAt, f.grown, f.cutGrants = rf, now, now, int32(r.grants)
 	f.throttle = max(f.floor(), min(cut, 1-f.margin)*rf)
 	f.cutTo = f.throttle
+}
+
+// sinceCut returns the most the server can have accepted per second
+// since the last cut, from the refusal r: that cut answered a refusal, so
+// the server had no token to spare then, and it had none for r's attempt
+// either; the tokens it made between went to the lane's attempts granted
+// since (if no other client took them), the refused one aside. It returns
+// +Inf when it cannot tell: no cut of a paced lane before, a cooldown
+// since it, fewer than two grants since it, or r's attempt sent within a
+// token's time of it.
+func (f *feedback) sinceCut(r refusal) float64 {
+	if f.failAt == longAgo || r.pace == 0 || r.sent <= f.failAt || f.coolTo > f.failAt {
+		return math.Inf(1)
+	}
+	n, dt := int32(r.grants)-f.cutGrants, (r.sent - f.failAt).Seconds()
+	if n < 2 || dt*r.pace < 1 {
+		return math.Inf(1)
+	}
+	return float64(n) / dt
 }
 
 // recount follows the refill rate counted from the server's quotas up,
@@ -457,15 +515,16 @@ const (
 // status whose verdict its headers decide (see verdict.Classify), or a
 // header that might. Most responses say nothing, and this lets them skip
 // parsing and the lane's lock. While l's server sends no such header, it
-// looks at the headers of only some responses (see quietAfter).
-func (l *lane) reads(resp *http.Response) bool {
+// looks at the headers of only the responses whose grant said look (see
+// lookLocked).
+func (l *lane) reads(resp *http.Response, look bool) bool {
 	if verdict.HeadersDecide(resp.StatusCode) {
 		return true
 	}
-	n := l.quiet.Load()
-	if n >= quietAfter && l.quiet.Add(1)%quietEvery != 0 {
+	if !look {
 		return false
 	}
+	n := l.quiet.Load()
 	if limitHeader(resp.Header) {
 		if n != 0 {
 			l.quiet.Store(0)
@@ -476,4 +535,12 @@ func (l *lane) reads(resp *http.Response) bool {
 		l.quiet.Add(1)
 	}
 	return false
+}
+
+// lookLocked reports whether the response to a grant of level p, counted
+// already, is to be looked at for rate-limit headers (see quietAfter). The
+// choice is made under the lock, where the grants are counted, so that a
+// quiet lane's responses write no shared counter.
+func (l *lane) lookLocked(p Priority) bool {
+	return l.quiet.Load() < quietAfter || l.levels[p].granted%quietEvery == 0
 }

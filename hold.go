@@ -28,6 +28,7 @@ type hold struct {
 	tn            *tenant
 	ch            *charge      // what it cost the lane's budgets
 	timed, spaced bool         // spaced: the lane wants to know when it is written (see lane.traceWrite)
+	look          bool         // its response's headers are looked at (see lane.reads)
 	kind          verdict.Kind // the response's, once it came
 
 	// out: the caller has the response's body, which gives the hold back
@@ -71,12 +72,17 @@ func (h *hold) recycle() {
 // holdLocked hands out a hold on l's token and slot, which the caller has
 // taken, granted at at to an attempt of ctx, and puts it on the lane's list.
 func (l *lane) holdLocked(ctx context.Context, tn *tenant, ch *charge, at, wait time.Duration) *hold {
-	h := holds.Get().(*hold)
+	return l.fillLocked(holds.Get().(*hold), ctx, tn, ch, at, wait)
+}
+
+// fillLocked is holdLocked with a hold h from the pool, taken before the
+// lock so that the lock is held for less.
+func (l *lane) fillLocked(h *hold, ctx context.Context, tn *tenant, ch *charge, at, wait time.Duration) *hold {
 	h.l, h.ctx, h.tn, h.ch = l, ctx, tn, ch
 	h.done = false
 	h.out.Store(false)
 	h.start, h.at, h.wait = at, at, wait
-	h.timed, h.spaced = l.timeNextLocked(at), l.pace.spaces()
+	h.timed, h.spaced, h.look = l.timeNextLocked(at), l.pace.spaces(), l.lookLocked(tn.level)
 	h.idx = len(l.held)
 	l.held = append(l.held, h)
 	return h

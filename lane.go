@@ -170,9 +170,11 @@ func (l *lane) acquire(ctx context.Context, p Priority, enq time.Duration, free 
 		}
 	}
 	id := TenantFrom(ctx)
+	h := holds.Get().(*hold) // before the lock: see fillLocked
 	l.mu.Lock()
 	if err := l.usableLocked(); err != nil {
 		l.mu.Unlock()
+		holds.Put(h)
 		return nil, enq, err
 	}
 	// The clock is read under the lock: a reading taken before it would
@@ -188,15 +190,17 @@ func (l *lane) acquire(ctx context.Context, p Priority, enq time.Duration, free 
 		l.joinLocked()
 	}
 	tn := l.q.levels[p].tenant(id)
-	if h := l.tryGrantLocked(ctx, p, tn, ch, now, first); h != nil {
+	if l.tryGrantLocked(h, ctx, p, tn, ch, now, first) {
 		l.mu.Unlock()
 		return h, enq, nil
 	}
 	w, err := l.enqueueLocked(ctx, p, tn, ch, enq, now, first, after)
 	if err != nil {
 		l.mu.Unlock()
+		holds.Put(h)
 		return nil, enq, err
 	}
+	holds.Put(h) // the dispatcher takes one for the grant (nothing else holds h)
 	return l.await(ctx, w)
 }
 
@@ -214,18 +218,20 @@ func (l *lane) usableLocked() error {
 
 // tryGrantLocked is the fast path: nobody waiting, token and slot free,
 // the tenant under its cap. It grants at now with no goroutine hand-off,
-// or returns nil. Taking tokens from a Backend, every token is a call to
-// it, which must not be made under mu: the dispatcher makes it.
-func (l *lane) tryGrantLocked(ctx context.Context, p Priority, tn *tenant, ch *charge, now time.Duration, first bool) *hold {
+// filling h, or reports false. Taking tokens from a Backend, every token
+// is a call to it, which must not be made under mu: the dispatcher makes
+// it.
+func (l *lane) tryGrantLocked(h *hold, ctx context.Context, p Priority, tn *tenant, ch *charge, now time.Duration, first bool) bool {
 	lv := &l.q.levels[p]
 	if l.perToken || l.q.len() > 0 || tn.inFlight >= lv.capOf(l.slot.limit) || !l.tryTakeLocked(now, false, ch) {
-		return nil
+		return false
 	}
 	lv.started(tn, l.slot.limit)
 	l.grantedLocked(now, p, first, 0)
 	// The grant time is the send time, give or take the few nanoseconds
 	// until the caller sends: no clock read is needed.
-	return l.holdLocked(ctx, tn, ch, now, 0)
+	l.fillLocked(h, ctx, tn, ch, now, 0)
+	return true
 }
 
 // enqueueLocked queues an attempt that cannot be granted at once, unless
@@ -245,7 +251,7 @@ func (l *lane) enqueueLocked(ctx context.Context, p Priority, tn *tenant, ch *ch
 	l.q.push(w, l.slot.limit)
 	l.budgets.queue(w.level, w.charge, 1)
 	if ev := l.cfg.events; ev != nil {
-		ev.push(ctx, Event{Kind: EventQueued, Lane: l.key, Priority: p, Tenant: tn.id, Queued: l.q.len()})
+		ev.push(ctx, &Event{Kind: EventQueued, Lane: l.key, Priority: p, Tenant: tn.id, Queued: l.q.len()})
 	}
 	if !l.dispatching {
 		l.dispatching = true
@@ -348,7 +354,11 @@ func (l *lane) grantedLocked(now time.Duration, p Priority, first bool, wait tim
 		testHookGrant(l, now)
 	}
 	l.levels[p].granted++
-	l.levels[p].wait.Record(now, waitPeriod, wait)
+	if wait <= 0 {
+		l.levels[p].wait.RecordZero(now, waitPeriod)
+	} else {
+		l.levels[p].wait.Record(now, waitPeriod, wait)
+	}
 	if first {
 		l.budget.firsts.AddNano(l.clk.epochNS+int64(now), 1)
 	}
@@ -458,7 +468,7 @@ func (l *lane) overloadedLocked(ctx context.Context, now, sent time.Duration, st
 		if status == 0 {
 			cause = OverloadStream
 		}
-		ev.push(ctx, Event{Kind: EventOverloaded, Lane: l.key, Priority: p, Tenant: TenantFrom(ctx),
+		ev.push(ctx, &Event{Kind: EventOverloaded, Lane: l.key, Priority: p, Tenant: TenantFrom(ctx),
 			Status: status, Cause: cause, From: float64(ch.from), To: float64(ch.to), Wait: ch.pause})
 	}
 	l.limitMovedLocked(ch)
@@ -534,7 +544,7 @@ func (l *lane) pacedLocked(ctx context.Context, now time.Duration, r reply, inFl
 	}
 	ev := l.cfg.events
 	if c.refused && ev != nil {
-		ev.push(ctx, Event{Kind: EventThrottled, Lane: l.key, Priority: p, Tenant: TenantFrom(ctx), Status: r.status})
+		ev.push(ctx, &Event{Kind: EventThrottled, Lane: l.key, Priority: p, Tenant: TenantFrom(ctx), Status: r.status})
 	}
 	l.cooledLocked(ctx, c.cool)
 	if c.raised && l.q.len() > 0 {
@@ -553,7 +563,7 @@ func (l *lane) cooledLocked(ctx context.Context, c coolChange) {
 		l.cfg.logger.Info("sluice: lane cooling down", "lane", l.name(), "for", (c.until - l.clk.last).Round(time.Millisecond), "why", c.why)
 	}
 	if ev := l.cfg.events; ev != nil && c.extended {
-		ev.push(ctx, Event{Kind: EventCooldown, Lane: l.key, Until: l.clk.timeOf(c.until),
+		ev.push(ctx, &Event{Kind: EventCooldown, Lane: l.key, Until: l.clk.timeOf(c.until),
 			Wait: c.until - l.clk.last, Cause: c.why})
 	}
 }
@@ -593,7 +603,7 @@ func (l *lane) settleLocked(now, sent time.Duration, k verdict.Kind) {
 // since the last report (see pacer.report).
 func (l *lane) rateChangedLocked(ctx context.Context, ev *events, cause string) {
 	if from, to, ok := l.pace.report(cause); ok {
-		ev.push(ctx, Event{Kind: EventRateChanged, Lane: l.key, From: from, To: to, Cause: cause})
+		ev.push(ctx, &Event{Kind: EventRateChanged, Lane: l.key, From: from, To: to, Cause: cause})
 	}
 }
 
@@ -623,7 +633,7 @@ func (l *lane) limitMovedLocked(ch limitChange) {
 		l.cfg.logger.Debug("sluice: in-flight limit changed", "lane", l.name(), "from", ch.from, "to", ch.to)
 	}
 	if ev := l.cfg.events; ev != nil {
-		ev.push(context.Background(), Event{Kind: EventLimitChanged, Lane: l.key, From: float64(ch.from), To: float64(ch.to)})
+		ev.push(context.Background(), &Event{Kind: EventLimitChanged, Lane: l.key, From: float64(ch.from), To: float64(ch.to)})
 	}
 	if ch.to > ch.from && l.q.len() > 0 {
 		for p := range l.q.levels {

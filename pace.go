@@ -26,7 +26,7 @@ type pacer struct {
 	wait    time.Duration // a Backend's wait: nothing is taken from it before
 	shared  time.Duration // the latest cooldown passed to the Backend; longAgo: none
 	maxWait time.Duration // the cap on a wait a server or a Backend names
-	burst   int           // lim's
+	burst   int32         // lim's, held to math.MaxInt32 (beside the flags below, in one word)
 	local   bool          // no Backend: the lane's bucket holds its whole budget
 
 	// cold: a cooldown was set, and the first grant after it spaces the
@@ -48,7 +48,7 @@ type pacer struct {
 // local says no Backend holds the lane's budget; maxWait caps the waits
 // servers and Backends name.
 func newPacer(rate float64, burst int, maxWait time.Duration, local bool, origin int64) pacer {
-	p := pacer{burst: burst, local: local, maxWait: maxWait, shared: longAgo}
+	p := pacer{burst: int32(min(burst, math.MaxInt32)), local: local, maxWait: maxWait, shared: longAgo}
 	if rate > 0 {
 		p.lim, p.rate = newBucket(rate, burst), rate
 	} else {
@@ -131,6 +131,19 @@ func (p *pacer) kept(sent time.Duration) float64 {
 		return 2 / span
 	}
 	return 0
+}
+
+// grantsTo returns the lane's grants up to and including the one at sent,
+// counted from its first paced grant: found among the last grants, or
+// estimated from its pace since.
+func (p *pacer) grantsTo(now, sent time.Duration) int {
+	n := len(p.grants)
+	for i := p.ngrants - 1; i >= max(0, p.ngrants-n); i-- {
+		if p.grants[i%n] == sent {
+			return i + 1
+		}
+	}
+	return max(0, p.ngrants-int(p.rate*(now-sent).Seconds()))
 }
 
 func (p *pacer) takeAll(now time.Duration, late bool) bool {
@@ -439,7 +452,7 @@ func (p *pacer) observe(now time.Duration, r reply, inFlight int) paceChange {
 			f.quota.refused(r.sent, r.quota, inFlight-1)
 		}
 		f.cut(now, refusal{sent: r.sent, pace: p.rate, kept: p.kept(r.sent), ra: r.retryAfter,
-			refill: f.quota.counts, rough: f.quota.rough})
+			refill: f.quota.counts, rough: f.quota.rough, grants: p.grantsTo(now, r.sent), inFlight: inFlight - 1})
 		c.cause = RateCut
 	}
 	c.raised = p.applyRate(now)
@@ -493,6 +506,7 @@ func (p *pacer) settle(now, sent time.Duration, k verdict.Kind) (moved string, r
 	f.penalty = 0
 	if f.firstSeen == longAgo {
 		f.firstSeen = now
+		f.firstLag = int32(min((now - sent).Microseconds(), math.MaxInt32))
 	}
 	f.accepted.AddNano(f.origin+int64(now), 1)
 	if p.lim == nil && f.firstAccepted(now, sent) {
@@ -517,7 +531,7 @@ func (p *pacer) applyRate(now time.Duration) (raised bool) {
 	case p.lim == nil && r == 0:
 		return false
 	case p.lim == nil:
-		p.lim = newBucket(r, p.burst)
+		p.lim = newBucket(r, int(p.burst))
 		p.rate = r
 		// A new bucket starts full; what the lane just sent used it.
 		p.lim.drain(now)

@@ -296,7 +296,7 @@ func (t *Transport) attempt(l *lane, req *http.Request, p Priority, enq time.Dur
 		return nil, enq, err
 	}
 	if ev := t.cfg.events; ev != nil {
-		ev.push(ctx, Event{Kind: EventGranted, Lane: l.key, Priority: p, Tenant: h.tn.id, Attempt: n, Wait: h.wait})
+		ev.push(ctx, &Event{Kind: EventGranted, Time: l.clk.timeOf(h.at), Lane: l.key, Priority: p, Tenant: h.tn.id, Attempt: n, Wait: h.wait})
 	}
 	if err := ctx.Err(); err != nil {
 		// Cancelled between grant and send: nothing was sent, so the token
@@ -385,7 +385,7 @@ func (t *Transport) refused(ctx context.Context, l *lane, p Priority, n int, err
 	}
 	t.logRefusal(ctx, rej)
 	if ev := t.cfg.events; ev != nil {
-		ev.push(ctx, Event{Kind: EventRefused, Lane: l.key, Priority: p, Tenant: rej.Tenant, Attempt: n,
+		ev.push(ctx, &Event{Kind: EventRefused, Lane: l.key, Priority: p, Tenant: rej.Tenant, Attempt: n,
 			Reason: rej.Reason, Err: rej, Wait: rej.Wait})
 	}
 }
@@ -406,7 +406,7 @@ func (t *Transport) read(ctx context.Context, l *lane, req *http.Request, resp *
 		prefix, resp.Body = peek(resp.Body)
 		body = verdict.Body(prefix)
 	}
-	if !body.Throttles() && !body.Points.Stated && !l.reads(resp) {
+	if !body.Throttles() && !body.Points.Stated && !l.reads(resp, h.look) {
 		l.dropCharge(h.ch)
 		if s != nil {
 			s.l.dropCharge(s.ch)

@@ -20,6 +20,16 @@ func (r *Recent) Record(now, period, d time.Duration) {
 	r.cur.Record(d)
 }
 
+// RecordZero is Record(now, period, 0), small enough to inline: most
+// records are of requests that did not wait.
+func (r *Recent) RecordZero(now, period time.Duration) {
+	if now-r.start >= period {
+		r.roll(now, period)
+	}
+	r.cur.total++
+	r.cur.zeros++
+}
+
 // roll starts a new period if the current one has ended at now.
 func (r *Recent) roll(now, period time.Duration) {
 	if now-r.start < period {

@@ -34,10 +34,15 @@ func (w *Window) Add(now time.Time, n uint64) {
 
 // AddNano counts n events at ns nanoseconds since the Unix epoch.
 func (w *Window) AddNano(ns int64, n uint64) {
-	if ns >= w.from && ns-w.from < w.width {
+	if uint64(ns-w.from) < uint64(w.width) { // from <= ns < from+width
 		w.counts[w.cur] += n
 		return
 	}
+	w.addOther(ns, n)
+}
+
+// addOther is AddNano outside the current bucket.
+func (w *Window) addOther(ns int64, n uint64) {
 	b := floorDiv(ns, w.width)
 	switch d := b - w.top; {
 	case d > 0:
