@@ -99,6 +99,7 @@ type feedback struct {
 	header      float64 // rate from rate-limit headers; 0 if none
 	headerUntil time.Duration
 	spare       bool // header spends tokens the server's bucket holds to spare
+	draining    bool // the last quota showed the server's bucket below the most it held
 	// counted: the last cut took the server's refill rate counted from its
 	// quotas (see recount).
 	counted bool
@@ -422,6 +423,9 @@ func (f *feedback) grow(now time.Duration) {
 		f.throttle = min(plateau, f.throttle+step*dt)
 	case f.throttle < f.fail && f.creep > 0:
 		f.throttle = min(f.fail, f.throttle+throttleMargin*f.fail/f.creep.Seconds()*dt)
+	case f.probing && f.draining:
+		// The server's bucket is emptying: the pace is over its refill
+		// rate already, and growing on would only spend the burst sooner.
 	case f.probing:
 		f.throttle *= math.Pow(firstProbe, dt)
 	default:

@@ -26,7 +26,7 @@ type pacer struct {
 	wait    time.Duration // a Backend's wait: nothing is taken from it before
 	shared  time.Duration // the latest cooldown passed to the Backend; longAgo: none
 	maxWait time.Duration // the cap on a wait a server or a Backend names
-	burst   int           // lim's
+	burst   int32         // lim's, held to math.MaxInt32 (beside the flags below, in one word)
 	local   bool          // no Backend: the lane's bucket holds its whole budget
 
 	// cold: a cooldown was set, and the first grant after it spaces the
@@ -48,7 +48,7 @@ type pacer struct {
 // local says no Backend holds the lane's budget; maxWait caps the waits
 // servers and Backends name.
 func newPacer(rate float64, burst int, maxWait time.Duration, local bool, origin int64) pacer {
-	p := pacer{burst: burst, local: local, maxWait: maxWait, shared: longAgo}
+	p := pacer{burst: int32(min(burst, math.MaxInt32)), local: local, maxWait: maxWait, shared: longAgo}
 	if rate > 0 {
 		p.lim, p.rate = newBucket(rate, burst), rate
 	} else {
@@ -416,13 +416,25 @@ func (p *pacer) observe(now time.Duration, r reply, inFlight int) paceChange {
 		c.raised = p.applyRate(now)
 		return c
 	}
+	// The cooldown a refusal brings lets the server's bucket fill again.
+	f.draining = false
+	if r.hasQuota && f.quota.seeEdge(now, r.sent, r.quota, false) {
+		// What the refusals before taught, of a window read as a bucket,
+		// no longer holds.
+		f.forget()
+	}
 	switch {
+	case r.hasRA && exhausted && f.quota.edgeTold():
+		// A window's measured end bounds a Retry-After stated to the
+		// second (sethvargo/go-limiter's is its reset, a date read as the
+		// end of its second): the window refills then.
+		c.cool = p.cool(now, now+min(r.retryAfter, f.quota.refusalWait(now, r.quota)), "retry-after")
 	case r.hasRA:
 		c.cool = p.cool(now, now+r.retryAfter, "retry-after")
 	case tokensOut && r.tokens.Reset > 0:
 		c.cool = p.cool(now, now+min(r.tokens.Reset, p.maxWait), r.tokens.Resource+" remaining 0")
-	case exhausted && r.quota.Reset > 0:
-		c.cool = p.cool(now, now+min(f.quota.refusalWait(r.quota), p.maxWait), "remaining 0")
+	case exhausted && (r.quota.Reset > 0 || f.quota.edgeTold()):
+		c.cool = p.cool(now, now+min(f.quota.refusalWait(now, r.quota), p.maxWait), "remaining 0")
 	case r.body.Secondary:
 		// GitHub: wait at least a minute, then longer at each repeat.
 		f.penalty = min(max(2*f.penalty, secondaryPause), p.maxWait)
@@ -451,7 +463,7 @@ func (p *pacer) observe(now time.Duration, r reply, inFlight int) paceChange {
 // sent says.
 func (p *pacer) pace(now, sent time.Duration, qp quotaPace) coolChange {
 	var c coolChange
-	p.fb.spare = qp.spare
+	p.fb.spare, p.fb.draining = qp.spare, qp.draining
 	if qp.told {
 		p.fb.forget()
 	}
@@ -519,7 +531,7 @@ func (p *pacer) applyRate(now time.Duration) (raised bool) {
 	case p.lim == nil && r == 0:
 		return false
 	case p.lim == nil:
-		p.lim = newBucket(r, p.burst)
+		p.lim = newBucket(r, int(p.burst))
 		p.rate = r
 		// A new bucket starts full; what the lane just sent used it.
 		p.lim.drain(now)

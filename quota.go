@@ -124,6 +124,11 @@ type quotaModel struct {
 	// and what remained.
 	lastAt   time.Duration
 	lastLeft int64
+
+	// edge tells a window that refills at once apart, and measures its
+	// end (see windowEdge); nil until a quota states its reset as an
+	// instant, which most lanes never see.
+	edge *windowEdge
 }
 
 // countSpan is the least time a refill rate is counted over: long enough
@@ -151,6 +156,9 @@ type quotaPace struct {
 	// spare: the bucket holds tokens beyond the last one kept, and rate
 	// spends them over its refill rate.
 	spare bool
+	// draining: the bucket holds less than the most the quotas ever
+	// showed it hold: the lane took more than it refilled lately.
+	draining bool
 	// outrun: this quota showed the server refilled faster than the rate
 	// counted from its quotas (see quotaModel.outrun): a pace read from
 	// that count no longer holds.
@@ -184,7 +192,8 @@ func (m *quotaModel) observe(now, sent time.Duration, q headers.Quota, inFlight 
 	}
 	m.held = max(m.held, q.Remaining)
 	was := m.kind
-	if q.Reset > 0 {
+	told := m.seeEdge(now, sent, q, true)
+	if q.Reset > 0 && !m.edgeTold() {
 		m.learn(now, q)
 	}
 	outrun := m.count(sent, q)
@@ -198,6 +207,18 @@ func (m *quotaModel) observe(now, sent time.Duration, q headers.Quota, inFlight 
 		// it.
 		rate := float64(max(m.limit-2, 1)) / m.window.Seconds()
 		return quotaPace{rate: rate, until: now + m.window, told: was != kindSliding}
+	}
+	if m.edgeTold() {
+		// A window whose end was measured (see windowEdge): what remains
+		// goes over left+1 intervals until then, as under a precise reset.
+		switch until := m.edge.until(now); {
+		case left <= 0:
+			return quotaPace{stop: now + until, told: told}
+		case until <= 0:
+			return quotaPace{told: told}
+		default:
+			return quotaPace{rate: float64(left+1) / until.Seconds(), until: now + until, told: told}
+		}
 	}
 	if m.kind == kindWindow {
 		switch {
@@ -223,7 +244,7 @@ func (m *quotaModel) observe(now, sent time.Duration, q headers.Quota, inFlight 
 	if rho == 0 && m.counts > 0 && q.Limit > 0 {
 		rho, fill = m.counts, time.Duration(float64(q.Limit)/m.counts*float64(time.Second))
 	}
-	p := quotaPace{empty: left <= 0, outrun: outrun}
+	p := quotaPace{empty: left <= 0, outrun: outrun, draining: q.Remaining < m.held}
 	if rho > 0 {
 		p.spare = left > 1
 		// What the bucket holds may go out over the time it takes to
@@ -412,10 +433,38 @@ func (m *quotaModel) learn(now time.Duration, q headers.Quota) {
 // grants a burst would let bunch.
 func (m *quotaModel) statesBurst() bool { return m.held >= 1 }
 
-// refusalWait returns how long a refusal that states q (nothing remains)
-// pauses the lane when it names no Retry-After: until a window's reset, or
-// one token's time of a bucket whose rate is known, else until its reset.
-func (m *quotaModel) refusalWait(q headers.Quota) time.Duration {
+// seeEdge passes q of a family with no prior (see priorKind), stated at now by the answer to an attempt sent at sent
+// (accepted, or refused), to the window edge (see windowEdge),
+// and reports whether it told a window that refills at once apart just
+// now: the kind is a window from then on, and what was counted of a
+// bucket's refill rate no longer holds.
+func (m *quotaModel) seeEdge(now, sent time.Duration, q headers.Quota, accepted bool) bool {
+	if m.kind == kindSliding || !q.Instant || priorKind(q.Source) != kindUnknown {
+		return false
+	}
+	if m.edge == nil {
+		m.edge = new(windowEdge)
+	}
+	if !m.edge.observe(now, sent, q, accepted) {
+		return false
+	}
+	m.kind, m.evidence = kindWindow, true
+	m.counts, m.rough, m.counting = 0, false, false
+	return true
+}
+
+// edgeTold reports whether the server keeps a window that refills at once,
+// whose end the lane measures (see windowEdge).
+func (m *quotaModel) edgeTold() bool { return m.edge != nil && m.edge.told }
+
+// refusalWait returns how long after now a refusal that states q (nothing
+// remains) pauses the lane when it names no Retry-After: until a window's
+// measured end (see windowEdge) or its reset, or one token's time of a
+// bucket whose rate is known, else until its reset.
+func (m *quotaModel) refusalWait(now time.Duration, q headers.Quota) time.Duration {
+	if m.edgeTold() {
+		return m.edge.until(now)
+	}
 	if m.kind != kindWindow {
 		if rho, _ := bucketRate(q); rho > 0 {
 			return min(q.Reset, time.Duration(float64(time.Second)/rho))

@@ -95,8 +95,10 @@ func TestQuotaKinds(t *testing.T) {
 		}, 610 * time.Millisecond, kindSliding},
 		{"fixed 1 s window, instant reset: refilled at each end", func(i int, now time.Time) headers.Quota {
 			used := int64(now.Sub(now.Truncate(time.Second)) / (20 * time.Millisecond))
+			// Remaining falls by what each request takes, then all of it
+			// comes back at once: a window (see windowEdge).
 			return instantAt("x-ratelimit", 50, 49-used, now.Truncate(time.Second).Add(time.Second), now)
-		}, 21 * time.Millisecond, kindUnknown},
+		}, 21 * time.Millisecond, kindWindow},
 		{"GCRA burst 10 at 50/s, instant when full, rounded up", func(i int, now time.Time) headers.Quota {
 			rem := int64(i % 3)
 			full := now.Add(time.Duration(10-rem) * 20 * time.Millisecond)

@@ -78,16 +78,12 @@ var realGaps = []struct {
 	refused       float64 // % of attempts refused beyond the pair's
 	why           string
 }{
-	{"^throttled", "no WithRate|2R", 0.2, 5,
-		"a burst-5 GCRA refuses three of the first requests, and each Retry-After: 1 holds the lane at one request a second for seconds"},
+	{"^sethvargo/go-limiter", "no WithRate", 0.5, 2,
+		"a cold lane with no WithRate tells the window apart at a refill it sees; most 5 s runs measure 1.00 of R, one in about ten 0.58, the window not yet told apart in the measured half"},
+	{"^throttled", "2R", 0.5, 2,
+		"at 2R a cold lane spends the burst at once, and the first refusals' Retry-After: 1 and the probe up from the first estimate reach into the measured half of a 5 s run at times (0.62 to 1.02 of R)"},
 	{"^go-chi/httprate", ".", 0.3, 2,
 		"the sliding window is told apart from a bucket only after some seconds, and paced at its limit less two after that"},
-	{"^sethvargo/go-limiter", "at R$", 0.5, 2,
-		"a window refilled all at once each second, its reset a date truncated to the second"},
-	{"^sethvargo/go-limiter", "no WithRate|2R", 0.02, 5,
-		"with no WithRate or at 2R the lane settles at times near the rate and at times at a few requests a second (0.06 to 0.87 of R over 20 s runs)"},
-	{"^ulule/limiter", "no WithRate|2R", 0.02, 15,
-		"a window refilled all at once each second, with no Retry-After: a cold lane's slow start spends the window in its first tens of milliseconds and is refused for the rest of it, and each refusal of that tail cuts the pace again"},
 }
 
 // realFloor returns the share of the pair's rate that sluice must reach

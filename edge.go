@@ -1,0 +1,148 @@
+package sluice
+
+import (
+	"time"
+
+	"github.com/sluice-go/sluice/internal/headers"
+)
+
+// A windowEdge learns, from the quotas of a lane's responses, whether the
+// server keeps a fixed window that refills all at once when it ends
+// (ulule/limiter, sethvargo/go-limiter), and when the window the lane is
+// in ends. Times are on the lane's clock; it holds no lock, and its zero
+// value has seen nothing.
+//
+// Such servers state their reset as an instant to the second, truncated
+// (ulule/limiter's Unix time) or read as the end of its second (a date):
+// off from the window's end by up to a second either way, which is a
+// whole window at one request a second or more. So the end is measured,
+// not read: the stated instant only names the window a response came
+// from. When it names a later one, the window before ended between the
+// last attempt the old one answered and the first the new one did, and
+// the new one ends a period after that, at the latest (a window that
+// starts at its first request, as ulule/limiter's do, ends a period after
+// it; one on a fixed grid, as sethvargo/go-limiter's, earlier). The
+// period is the step between the stated instants of two windows in a
+// row.
+//
+// It is told a window that refills at once apart at a refill no bucket
+// could make: the answers of one window showed the server gaining little
+// (what the lane took, less what remaining fell, over the span from the
+// window's first answer to its least), and the next window's first answer
+// stated remaining higher by more than twice as much per second, by an
+// eighth of the limit or more, and three quarters of the limit or more
+// remaining (a window refilled at once gains all it took, a bucket as
+// much per second as before, and a sliding window what its count of the
+// window before lets go). A window spent early and
+// refused for its tail gained nothing over the tail; one paced through
+// without a refusal, nothing over the whole window.
+type windowEdge struct {
+	told bool // a window refilled at once was seen
+
+	// The current window: its stated instant (cur, 0: none yet; stated:
+	// cur was stated, not yet passed, so a step to the next is exact), when
+	// the first attempt it answered was sent and what that answer stated
+	// remaining, the least any of its answers stated, to the attempt sent
+	// at leastAt, and how many of its answers after the first were
+	// acceptances (a refused attempt takes nothing from a bucket).
+	cur, from    time.Duration
+	stated       bool
+	first, least int64
+	leastAt      time.Duration
+	took         int64
+
+	period time.Duration // the step from one window to the next; 0: unknown
+	exact  bool          // period is a step between two stated instants
+	// end is when the current window ends, at the latest (see windowEdge);
+	// valid once told.
+	end time.Duration
+}
+
+// edgeGuard is how far past the latest attempt the current window
+// answered its end is put, when that attempt was sent after the end
+// thought to be the latest (transit between the lane's clock and the
+// server's), as a share of the period.
+const edgeGuard = 32
+
+// observe reads q, stated at now by the answer to an attempt sent at sent
+// (accepted, or refused), and reports whether it told the window apart
+// just now.
+//
+// A later window answered when the stated instant moved on, or when the
+// answer stated half the limit or more above the least remaining the
+// current window stated to an attempt sent before (a window counts only
+// down): a truncated instant passes before its window ends, and reads as
+// 0 from then on, in the window after it as well.
+func (e *windowEdge) observe(now, sent time.Duration, q headers.Quota, accepted bool) (told bool) {
+	if !q.Instant || q.Limit <= 0 || q.Remaining < 0 {
+		return false
+	}
+	inst, stated := e.cur, q.Reset > 0
+	if stated || inst == 0 {
+		inst = now + q.Reset
+	}
+	rose := 2*(q.Remaining-e.least) >= q.Limit && sent > e.leastAt
+	switch {
+	case e.cur == 0:
+		e.start(inst, stated, sent, q.Remaining)
+		return false
+	case inst > e.cur+resetSlack || rose && inst >= e.cur-resetSlack:
+		// A later window answered: the one before ended before sent.
+		if gain := q.Remaining - e.least + 1; !e.told && gain >= 3 && 8*gain >= q.Limit && 4*q.Remaining >= 3*q.Limit && sent > e.leastAt && e.leastAt > e.from {
+			// What the window before gained, per second, beside what the
+			// server gained since its least.
+			before := float64(max(0, e.took-(e.first-e.least))+2) / (e.leastAt - e.from).Seconds()
+			e.told = float64(gain)/(sent-e.leastAt).Seconds() > 2*before
+			told = e.told
+		}
+		switch jump := inst - e.cur; {
+		case stated && e.stated && jump > 0:
+			// Two windows, each stated: a step of the period, or of a
+			// second more where a window starts at its first request and
+			// its instant is truncated; the least is the period.
+			if !e.exact || jump < e.period {
+				e.period = jump
+			}
+			e.exact = true
+		case e.period == 0:
+			// From the first attempt the window before answered: at most
+			// its length, to the second when its instants are.
+			e.period = sent - e.from
+			if q.Coarse {
+				e.period = max(time.Second, e.period.Round(time.Second))
+			}
+		}
+		e.end = sent + e.period
+		if !stated {
+			inst = max(inst, now) // a passed instant: the next stated one is later
+		}
+		e.start(inst, stated, sent, q.Remaining)
+		return told
+	case inst < e.cur-resetSlack:
+		return false // an answer from a window before, out of order
+	}
+	if accepted {
+		e.took++
+	}
+	if q.Remaining < e.least || q.Remaining == e.least && sent > e.leastAt {
+		e.least, e.leastAt = q.Remaining, sent
+	}
+	if e.told && sent >= e.end {
+		e.end = sent + e.period/edgeGuard
+	}
+	return false
+}
+
+// start makes the window whose stated instant is inst (stated: not yet
+// passed) the current one, from its first answer, to an attempt sent at
+// sent, that stated left remaining.
+func (e *windowEdge) start(inst time.Duration, stated bool, sent time.Duration, left int64) {
+	e.cur, e.stated, e.from = inst, stated, sent
+	e.first, e.least, e.leastAt, e.took = left, left, sent, 0
+}
+
+// until returns how long after now the current window ends; valid once
+// told.
+func (e *windowEdge) until(now time.Duration) time.Duration {
+	return max(0, e.end-now)
+}

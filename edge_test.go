@@ -1,0 +1,96 @@
+package sluice
+
+import (
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/sluice-go/sluice/internal/headers"
+)
+
+// TestWindowEdgeTraces replays the header traces recorded from real
+// middleware through a windowEdge, on the trace's own clock: the two whose
+// windows refill all at once are told apart, at their first refill after
+// a refusal, with the period they were set up with; none of the others
+// (buckets, a GCRA, a sliding window) is.
+func TestWindowEdgeTraces(t *testing.T) {
+	for name, window := range map[string]bool{
+		"ulule-limiter.txt": true,
+		"go-limiter.txt":    true,
+		"throttled.txt":     false,
+		"httprate.txt":      false,
+		"redis_rate.txt":    false,
+		"tollbooth.txt":     false,
+	} {
+		t.Run(name, func(t *testing.T) {
+			tr, err := readTrace(filepath.Join("testdata", "traces", name))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var e windowEdge
+			toldAt, refused := -1, false
+			for i, r := range tr.records {
+				q, ok := headers.Parse(r.header, tr.start.Add(r.received))
+				if !ok {
+					t.Fatalf("record %d: no quota", i)
+				}
+				if e.observe(r.received, r.sent, q, r.status != 429) && toldAt < 0 {
+					toldAt = i
+					if !refused {
+						t.Errorf("record %d: told apart before any refusal", i)
+					}
+				}
+				refused = refused || r.status == 429
+			}
+			switch {
+			case !window && e.told:
+				t.Errorf("told a window that refills at once at record %d", toldAt)
+			case window && !e.told:
+				t.Errorf("not told apart over %d records", len(tr.records))
+			case window && e.period != tr.per:
+				t.Errorf("period %v; the middleware was set up with %v", e.period, tr.per)
+			}
+		})
+	}
+}
+
+// TestWindowEdgeEnd follows a window of 10 a second that starts at its
+// first request, its reset a Unix time truncated to the second, on a
+// clock 0.9 s past a whole second at the start: the stated instant passes
+// 0.1 s into each window. A lane that spends each window in its first
+// tenth is refused for the rest; the first refill after that tells the
+// window apart, and the end measured is then a period after the first
+// attempt each window answers, never before the window truly ends.
+func TestWindowEdgeEnd(t *testing.T) {
+	const limit, per, phase = 10, time.Second, 900 * time.Millisecond
+	var (
+		e     windowEdge
+		start time.Duration = -1 // the current window's start, on the lane's clock
+		n     int
+		told  time.Duration = -1
+	)
+	for now := time.Duration(0); now < 5*time.Second; now += 10 * time.Millisecond {
+		if start < 0 || now >= start+per {
+			start, n = now, 0
+		}
+		ok := n < limit
+		if ok {
+			n++
+		}
+		// The Unix time of the window's end, truncated, on the lane's clock.
+		inst := (start + per + phase).Truncate(time.Second) - phase
+		q := headers.Quota{Limit: limit, Remaining: int64(limit - n), Reset: max(0, inst-now), Coarse: true, Instant: true, Source: "x-ratelimit"}
+		if e.observe(now, now, q, ok) {
+			told = now
+		}
+		if e.told && e.until(now) <= 0 && now < start+per {
+			t.Fatalf("at %v: the window ends at %v, measured %v", now, start+per, e.end)
+		}
+	}
+	if told < 0 || told > 1100*time.Millisecond {
+		t.Errorf("told apart at %v; want at the first refill, 1 s in", told)
+	}
+	if e.period != per {
+		t.Errorf("period %v, want %v", e.period, per)
+	}
+}
