@@ -89,9 +89,9 @@ func (q *events) deliver() {
 	for spins := 0; ; {
 		q.mu.Lock()
 		if len(q.queued) == 0 && spins < deliverSpins {
-			// Events come one or more a request: starting a goroutine, and waking
-			// a processor for it, for each would cost more than the rest
-			// of the request. A few yields first catch the next one.
+			// Events come one or more a request: starting a goroutine,
+			// and waking a processor for it, for each would cost more
+			// than the rest of the request. Yields first catch the next.
 			spins++
 			q.mu.Unlock()
 			runtime.Gosched()

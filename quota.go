@@ -433,11 +433,12 @@ func (m *quotaModel) learn(now time.Duration, q headers.Quota) {
 // grants a burst would let bunch.
 func (m *quotaModel) statesBurst() bool { return m.held >= 1 }
 
-// seeEdge passes q of a family with no prior (see priorKind), stated at now by the answer to an attempt sent at sent
-// (accepted, or refused), to the window edge (see windowEdge),
-// and reports whether it told a window that refills at once apart just
-// now: the kind is a window from then on, and what was counted of a
-// bucket's refill rate no longer holds.
+// seeEdge passes q, of a family with no prior kind (see priorKind),
+// stated at now by the answer to an attempt sent at sent (accepted, or
+// refused), to the window edge (see windowEdge), and reports whether it
+// told a window that refills at once apart just now: the kind is a window
+// from then on, and what was counted of a bucket's refill rate no longer
+// holds.
 func (m *quotaModel) seeEdge(now, sent time.Duration, q headers.Quota, accepted bool) bool {
 	if m.kind == kindSliding || !q.Instant || priorKind(q.Source) != kindUnknown {
 		return false

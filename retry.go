@@ -90,9 +90,6 @@ func (t *Transport) do(l *lane, req *http.Request, p Priority) (*http.Response, 
 			l = t.relane(l)
 			resp, first, err = t.attempt(l, areq, p, enq, n+1)
 		}
-		if err == nil && n == 0 && resp.StatusCode > 0 && resp.StatusCode < 400 && t.cfg.checkRetry == nil {
-			return resp, nil // most requests: answered at once, nothing to retry
-		}
 		enq = first
 		if resp != nil && areq != req {
 			resp.Request = req
