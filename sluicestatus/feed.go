@@ -23,6 +23,9 @@ type feedJSON struct {
 }
 
 type laneJSON struct {
+	// ID tells the lane from every other, sub-limits included; Key is
+	// its name (see sluice.LaneStats.Name), which may be another's.
+	ID  string `json:"id"`
 	Key string `json:"key"`
 	// Figures now: from LaneStats at the request, but achieved, which is
 	// the latest sample's.
@@ -109,9 +112,9 @@ func (h *Handler) feed(q url.Values) feedJSON {
 	for _, lh := range lanes {
 		// Live figures where the lane is still there; what the sampler saw
 		// last where it was forgotten since.
-		// A sub-limit's series is keyed by its Name: it has no live read.
-		ls, ok := h.t.LaneStats(lh.key)
-		if !ok || ls.Name() != lh.key {
+		// A sub-limit has no live read.
+		ls, ok := h.t.LaneStats(lh.id.key)
+		if !ok || lh.id.sub != "" {
 			ls = lh.last
 		}
 		f.Shown = append(f.Shown, laneFeed(now, lh, ls))
@@ -121,7 +124,8 @@ func (h *Handler) feed(q url.Values) feedJSON {
 
 func laneFeed(now time.Time, lh laneHistory, ls sluice.LaneStats) laneJSON {
 	j := laneJSON{
-		Key:           lh.key,
+		ID:            lh.id.String(),
+		Key:           ls.Name(),
 		Rate:          round3(ls.Rate),
 		Ceiling:       round3(ls.Ceiling),
 		InFlight:      ls.InFlight,

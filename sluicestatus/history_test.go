@@ -66,3 +66,31 @@ func TestHistoryCounters(t *testing.T) {
 		t.Errorf("latest achieved %v, 429s %d over %v; want 10, 2 over 6s", lh.achieved, lh.throttled, lh.span)
 	}
 }
+
+// TestHistorySlashKey: a lane whose key has a "/" and a sub-limit with the
+// same name (key "a/b"; sub-limit "b" of "a") keep series of their own,
+// each counted from its own counters, under ids that tell them apart.
+func TestHistorySlashKey(t *testing.T) {
+	h := newHistory(3, 5)
+	t0 := time.Unix(1000, 0)
+	for i, c := range []struct{ slash, sub uint64 }{{0, 0}, {20, 200}, {40, 400}} {
+		sub := lane("a", c.sub, 0)
+		sub.Sublimit = "b"
+		h.record(t0.Add(time.Duration(i)*time.Second), sluice.Stats{Lanes: []sluice.LaneStats{lane("a/b", c.slash, 0), sub}})
+	}
+	lanes, total, _ := h.snapshot(0, time.Second)
+	if total != 2 || len(lanes) != 2 {
+		t.Fatalf("%d lanes, %d shown; want 2 and 2", total, len(lanes))
+	}
+	want := map[laneID]float64{{"a/b", ""}: 20, {"a", "b"}: 200}
+	ids := map[string]bool{}
+	for _, lh := range lanes {
+		if lh.achieved != want[lh.id] {
+			t.Errorf("%v: achieved %v, want %v", lh.id, lh.achieved, want[lh.id])
+		}
+		ids[lh.id.String()] = true
+	}
+	if len(ids) != 2 {
+		t.Errorf("ids %v: want two", ids)
+	}
+}

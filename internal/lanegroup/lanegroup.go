@@ -80,10 +80,15 @@ type Grouper struct {
 
 	mu      sync.Mutex
 	labels  map[string]bool      // labels given out, Other aside
-	last    map[string]laneMemo  // by lane key: the lane's counters at the last read
+	last    map[laneID]laneMemo  // the lane's counters at the last read
 	retired map[string]*Counters // by label: counted by lanes gone
-	byKey   map[string]string    // lane key -> label, a cache for Label
+	byKey   map[laneID]string    // the lane's label, a cache for Label
 }
+
+// laneID tells a lane or sub-limit from every other: its key and the
+// sub-limit's name ("" for a lane). LaneStats.Name joins them with "/",
+// which a key may contain: "a/b" and sub-limit "b" of "a" share a name.
+type laneID struct{ key, sub string }
 
 type laneMemo struct {
 	label string
@@ -101,9 +106,9 @@ func New(mapf func(string) string, max int) *Grouper {
 		mapf:    mapf,
 		max:     max,
 		labels:  make(map[string]bool),
-		last:    make(map[string]laneMemo),
+		last:    make(map[laneID]laneMemo),
 		retired: make(map[string]*Counters),
-		byKey:   make(map[string]string),
+		byKey:   make(map[laneID]string),
 	}
 }
 
@@ -115,14 +120,14 @@ func (g *Grouper) Label(key string) string {
 }
 
 // subLabelLocked returns the label of a sub-limit named sub of a lane
-// labelled label; name is the sub-limit's (see sluice.LaneStats.Name). A
-// sub-limit has a series of its own under its lane's label, within the
-// cap on labels; past it, the lane's sub-limits share label + "/other".
-func (g *Grouper) subLabelLocked(name, label, sub string) string {
-	if l, ok := g.byKey[name]; ok {
+// labelled label; id is the sub-limit's. A sub-limit has a series of its
+// own under its lane's label, within the cap on labels; past it, the
+// lane's sub-limits share label + "/other".
+func (g *Grouper) subLabelLocked(id laneID, label string) string {
+	if l, ok := g.byKey[id]; ok {
 		return l
 	}
-	l := label + "/" + sub
+	l := label + "/" + id.sub
 	if !g.labels[l] {
 		if label == Other || g.max > 0 && len(g.labels) >= g.max {
 			l = label + "/" + Other
@@ -133,12 +138,12 @@ func (g *Grouper) subLabelLocked(name, label, sub string) string {
 	if len(g.byKey) >= maxCache {
 		clear(g.byKey)
 	}
-	g.byKey[name] = l
+	g.byKey[id] = l
 	return l
 }
 
 func (g *Grouper) labelLocked(key string) string {
-	if l, ok := g.byKey[key]; ok {
+	if l, ok := g.byKey[laneID{key: key}]; ok {
 		return l
 	}
 	l := g.mapf(key)
@@ -155,7 +160,7 @@ func (g *Grouper) labelLocked(key string) string {
 	if len(g.byKey) >= maxCache {
 		clear(g.byKey)
 	}
-	g.byKey[key] = l
+	g.byKey[laneID{key: key}] = l
 	return l
 }
 
@@ -182,20 +187,20 @@ func (g *Grouper) Groups(stats func() sluice.Stats) ([]Group, sluice.Stats) {
 		}
 		return &out[i]
 	}
-	live := make(map[string]bool, len(s.Lanes))
+	live := make(map[laneID]bool, len(s.Lanes))
 	for i := range s.Lanes {
 		ls := &s.Lanes[i]
-		name, label := ls.Name(), g.labelLocked(ls.Key)
+		id, label := laneID{ls.Key, ls.Sublimit}, g.labelLocked(ls.Key)
 		if ls.Sublimit != "" {
-			label = g.subLabelLocked(name, label, ls.Sublimit)
+			label = g.subLabelLocked(id, label)
 		}
-		live[name] = true
+		live[id] = true
 		c := counters(ls)
-		if m, ok := g.last[name]; ok && (m.label != label || !m.c.le(&c)) {
+		if m, ok := g.last[id]; ok && (m.label != label || !m.c.le(&c)) {
 			// The lane was forgotten and made anew since the last read.
 			g.retire(m)
 		}
-		g.last[name] = laneMemo{label, c}
+		g.last[id] = laneMemo{label, c}
 		gr := group(label)
 		gr.Counters.add(&c)
 		gr.Gauges.add(ls, now)

@@ -137,3 +137,22 @@ func TestSublimitGroups(t *testing.T) {
 		t.Errorf("api/search = %+v, want its 5 grants", s)
 	}
 }
+
+// A lane whose key has a "/" and a sub-limit that shares its name (key
+// "a/b"; sub-limit "b" of "a") are two lanes: each counts once, and
+// neither reads as the other made anew.
+func TestSlashKeyBesideSublimit(t *testing.T) {
+	g := New(nil, 0)
+	read := func(slash, sub uint64) uint64 {
+		s := lane("a", sub, 0, 0)
+		s.Sublimit = "b"
+		gs := groups(g, sluice.Stats{Lanes: []sluice.LaneStats{lane("a", 1, 0, 0), s, lane("a/b", slash, 0, 0)}})
+		return find(t, gs, "a/b").Level[sluice.Normal].Granted
+	}
+	if got := read(7, 5); got != 12 {
+		t.Errorf("first read: a/b counts %d grants, want 7 + 5", got)
+	}
+	if got := read(8, 6); got != 14 {
+		t.Errorf("second read: a/b counts %d grants, want 8 + 6", got)
+	}
+}
