@@ -11,18 +11,10 @@ import (
 	"github.com/sluice-go/sluice/internal/verdict"
 )
 
-// isStream reports whether resp streams server-sent events: a body of
-// text/event-stream whose length is not stated. A body of stated length
-// ends when it is sent, whatever its type: its slot is held until it is
-// read, as any other's, and most responses pay no look at their type.
+// isStream reports whether resp streams server-sent events.
 func isStream(resp *http.Response) bool {
-	return resp.ContentLength < 0 && eventStream(resp.Header)
-}
-
-// eventStream reports whether h states a Content-Type of text/event-stream.
-func eventStream(h http.Header) bool {
 	var ct string
-	if v := h["Content-Type"]; len(v) > 0 {
+	if v := resp.Header["Content-Type"]; len(v) > 0 {
 		ct = v[0]
 	}
 	return len(ct) >= len("text/event-stream") && strings.EqualFold(ct[:len("text/event-stream")], "text/event-stream")
