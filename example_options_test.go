@@ -206,6 +206,38 @@ func ExampleWithSublimit() {
 	// "gpt-4o-mini" 2
 }
 
+// Each model of an LLM API has requests per minute of its own: each
+// sub-limit paces to its model's, under the key's rate for all.
+func ExampleWithSublimitRate() {
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	defer api.Close()
+	tr, err := sluice.New(nil,
+		sluice.WithRate(10000, time.Minute),
+		sluice.WithSublimitRate("gpt-4o", 500, time.Minute),
+		sluice.WithSublimitRate("gpt-4o-mini", 3000, time.Minute))
+	if err != nil {
+		log.Fatal(err)
+	}
+	client := &http.Client{Transport: tr}
+	for _, model := range []string{"gpt-4o", "gpt-4o-mini"} {
+		ctx := sluice.WithSublimit(context.Background(), model)
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, api.URL+"/v1/chat/completions", nil)
+		resp, err := client.Do(req)
+		if err != nil {
+			log.Fatal(err)
+		}
+		resp.Body.Close()
+	}
+
+	for _, lane := range tr.Stats().Lanes {
+		fmt.Printf("%q paced to %.0f a minute\n", lane.Sublimit, lane.Rate*60)
+	}
+	// Output:
+	// "" paced to 10000 a minute
+	// "gpt-4o" paced to 500 a minute
+	// "gpt-4o-mini" paced to 3000 a minute
+}
+
 // ForEach runs a function for every item of a sequence, as many at once as
 // the Transport can send, and stops at the first error.
 func ExampleForEach() {

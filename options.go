@@ -3,8 +3,10 @@ package sluice
 import (
 	"fmt"
 	"log/slog"
+	"maps"
 	"math"
 	"net/http"
+	"slices"
 	"time"
 
 	"github.com/hashicorp/go-retryablehttp"
@@ -96,7 +98,14 @@ type config struct {
 	tenantQueue   int
 	maxQueue      int
 	sublimitKey   func(*http.Request) string // see WithSublimitKey
+	subRates      map[string]subRate         // see WithSublimitRate
 	sub           bool                       // the options of a sub-limit's lane (see sublimit)
+}
+
+// subRate is a sub-limit's published allowance: n requests per per.
+type subRate struct {
+	n   int
+	per time.Duration
 }
 
 func defaultConfig() config {
@@ -346,6 +355,36 @@ func WithSublimitKey(f func(*http.Request) string) Option {
 	})
 }
 
+// WithSublimitRate sets the published allowance of the sub-limit name, on
+// every lane that has one (see WithSublimit): n requests per period per, as
+// WithRate sets a lane's, for example each model's requests per minute
+// where an LLM API limits models apart. The sub-limit paces to n/per x
+// headroom, and slower where its responses say so; the lane's own rate and
+// in-flight limit still apply to its requests. It applies to the sub-limit
+// of that exact name, whether a caller or the server named it. Without it
+// a sub-limit is not paced until its responses state a limit. A name must
+// be valid UTF-8 of 1 to 64 bytes; setting a name again replaces its rate.
+// A sub-limit's allowance is this process's: a Backend shares lanes', not
+// sub-limits'.
+func WithSublimitRate(name string, n int, per time.Duration) Option {
+	return optionFunc(func(c *config) error {
+		if name == "" || callerName(name) != name {
+			return invalid("WithSublimitRate(%q, %d, %v): name must be valid UTF-8 of 1 to %d bytes", name, n, per, maxSublimit)
+		}
+		if n <= 0 {
+			return invalid("WithSublimitRate(%q, %d, %v): n must be positive", name, n, per)
+		}
+		if per <= 0 {
+			return invalid("WithSublimitRate(%q, %d, %v): per must be positive", name, n, per)
+		}
+		if c.subRates == nil {
+			c.subRates = make(map[string]subRate)
+		}
+		c.subRates[name] = subRate{n, per}
+		return nil
+	})
+}
+
 // WithLogger sets where sluice logs (cooldowns, limit changes at debug
 // level). Default: nowhere.
 func WithLogger(l *slog.Logger) Option {
@@ -388,6 +427,12 @@ func (c *config) validate() error {
 	if c.rateN > 0 {
 		if r := c.perSecond(); math.IsInf(r, 0) || math.IsNaN(r) || r > 1e9 {
 			return invalid("WithRate(%d, %v): %v per second is out of range", c.rateN, c.ratePer, r)
+		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(c.subRates)) {
+		sr := c.subRates[name]
+		if r := float64(sr.n) / sr.per.Seconds() * c.headroom; r > 1e9 {
+			return invalid("WithSublimitRate(%q, %d, %v): %v per second is out of range", name, sr.n, sr.per, r)
 		}
 	}
 	return nil

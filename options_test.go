@@ -49,6 +49,12 @@ func TestNewRejectsBadOptions(t *testing.T) {
 		{WithTenantShare(Batch, math.NaN()), "WithTenantShare(batch, NaN)"},
 		{WithTenantQueue(0), "WithTenantQueue(0)"},
 		{WithMaxQueue(-1), "WithMaxQueue(-1)"},
+		{WithSublimitRate("", 10, time.Second), `WithSublimitRate("", 10, 1s)`},
+		{WithSublimitRate(strings.Repeat("m", 65), 10, time.Second), `WithSublimitRate("mmmm`},
+		{WithSublimitRate("bad\xff", 10, time.Second), `WithSublimitRate("bad\xff", 10, 1s)`},
+		{WithSublimitRate("gpt-4o", 0, time.Minute), `WithSublimitRate("gpt-4o", 0, 1m0s)`},
+		{WithSublimitRate("gpt-4o", 10, 0), `WithSublimitRate("gpt-4o", 10, 0s)`},
+		{WithSublimitRate("gpt-4o", math.MaxInt, time.Nanosecond), "out of range"},
 		{nil, "option 0 is nil"},
 	}
 	for _, tt := range tests {

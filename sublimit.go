@@ -16,8 +16,9 @@ import (
 // (GitHub's search beside core, a Discord bucket, one LLM model). A
 // sub-limit is a lane of its own, kept beside its host's lane under the
 // key host + subSep + name, with the host's options except that it has no
-// configured rate and no in-flight limit of its own (see Transport.subCfg):
-// it paces by what its responses say. A request with a sub-limit takes its
+// in-flight limit of its own and no configured rate but the one
+// WithSublimitRate gives its name (see Transport.subCfg): it paces by that
+// and by what its responses say. A request with a sub-limit takes its
 // token there first, then its token and slot on the host's lane.
 
 type sublimitKey struct{}
@@ -342,7 +343,11 @@ func (t *Transport) subLane(l *lane, name string) *lane {
 			return s
 		}
 	}
-	return t.laneSlow(key, &t.subCfg)
+	cfg := &t.subCfg
+	if c, ok := t.subRated[name]; ok {
+		cfg = c
+	}
+	return t.laneSlow(key, cfg)
 }
 
 // named files req's route under the limit a response named (bucket: a

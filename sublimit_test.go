@@ -310,3 +310,80 @@ func TestSublimitDeadlineCountsHost(t *testing.T) {
 		time.Sleep(5 * time.Second)
 	})
 }
+
+// With WithSublimitRate, each model's sub-limit paces to its own allowance
+// from the first request, against a server that states nothing (bare 429s
+// past each model's strict GCRA): each model gets its rate with no
+// refusal, and its sends keep within rate x T + burst + 1. Without the
+// option the sub-limits learn the two rates from refusals.
+func TestSublimitRate(t *testing.T) {
+	const dur = 10 * time.Second
+	rates := map[string]int{"a": 10, "b": 40}
+	for _, configured := range []bool{true, false} {
+		synctest.Test(t, func(t *testing.T) {
+			limits := map[string]upstream.Limiter{}
+			opts := []Option{WithRetry(0)}
+			for name, r := range rates {
+				limits["/v1/"+name] = upstream.NewGCRA(upstream.GCRAConfig{Rate: r, Burst: 1, NoHeaders: true})
+				if configured {
+					opts = append(opts, WithSublimitRate(name, r, time.Second))
+				}
+			}
+			srv := upstream.New(upstream.Config{Limiter: &upstream.Routes{Route: func(r *http.Request) string { return r.URL.Path }, Limits: limits},
+				Latency: func(int, *http.Request) time.Duration { return 20 * time.Millisecond }})
+			defer srv.Close()
+			tr := mustNew(t, srv.Transport(), opts...)
+			defer tr.Close()
+			ctx, cancel := context.WithTimeout(t.Context(), dur)
+			defer cancel()
+			var wg sync.WaitGroup
+			for name := range rates {
+				mctx := WithSublimit(ctx, name)
+				for range 16 {
+					wg.Go(func() {
+						for mctx.Err() == nil {
+							req, _ := http.NewRequestWithContext(mctx, "GET", srv.URL()+"/v1/"+name, nil)
+							resp, err := tr.RoundTrip(req)
+							if err != nil {
+								pause(mctx) // refused early: the run's end is nearer than the wait
+								continue
+							}
+							resp.Body.Close()
+						}
+					})
+				}
+			}
+			wg.Wait()
+			for name, r := range rates {
+				var at []time.Time
+				accepted := 0
+				for _, a := range srv.Arrivals() {
+					if a.Path == "/v1/"+name {
+						at = append(at, a.At)
+						if a.Accepted {
+							accepted++
+						}
+					}
+				}
+				got := float64(accepted) / dur.Seconds() / float64(r)
+				refused := len(at) - accepted
+				t.Logf("configured %v, model %s at %d/s: %.3f of its rate, %d of %d refused", configured, name, r, got, refused, len(at))
+				if !configured {
+					if refused == 0 {
+						t.Errorf("model %s: no refusal without WithSublimitRate: the server model refuses nothing", name)
+					}
+					continue
+				}
+				if got < 0.97 || refused > 0 {
+					t.Errorf("model %s: %.3f of %d/s with %d refused; want at least 0.97 and none", name, got, r, refused)
+				}
+				for _, k := range []float64{0, 1, 10} {
+					w := time.Duration(k / float64(r) * float64(time.Second))
+					if n, lim := upstream.MaxInWindow(at, w+1), int(float64(r)*w.Seconds())+DefaultBurst+1; n > lim {
+						t.Errorf("model %s: %d sends in %v, over rate x T + burst + 1 = %d", name, n, w, lim)
+					}
+				}
+			}
+		})
+	}
+}

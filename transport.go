@@ -45,12 +45,14 @@ type Transport struct {
 
 	closed atomic.Bool // see Close
 
-	// Sub-limits (see sublimit.go): subCfg is the options of their lanes;
-	// routes maps a host's key to its *routes, made when a response first
+	// Sub-limits (see sublimit.go): subCfg is the options of their lanes,
+	// subRated those of the sub-limits given a rate (WithSublimitRate), by
+	// name; routes maps a host's key to its *routes, made when a response first
 	// names a limit or a caller a sub-limit, which sets learned.
-	subCfg  config
-	routes  sync.Map
-	learned atomic.Bool
+	subCfg   config
+	subRated map[string]*config
+	routes   sync.Map
+	learned  atomic.Bool
 }
 
 // New returns a Transport that sends requests through base, or, if base is
@@ -72,6 +74,14 @@ func New(base http.RoundTripper, opts ...Option) (*Transport, error) {
 	}
 	t.cfg.events = newEvents(t.cfg.observers, t.cfg.logger)
 	t.subCfg = t.cfg.sublimit()
+	for name, r := range t.cfg.subRates {
+		c := t.subCfg
+		c.rateN, c.ratePer = r.n, r.per
+		if t.subRated == nil {
+			t.subRated = make(map[string]*config, len(t.cfg.subRates))
+		}
+		t.subRated[name] = &c
+	}
 	return t, nil
 }
 
