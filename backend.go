@@ -15,7 +15,9 @@ import (
 // front of the shared budget, still bounds its own in-flight attempts, and
 // still learns its rate from the server: the rate passed to Take is the
 // lane's current rate. A cooldown the lane learns (Retry-After, remaining 0)
-// is shared through Cool.
+// is shared through Cool. A sub-limit given a rate (WithSublimitRate) has a
+// budget of its own, keyed by its lane's key, "\x00" and its name; other
+// sub-limits are this process's.
 //
 // A Backend must be safe for concurrent use. Its methods are never called
 // with a lane's lock held, and each must bound its own time: a Backend that

@@ -364,8 +364,8 @@ func WithSublimitKey(f func(*http.Request) string) Option {
 // of that exact name, whether a caller or the server named it. Without it
 // a sub-limit is not paced until its responses state a limit. A name must
 // be valid UTF-8 of 1 to 64 bytes; setting a name again replaces its rate.
-// A sub-limit's allowance is this process's: a Backend shares lanes', not
-// sub-limits'.
+// With WithBackend the sub-limit's allowance is shared as a lane's is, under
+// the key of its lane, "\x00" and its name.
 func WithSublimitRate(name string, n int, per time.Duration) Option {
 	return optionFunc(func(c *config) error {
 		if name == "" || callerName(name) != name {

@@ -12,7 +12,9 @@
 // key (the URL host by default) draws on one budget, and together they can
 // use all of its rate. Each process still orders its own waiters by
 // priority and still learns the rate from the server; a cooldown one
-// process learns from a Retry-After reaches the others through Redis.
+// process learns from a Retry-After reaches the others through Redis. A
+// sub-limit given a rate with sluice.WithSublimitRate (a model's requests
+// per minute) is shared the same way, as a budget of its own.
 //
 // # Backend or Tokens
 //
