@@ -126,3 +126,43 @@ func TestPoints(t *testing.T) {
 		}
 	}
 }
+
+// FuzzBody: any prefix, of any length and content, reads as a Signal whose
+// figures keep the bounds Points states: finite, within [0, MaxPoints] (the
+// costs -1 when not stated), no more available than the maximum, and all
+// zero when no throttleStatus was read.
+func FuzzBody(f *testing.F) {
+	for _, s := range []string{
+		`{"message":"You have exceeded a secondary rate limit. Please wait a few minutes before you try again."}`,
+		`{"errors":[{"type":"RATE_LIMITED","message":"API rate limit exceeded"}]}`,
+		`{"errors":[{"message":"Rate limit exceeded","extensions":{"code":"RATELIMITED"}}]}`,
+		`{"errors":[{"message":"Throttled","extensions":{"code":"THROTTLED"}}],"extensions":{"cost":{"requestedQueryCost":101,"actualQueryCost":null,"throttleStatus":{"maximumAvailable":1000.0,"currentlyAvailable":50,"restoreRate":50.0}}}}`,
+		`{"data":{},"extensions":{"cost":{"requestedQueryCost":12,"actualQueryCost":4,"throttleStatus":{"maximumAvailable":2000,"currentlyAvailable":1996,"restoreRate":100}}}}`,
+		`"throttleStatus":{"maximumAvailable":1e308,"currentlyAvailable":-1,"restoreRate":NaN}`,
+		``,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		s := Body(b)
+		p := s.Points
+		in := func(v float64) bool { return v >= 0 && v <= MaxPoints }
+		if !p.Stated {
+			if p != (Points{}) {
+				t.Fatalf("no throttleStatus read, yet %+v", p)
+			}
+			return
+		}
+		if !in(p.Max) || !in(p.Available) || !in(p.Restore) || p.Available > p.Max {
+			t.Fatalf("bucket out of bounds: %+v", p)
+		}
+		for _, c := range []float64{p.Requested, p.Actual} {
+			if c != -1 && !in(c) {
+				t.Fatalf("cost out of bounds: %+v", p)
+			}
+		}
+		if again := Body(b); again != s {
+			t.Fatalf("read twice: %+v, then %+v", s, again)
+		}
+	})
+}
