@@ -314,8 +314,9 @@ func BenchmarkControllerOnDone(b *testing.B) {
 
 // TestLimiterSlowStart: a lane with no rate grows its limit by one at each
 // sample that finds every slot taken and requests waiting, so it doubles
-// each round trip from initialUnpaced; a latency half again the smoothed
-// one ends slow start for good, and so does an overload.
+// each round trip from initialUnpaced; a latency half again the least
+// smoothed one ends slow start for good (and the gradient's baseline
+// starts at that least), and so does an overload.
 func TestLimiterSlowStart(t *testing.T) {
 	round := func(s *limiter, now *time.Duration, latency time.Duration) {
 		*now += latency
@@ -341,6 +342,9 @@ func TestLimiterSlowStart(t *testing.T) {
 	round(&s, &now, 200*time.Millisecond)
 	if s.slow || s.limit != 8 {
 		t.Errorf("after a latency rise: slow start %v, limit %d; want it over, at 8", s.slow, s.limit)
+	}
+	if b := s.baseline(); b != 0.1 {
+		t.Errorf("after a latency rise: baseline %v, want the least latency of slow start, 100ms", secs(b))
 	}
 
 	s = newLimiter(1, 64, false)
