@@ -181,10 +181,10 @@ func (s *limiter) onSample(now, latency time.Duration, k verdict.Kind, waiting b
 // as TCP's slow start grows its window: the limit doubles each round trip
 // from its start, where a quarter a window would take seconds to reach
 // what the server serves. It ends for good at the first sign of the
-// server's limits: a latency slowExit above the least smoothed one it saw
-// (the server queues; the gradient's baseline starts at that least), an
-// overload (see onOverload), or a rate (learned from a refusal, or stated:
-// Little's law then sizes the limit).
+// server's limits: a latency slowExit above the smoothed one (the server
+// queues; the gradient's baseline starts at the least smoothed latency
+// slow start saw), an overload (see onOverload), or a rate (learned from
+// a refusal, or stated: Little's law then sizes the limit).
 func (s *limiter) slowStart(x, w float64, waiting bool) {
 	if !s.slow {
 		return
@@ -197,7 +197,7 @@ func (s *limiter) slowStart(x, w float64, waiting bool) {
 	switch {
 	case !s.held:
 		s.slow = false
-	case s.least > 0 && x > s.least*(1+slowExit):
+	case w > 0 && x > w*(1+slowExit):
 		// The server queues what the lane adds: the calls took least
 		// before it did, the baseline the gradient goes on from.
 		s.slow = false

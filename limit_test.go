@@ -314,9 +314,9 @@ func BenchmarkControllerOnDone(b *testing.B) {
 
 // TestLimiterSlowStart: a lane with no rate grows its limit by one at each
 // sample that finds every slot taken and requests waiting, so it doubles
-// each round trip from initialUnpaced; a latency half again the least
-// smoothed one ends slow start for good (and the gradient's baseline
-// starts at that least), and so does an overload.
+// each round trip from initialUnpaced; a latency half again the smoothed
+// one ends slow start for good (and the gradient's baseline starts at the
+// least smoothed latency it saw), and so does an overload.
 func TestLimiterSlowStart(t *testing.T) {
 	round := func(s *limiter, now *time.Duration, latency time.Duration) {
 		*now += latency
