@@ -8,8 +8,8 @@ import (
 // spreadGrain is how much of its pace slow start's spreading lets out at
 // once: what the pace makes in two timer grains, and at least two sends.
 // A dispatcher whose timer fires a grain late (see timerGrain) then loses
-// none of its pace, and where calls are fast enough for a round trip to
-// last a few grains, spreading changes nothing.
+// none of its pace, and where a round trip lasts two grains or less, the
+// bucket holds a whole round's sends: spreading changes nothing.
 const spreadGrain = 2 * timerGrain
 
 // spreadLocked passes to the lane's pacer, at a sample at now that the
