@@ -62,15 +62,14 @@ type limiter struct {
 	// held: cap is no finding of the gradient but where a lane with no
 	// rate started (initialUnpaced) or where its rate went; a rate, once
 	// known, sizes the limit by Little's law at once instead. With the
-	// flags above and below, and next, in their padding: a lane is at its
-	// size class's end, with the allocation header (TestLaneHeap).
+	// flags above and below, in their padding: a lane is at its size
+	// class's end, with the allocation header (TestLaneHeap).
 	held bool
 	slow bool // slow start is on (see slowStart)
 	// Slow start's spreading (see spreadRate): spreading, it may be on
 	// in the lane's pacer; grew, the last sample grew the cap, and the
 	// lane's sends are spread until the next.
 	spreading, grew bool
-	next            uint8 // where the next mean goes in means
 
 	n    int     // timed completions (samples)
 	done int     // completions, timed or not: the completion rate
@@ -78,7 +77,7 @@ type limiter struct {
 	sumL float64 // in-flight counts at completion
 
 	means [baselineWindows]float64 // means of recent windows, 0: none
-	least float64                  // the least smoothed latency in slow start (s)
+	next  int                      // where the next mean goes in means
 	prevX float64                  // completions per second of the previous window
 	prevL float64                  // mean in-flight count of the previous window
 
@@ -182,26 +181,24 @@ func (s *limiter) onSample(now, latency time.Duration, k verdict.Kind, waiting b
 // from its start, where a quarter a window would take seconds to reach
 // what the server serves. It ends for good at the first sign of the
 // server's limits: a latency slowExit above the smoothed one (the server
-// queues; the gradient's baseline starts at the least smoothed latency
-// slow start saw), an overload (see onOverload), or a rate (learned from
-// a refusal, or stated: Little's law then sizes the limit).
+// queues; the mean latency of slow start's samples is the gradient's first
+// baseline), an overload (see onOverload), or a rate (learned from a
+// refusal, or stated: Little's law then sizes the limit).
 func (s *limiter) slowStart(x, w float64, waiting bool) {
 	if !s.slow {
 		return
 	}
 	spread := s.grew
 	s.grew = false
-	if w > 0 && (s.least == 0 || w < s.least) {
-		s.least = w
-	}
 	switch {
 	case !s.held:
 		s.slow = false
 	case w > 0 && x > w*(1+slowExit):
-		// The server queues what the lane adds: the calls took least
-		// before it did, the baseline the gradient goes on from.
+		// The server queues what the lane adds. The mean of slow
+		// start's samples is the gradient's first baseline: the first
+		// window's would hold the queueing of slow start's last round.
 		s.slow = false
-		s.push(s.least)
+		s.push(s.sumW / float64(s.n))
 	case (s.inUse >= s.limit || spread) && waiting && s.cap < s.max:
 		s.cap++
 		s.grew = true
