@@ -45,70 +45,87 @@ func TestColdStartFitsLittle(t *testing.T) {
 
 // TestSlowStart: a lane with neither a configured rate nor rate-limit
 // headers, against a server that allows 50 requests a second (a bucket of
-// 20, answering 429 without headers beyond it): calls of 400 ms for 6 s, then
-// of 40 ms for 6 s, each within ±10%. Little's law asks for 20, then 2,
-// in flight. The in-flight limit doubles each round trip from its start
-// while nothing says the server is queueing or refusing, so each phase
-// serves at least 0.90 of the server's rate, where growing a quarter a
-// window served 0.30 in the first. Slow start's last round and the
-// throttle rate's learning of the server's rate (see docs/design.md,
-// "Feedback from 429s") are refused at most 1% of the calls together.
+// 20, answering 429 without headers beyond it): calls of 400 ms for 6 s,
+// then of 40 ms for 6 s. Little's law asks for 20, then 2, in flight. The
+// in-flight limit doubles each round trip from its start while nothing
+// says the server is queueing or refusing, so each phase serves at least
+// 0.90 of the server's rate, where growing a quarter a window served 0.30
+// in the first. Slow start's last round and the throttle rate's learning
+// of the server's rate (see docs/design.md, "Feedback from 429s") are
+// refused at most 1% of the calls together.
+//
+// The calls take each phase's latency within ±10%, or exactly (the calls
+// of a round then end together, as on loopback): slow start spreads each
+// round's sends over its round trip, or the last round would reach the
+// server at once, and the server would refuse what its bucket cannot take
+// of it before the first refusal is back.
 func TestSlowStart(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		start := time.Now()
-		res := load{
-			up: upstream.Config{Rate: 50, Burst: 20, RetryAfter: upstream.RetryAfterNone,
-				// 400 ms, then 40 ms, each within ±10%.
-				Latency: func(n int, _ *http.Request) time.Duration {
-					w := 400 * time.Millisecond
-					if time.Since(start) >= 6*time.Second {
-						w = 40 * time.Millisecond
-					}
-					_, f := math.Modf(float64(n) * 0.618034)
-					return time.Duration(float64(w) * (0.9 + 0.2*f))
-				}},
-			workers: 64,
-			dur:     12 * time.Second,
-		}.run(t)
-		var n [2]int
-		for _, a := range res.arrivals {
-			if a.Accepted {
-				n[min(int(a.At.Sub(res.start)/(6*time.Second)), 1)]++
-			}
+	for _, c := range []struct {
+		name   string
+		jitter float64 // calls take the phase's latency within ±jitter
+	}{
+		{"±10%", 0.1},
+		{"fixed", 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) { slowStart(t, c.jitter) })
+		})
+	}
+}
+
+func slowStart(t *testing.T, jitter float64) {
+	start := time.Now()
+	res := load{
+		up: upstream.Config{Rate: 50, Burst: 20, RetryAfter: upstream.RetryAfterNone,
+			Latency: func(n int, _ *http.Request) time.Duration {
+				w := 400 * time.Millisecond
+				if time.Since(start) >= 6*time.Second {
+					w = 40 * time.Millisecond
+				}
+				_, f := math.Modf(float64(n) * 0.618034)
+				return time.Duration(float64(w) * (1 + jitter*(2*f-1)))
+			}},
+		workers: 64,
+		dur:     12 * time.Second,
+	}.run(t)
+	var n [2]int
+	for _, a := range res.arrivals {
+		if a.Accepted {
+			n[min(int(a.At.Sub(res.start)/(6*time.Second)), 1)]++
 		}
-		total := n[0] + n[1]
-		for i, k := range n {
-			got := float64(k) / (6 * 50)
-			t.Logf("phase %d (%v): %d accepted, %.2f of the rate", i+1, []string{"400 ms", "40 ms"}[i], k, got)
-			if got < 0.90 {
-				t.Errorf("phase %d served %.2f of the rate, want at least 0.90", i+1, got)
-			}
+	}
+	total := n[0] + n[1]
+	for i, k := range n {
+		got := float64(k) / (6 * 50)
+		t.Logf("phase %d (%v): %d accepted, %.2f of the rate", i+1, []string{"400 ms", "40 ms"}[i], k, got)
+		if got < 0.90 {
+			t.Errorf("phase %d served %.2f of the rate, want at least 0.90", i+1, got)
 		}
-		// Slow start ends at the first refusal, which makes the lane learn
-		// a rate: what it sent over the server's rate until then is its
-		// own overshoot. The refusals after are the throttle rate's
-		// learning of a rate no header states.
-		paced := res.start.Add(12 * time.Second)
-		for _, smp := range res.samples {
-			if smp.s.Rate > 0 {
-				paced = res.start.Add(smp.at)
-				break
-			}
+	}
+	// Slow start ends at the first refusal, which makes the lane learn a
+	// rate: what it sent over the server's rate until then is its own
+	// overshoot. The refusals after are the throttle rate's learning of a
+	// rate no header states.
+	paced := res.start.Add(12 * time.Second)
+	for _, smp := range res.samples {
+		if smp.s.Rate > 0 {
+			paced = res.start.Add(smp.at)
+			break
 		}
-		own := 0
-		for _, a := range res.arrivals {
-			if !a.Accepted && !a.At.After(paced) {
-				own++
-			}
+	}
+	own := 0
+	for _, a := range res.arrivals {
+		if !a.Accepted && !a.At.After(paced) {
+			own++
 		}
-		t.Logf("%d refused of %d: %d until the lane learned a rate", res.rejected, total+res.rejected, own)
-		if share := float64(own) / float64(total+res.rejected); share > 0.01 {
-			t.Errorf("slow start's overshoot: %.1f%% refused, want at most 1%%", 100*share)
-		}
-		if share := float64(res.rejected) / float64(total+res.rejected); share > 0.01 {
-			t.Errorf("%.1f%% refused, want at most 1%%", 100*share)
-		}
-	})
+	}
+	t.Logf("%d refused of %d: %d until the lane learned a rate", res.rejected, total+res.rejected, own)
+	if share := float64(own) / float64(total+res.rejected); share > 0.01 {
+		t.Errorf("slow start's overshoot: %.1f%% refused, want at most 1%%", 100*share)
+	}
+	if share := float64(res.rejected) / float64(total+res.rejected); share > 0.01 {
+		t.Errorf("%.1f%% refused, want at most 1%%", 100*share)
+	}
 }
 
 // TestPacerCutsToGrantsSinceCut: a lane cut at 1 s to 25/s probes up and

@@ -484,6 +484,9 @@ func (l *lane) releaseLocked(h *hold, k verdict.Kind, sample bool, d time.Durati
 	if sample {
 		d = l.clk.at(d)
 		l.limitMovedLocked(l.slot.onSample(d, d-h.start, k, l.q.len() > 0, l.currentRateLocked()))
+		if l.slot.spreading {
+			l.spreadLocked(d)
+		}
 		l.settleLocked(d, h.start, k)
 	} else {
 		// Untimed only on a lane busy enough that the latest clock

@@ -62,10 +62,15 @@ type limiter struct {
 	// held: cap is no finding of the gradient but where a lane with no
 	// rate started (initialUnpaced) or where its rate went; a rate, once
 	// known, sizes the limit by Little's law at once instead. With the
-	// flags above, in their padding: a lane is at its size class's end,
-	// with the allocation header (TestLaneHeap).
+	// flags above and below, in their padding: a lane is at its size
+	// class's end, with the allocation header (TestLaneHeap).
 	held bool
-	slow bool    // slow start is on (see slowStart)
+	slow bool // slow start is on (see slowStart)
+	// Slow start's spreading (see spreadRate): spreading, it may be on
+	// in the lane's pacer; grew, the last sample grew the cap, and the
+	// lane's sends are spread until the next.
+	spreading, grew bool
+
 	n    int     // timed completions (samples)
 	done int     // completions, timed or not: the completion rate
 	sumW float64 // latencies (s)
@@ -77,8 +82,8 @@ type limiter struct {
 	prevL float64                  // mean in-flight count of the previous window
 
 	cap      int   // cap on the limit from the gradient; 0: none
-	knee     int   // the upstream's capacity in calls, estimated by the last cut
 	sinceCut int32 // windows since the last cut, from 1; 0: none yet
+	knee     int32 // the upstream's capacity in calls, estimated by the last cut
 
 	// over caps the limit after the server answered overloaded (see
 	// onOverload); 0: no cap. overAt is when it was last cut.
@@ -95,7 +100,7 @@ func newLimiter(lo, hi int, paced bool) limiter {
 	if !paced {
 		s.cap = max(lo, min(initialUnpaced, hi))
 		s.limit = s.cap
-		s.held, s.slow = true, true
+		s.held, s.slow, s.spreading = true, true, true
 	}
 	return s
 }
@@ -170,23 +175,56 @@ func (s *limiter) onSample(now, latency time.Duration, k verdict.Kind, waiting b
 }
 
 // slowStart grows the cap of a lane with no rate by one at each sample
-// that finds every slot taken and requests waiting, as TCP's slow start
-// grows its window: the limit doubles each round trip from its start,
-// where a quarter a window would take seconds to reach what the server
-// serves. It ends for good at the first sign of the server's limits: a
-// latency above the least seen by slowExit (the server queues), an
-// overload (see onOverload), or a rate (learned from a refusal, or
-// stated: Little's law then sizes the limit).
+// that finds requests waiting and every slot taken, or the lane's sends
+// spread (see spreadRate: what waits then waits for the round's growth),
+// as TCP's slow start grows its window: the limit doubles each round trip
+// from its start, where a quarter a window would take seconds to reach
+// what the server serves. It ends for good at the first sign of the
+// server's limits: a latency slowExit above the smoothed one (the server
+// queues; the mean latency of slow start's samples is the gradient's first
+// baseline), an overload (see onOverload), or a rate (learned from a
+// refusal, or stated: Little's law then sizes the limit).
 func (s *limiter) slowStart(x, w float64, waiting bool) {
 	if !s.slow {
 		return
 	}
+	spread := s.grew
+	s.grew = false
 	switch {
-	case !s.held || w > 0 && x > w*(1+slowExit):
+	case !s.held:
 		s.slow = false
-	case s.inUse >= s.limit && waiting:
-		s.cap = min(s.cap+1, s.max)
+	case w > 0 && x > w*(1+slowExit):
+		// The server queues what the lane adds. The mean of slow
+		// start's samples is the gradient's first baseline: the first
+		// window's would hold the queueing of slow start's last round.
+		s.slow = false
+		s.push(s.sumW / float64(s.n))
+	case (s.inUse >= s.limit || spread) && waiting && s.cap < s.max:
+		s.cap++
+		s.grew = true
 	}
+}
+
+// spreadRate returns the pace at which the lane spreads its sends while
+// slow start grows its limit: two limits per smoothed latency, a round
+// trip's sends (each completion frees its slot and the growth adds one)
+// spread over the round trip, as TCP paces its slow start. Calls that end
+// together (a burst of them, or a server whose latency is fixed) would
+// otherwise send the next round at once, and a server with a bucket
+// refuses what it cannot take of it before its first refusal is back. It
+// returns +Inf while the last sample grew nothing (the callers, not the
+// limit, bound what is sent, or the limit is at its maximum) or before
+// the first sample, and 0 once slow start is over, for good: spreading
+// then ends.
+func (s *limiter) spreadRate() float64 {
+	switch {
+	case !s.slow:
+		s.spreading = false
+		return 0
+	case !s.grew || s.w <= 0:
+		return math.Inf(1)
+	}
+	return 2 * float64(s.limit) / s.w
 }
 
 // onOverload takes an attempt sent at sent that the server answered at now
@@ -256,7 +294,7 @@ func (s *limiter) target(rate float64) int {
 		// A rate is known now (stated by the server, or learned): Little's
 		// law sizes the limit from the first latency, where growing from
 		// the held cap a quarter a window would take seconds.
-		s.cap, s.held = 0, false
+		s.cap, s.held, s.slow = 0, false, false
 	}
 	n := s.max
 	if f := math.Ceil((rate*s.w + devWeight*math.Sqrt(rate*s.dev)) * (1 + littleMargin)); f < float64(n) {
@@ -302,7 +340,7 @@ func (s *limiter) endWindow(now time.Duration, r float64) finding {
 		case s.cap > 0 && s.bound:
 			// Back to the estimated capacity at once after a cut (its
 			// window has refreshed the baseline), then probe above it.
-			s.cap = min(max(s.cap+max(1, s.cap/4), s.knee), s.max)
+			s.cap = min(max(s.cap+max(1, s.cap/4), int(s.knee)), s.max)
 			s.knee = 0
 		}
 		s.push(mean)
@@ -317,7 +355,7 @@ func (s *limiter) endWindow(now time.Duration, r float64) finding {
 		// Act on the second such window in a row: back off to under what
 		// the upstream served at baseline latency.
 		if s.suspect {
-			s.knee = int(inFlight * base / mean)
+			s.knee = int32(inFlight * base / mean)
 			s.cap, s.held = max(s.min, int(backoff*inFlight*base/mean)), false
 			s.sinceCut = 1
 			f = finding{kind: foundQueueing, latency: secs(mean), baseline: secs(base), cap: s.cap}

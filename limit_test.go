@@ -1,6 +1,7 @@
 package sluice
 
 import (
+	"math"
 	"net/http"
 	"testing"
 	"time"
@@ -315,7 +316,8 @@ func BenchmarkControllerOnDone(b *testing.B) {
 // TestLimiterSlowStart: a lane with no rate grows its limit by one at each
 // sample that finds every slot taken and requests waiting, so it doubles
 // each round trip from initialUnpaced; a latency half again the smoothed
-// one ends slow start for good, and so does an overload.
+// one ends slow start for good (and the mean latency of its samples is the
+// gradient's first baseline), and so does an overload.
 func TestLimiterSlowStart(t *testing.T) {
 	round := func(s *limiter, now *time.Duration, latency time.Duration) {
 		*now += latency
@@ -341,6 +343,11 @@ func TestLimiterSlowStart(t *testing.T) {
 	round(&s, &now, 200*time.Millisecond)
 	if s.slow || s.limit != 8 {
 		t.Errorf("after a latency rise: slow start %v, limit %d; want it over, at 8", s.slow, s.limit)
+	}
+	// Four samples of 100 ms and the one of 200 ms: the mean of slow
+	// start's samples is the gradient's first baseline.
+	if b := s.baseline(); math.Abs(b-0.12) > 1e-9 {
+		t.Errorf("after a latency rise: baseline %v, want the mean of slow start's samples, 120ms", secs(b))
 	}
 
 	s = newLimiter(1, 64, false)

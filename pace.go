@@ -39,6 +39,9 @@ type pacer struct {
 	// lagFloor is about the least time a granted request has lately taken
 	// to be written to its connection (see wrote); 0: none seen yet.
 	lagFloor time.Duration
+	// spread spaces the sends of a lane with no rate while slow start
+	// grows its limit (see spreadAt); nil otherwise.
+	spread *bucket
 
 	fb feedback // what the server said, and the cooldown
 }
@@ -82,7 +85,7 @@ func (p *pacer) take(now time.Duration, late bool) bool {
 	if p.share == nil && !late && !p.cold {
 		// The fast path: no share to take from first, no lateness.
 		if p.lim == nil {
-			return true
+			return p.spread == nil || p.spread.take(now)
 		}
 		if !p.lim.take(now) {
 			return false
@@ -167,6 +170,8 @@ func (p *pacer) takeAll(now time.Duration, late bool) bool {
 		} else if !p.lim.take(now) {
 			return false
 		}
+	} else if p.spread != nil && !p.spread.take(now) {
+		return false
 	}
 	if p.share != nil {
 		*p.share = share
@@ -217,6 +222,8 @@ func (p *pacer) refund(now time.Duration, own bool) {
 		// refund can never raise it above a full one: the state is as if
 		// the grant had not been made.
 		p.lim.refund(now)
+	} else if p.spread != nil {
+		p.spread.refund(now)
 	}
 }
 
@@ -248,6 +255,8 @@ func (p *pacer) tokenDelay(now time.Duration) time.Duration {
 	var d time.Duration
 	if p.lim != nil {
 		d = tokensDelay(1-p.lim.tokensAt(now), p.lim.rate)
+	} else if p.spread != nil {
+		d = tokensDelay(1-p.spread.tokensAt(now), p.spread.rate)
 	}
 	if p.share != nil {
 		d = max(d, tokensDelay(1-p.share.tokensAt(now), p.share.rate))
