@@ -1,6 +1,7 @@
 package sluice
 
 import (
+	"math"
 	"time"
 
 	"github.com/sluice-go/sluice/internal/headers"
@@ -118,8 +119,12 @@ type quotaModel struct {
 	// The refill rate counted from the quotas themselves (see count).
 	countFrom time.Duration // when it began
 	countLeft int64         // remaining then
-	counted   int64         // responses seen since
-	counts    float64       // the refill rate counted, 0 until known
+	counted   int32         // responses seen since
+	// runLeast is the least remaining the run's quotas stated (see
+	// learn), at most math.MaxInt32; it sits here, beside counted, to
+	// keep the lane small.
+	runLeast int32
+	counts   float64 // the refill rate counted, 0 until known
 	// The last quota counted (see outrun): when its attempt was sent,
 	// and what remained.
 	lastAt   time.Duration
@@ -193,7 +198,7 @@ func (m *quotaModel) observe(now, sent time.Duration, q headers.Quota, inFlight 
 	m.held = max(m.held, q.Remaining)
 	was := m.kind
 	told := m.seeEdge(now, sent, q, true)
-	if q.Reset > 0 && !m.edgeTold() {
+	if (q.Reset > 0 || q.Passed > 0) && !m.edgeTold() {
 		m.learn(now, q)
 	}
 	outrun := m.count(sent, q)
@@ -316,7 +321,7 @@ func (m *quotaModel) count(now time.Duration, q headers.Quota) (outrun bool) {
 	}
 	m.counted++
 	if d := now - m.countFrom; d >= countSpan {
-		if gained := q.Remaining - m.countLeft + m.counted; gained > 0 {
+		if gained := q.Remaining - m.countLeft + int64(m.counted); gained > 0 {
 			m.counts, m.rough = float64(gained)/d.Seconds(), false
 		}
 		m.countFrom, m.countLeft, m.counted = now, q.Remaining, 0
@@ -361,7 +366,7 @@ func (m *quotaModel) refused(now time.Duration, q headers.Quota, inFlight int) {
 	if d := now - m.countFrom; d >= refusedSpan {
 		// A refusal is answered at once, before the attempts in flight,
 		// which the bucket may have paid for: they count as taken.
-		if gained := q.Remaining - m.countLeft + m.counted + int64(inFlight); gained > 0 {
+		if gained := q.Remaining - m.countLeft + int64(m.counted) + int64(inFlight); gained > 0 {
 			m.counts, m.rough = float64(gained)/d.Seconds(), true
 		}
 	}
@@ -369,13 +374,17 @@ func (m *quotaModel) refused(now time.Duration, q headers.Quota, inFlight int) {
 
 // learn compares q, seen at now, with the run's start; see quotaModel.
 func (m *quotaModel) learn(now time.Duration, q headers.Quota) {
-	reset := now + q.Reset
+	// A stated instant, passed or not: a sliding window's end truncated
+	// to the second (httprate's, whose windows start where the limiter
+	// was made) passes before the window ends, and states its window
+	// only as a passed instant for most of it.
+	reset := now + q.Reset - q.Passed
 	slack := resetSlack
 	if q.Coarse {
 		slack += time.Second
 	}
 	if !m.run {
-		m.run, m.runSeen, m.runReset, m.runLeft = true, now, reset, q.Remaining
+		m.run, m.runSeen, m.runReset, m.runLeft, m.runLeast = true, now, reset, q.Remaining, clamp32(q.Remaining)
 		return
 	}
 	if q.Instant && (reset-m.runReset).Abs() > resetSlack && now < m.runReset-resetSlack {
@@ -392,9 +401,9 @@ func (m *quotaModel) learn(now time.Duration, q headers.Quota) {
 		// bucket of one, whose remaining is always 0 and whose reset
 		// rounded up to the second jumps a second at a time, is not a
 		// counter).
-		busy := q.Limit >= 4 && max(m.runLeft, q.Remaining) <= q.Limit-3 && m.held >= 2
-		if busy && prior == kindUnknown && m.jump > 0 && (jump-m.jump).Abs() <= resetSlack {
-			kind, m.window = kindSliding, jump
+		busy := q.Limit >= 4 && max(int64(m.runLeast), q.Remaining) <= q.Limit-3 && m.held >= 2
+		if w := commonStep(jump, m.jump); busy && prior == kindUnknown && w > 0 {
+			kind, m.window = kindSliding, w
 			// What it counted was the lane's own past sends.
 			m.counts, m.rough, m.counting = 0, false, false
 		}
@@ -417,12 +426,33 @@ func (m *quotaModel) learn(now time.Duration, q headers.Quota) {
 	case now-m.runSeen > 2*slack && q.Remaining < m.runLeft:
 		kind = kindWindow
 	default:
+		m.runLeast = min(m.runLeast, clamp32(q.Remaining))
 		return // the run goes on
 	}
 	if kind != kindUnknown {
 		m.kind, m.evidence = kind, true
 	}
-	m.runSeen, m.runReset, m.runLeft, m.runMoved = now, reset, q.Remaining, false
+	m.runSeen, m.runReset, m.runLeft, m.runLeast, m.runMoved = now, reset, q.Remaining, clamp32(q.Remaining), false
+}
+
+// clamp32 returns n, at most math.MaxInt32.
+func clamp32(n int64) int32 { return int32(min(n, math.MaxInt32)) }
+
+// commonStep returns the shorter of two steps of a sliding window's
+// instant, a and b, when the longer is a whole number of it, up to four
+// (within resetSlack a step): a lane paused across a window (a refusal's
+// Retry-After) sees its instant step two windows at once. It returns 0
+// otherwise, or when either is 0.
+func commonStep(a, b time.Duration) time.Duration {
+	a, b = min(a, b), max(a, b)
+	if a <= 2*resetSlack {
+		return 0
+	}
+	k := (b + a/2) / a
+	if k > 4 || (b-k*a).Abs() > time.Duration(k)*resetSlack {
+		return 0
+	}
+	return a
 }
 
 // statesBurst reports whether the server's quotas showed a burst: a
@@ -446,7 +476,17 @@ func (m *quotaModel) seeEdge(now, sent time.Duration, q headers.Quota, accepted 
 	if m.edge == nil {
 		m.edge = new(windowEdge)
 	}
+	was := m.edge.told
 	if !m.edge.observe(now, sent, q, accepted) {
+		if was && !m.edge.told {
+			// Contradicted: a window of a stated step, whose next one
+			// still counted half the limit or more of the one before, is
+			// a sliding window; else the kind is learned afresh.
+			m.kind, m.evidence, m.run = kindUnknown, false, false
+			if m.edge.exact {
+				m.kind, m.evidence, m.window = kindSliding, true, m.edge.period
+			}
+		}
 		return false
 	}
 	m.kind, m.evidence = kindWindow, true

@@ -317,3 +317,21 @@ func TestTokenBudget429(t *testing.T) {
 		}
 	})
 }
+
+func TestCommonStep(t *testing.T) {
+	const s = time.Second
+	for _, c := range []struct{ a, b, want time.Duration }{
+		{s, s, s},
+		{s, s + 40*time.Millisecond, s},
+		{2 * s, s, s},                     // a lane held across a window
+		{s, 3*s - 90*time.Millisecond, s}, // within the slack of each step
+		{s, 1500 * time.Millisecond, 0},
+		{s, 5 * s, 0}, // too many windows apart to say
+		{s, 0, 0},
+		{60 * time.Millisecond, 120 * time.Millisecond, 0}, // within the slack of a reading
+	} {
+		if got := commonStep(c.a, c.b); got != c.want {
+			t.Errorf("commonStep(%v, %v) = %v, want %v", c.a, c.b, got, c.want)
+		}
+	}
+}
