@@ -76,12 +76,15 @@ const resetSlack = 50 * time.Millisecond
 //     bucket, whose reset was only when it would be full;
 //   - the reset instant stayed put for longer than the slack allows while
 //     remaining fell: a window;
-//   - a reset stated as an instant was replaced by one a step later when
-//     it came, twice by the same step, with two or more taken before and
-//     after: a sliding window of that step, where a family has no prior (a
-//     bucket's instant, when it is full, moves as it is spent, and comes
-//     only once it is full). A fixed window, refilled when its instant
-//     comes, is rarely read so, and paced as one it keeps to its limit.
+//   - a reset stated as an instant (passed or not) was replaced by one a
+//     step later when it came, the count having fallen by three or more
+//     before and three or more still counted after: a sliding window of
+//     that step, where a family has no prior (a bucket is full when its
+//     instant comes). Later steps correct its length: of two in a row,
+//     the longer a whole number (up to four) of the shorter, the shorter
+//     (a lane held across a window sees two at once). A fixed window,
+//     refilled when its instant comes, is rarely read so, and paced as
+//     one it keeps to its limit.
 //
 // Evidence overrides the family's prior (see priorKind).
 type quotaModel struct {
@@ -95,6 +98,11 @@ type quotaModel struct {
 	// countSpan (see refused).
 	rough   bool
 	hasLast bool // lastAt and lastLeft hold a quota (see outrun)
+	// carried: a reset stated as an instant came and the next window's
+	// first quota still counted three or more of the one before: not a
+	// bucket (one is full when its instant comes), so no refill rate is
+	// counted (see count).
+	carried bool
 
 	limit int64 // the last limit stated (a bucket's burst); 0: none yet
 	// perSecond is the last quota's limit over its window, else over the
@@ -198,10 +206,13 @@ func (m *quotaModel) observe(now, sent time.Duration, q headers.Quota, inFlight 
 	m.held = max(m.held, q.Remaining)
 	was := m.kind
 	told := m.seeEdge(now, sent, q, true)
+	carried := m.carried
 	if (q.Reset > 0 || q.Passed > 0) && !m.edgeTold() {
 		m.learn(now, q)
 	}
-	outrun := m.count(sent, q)
+	// A count dropped as not a bucket's is outrun too: the header rate
+	// read from it no longer holds.
+	outrun := m.count(sent, q) || m.carried && !carried
 	// Attempts in flight other than this one may not be counted by the
 	// server yet: count them as used.
 	left := q.Remaining - int64(inFlight-1)
@@ -311,7 +322,7 @@ func (m *quotaModel) count(now time.Duration, q headers.Quota) (outrun bool) {
 	// show, one more than the most they stated remaining: a bucket that
 	// never stated more than 0 may hold one request, and a count of it
 	// would only count what the lane sent.
-	if m.kind == kindWindow || m.kind == kindSliding || q.Limit <= 0 || q.Remaining < 0 || q.Remaining >= min(q.Limit-1, m.held) {
+	if m.kind == kindWindow || m.kind == kindSliding || m.carried || q.Limit <= 0 || q.Remaining < 0 || q.Remaining >= min(q.Limit-1, m.held) {
 		m.counting = false
 		return outrun
 	}
@@ -402,13 +413,23 @@ func (m *quotaModel) learn(now time.Duration, q headers.Quota) {
 		// rounded up to the second jumps a second at a time, is not a
 		// counter).
 		busy := q.Limit >= 4 && max(int64(m.runLeast), q.Remaining) <= q.Limit-3 && m.held >= 2
-		if w := commonStep(jump, m.jump); busy && prior == kindUnknown && w > 0 {
+		if busy && prior == kindUnknown && !m.carried {
+			// Not a bucket: what was counted of its refill was the
+			// lane's own past sends.
+			m.carried, m.counts, m.rough, m.counting = true, 0, false, false
+			kind, m.window = kindSliding, jump
+		}
+		// Once a window carried its count over, a step after a window
+		// the lane spent held by a Retry-After (the next one fresh) is a
+		// step too.
+		steps := busy || m.carried
+		if w := commonStep(jump, m.jump); steps && prior == kindUnknown && w > 0 {
 			kind, m.window = kindSliding, w
 			// What it counted was the lane's own past sends.
 			m.counts, m.rough, m.counting = 0, false, false
 		}
 		m.jump = 0
-		if busy {
+		if steps {
 			m.jump = jump
 		}
 	case now > m.runReset+slack:
@@ -470,7 +491,9 @@ func (m *quotaModel) statesBurst() bool { return m.held >= 1 }
 // from then on, and what was counted of a bucket's refill rate no longer
 // holds.
 func (m *quotaModel) seeEdge(now, sent time.Duration, q headers.Quota, accepted bool) bool {
-	if m.kind == kindSliding || !q.Instant || priorKind(q.Source) != kindUnknown {
+	if m.kind == kindSliding || m.carried || !q.Instant || priorKind(q.Source) != kindUnknown {
+		// A window that carried its count over at its instant does not
+		// refill at once.
 		return false
 	}
 	if m.edge == nil {
