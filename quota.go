@@ -78,13 +78,13 @@ const resetSlack = 50 * time.Millisecond
 //     remaining fell: a window;
 //   - a reset stated as an instant (passed or not) was replaced by one a
 //     step later when it came, the count having fallen by three or more
-//     before and three or more still counted after: a sliding window of
-//     that step, where a family has no prior (a bucket is full when its
-//     instant comes). Later steps correct its length: of two in a row,
-//     the longer a whole number (up to four) of the shorter, the shorter
-//     (a lane held across a window sees two at once). A fixed window,
-//     refilled when its instant comes, is rarely read so, and paced as
-//     one it keeps to its limit.
+//     before and half the limit or more still counted after: a sliding
+//     window of that step, where a family has no prior (a bucket is full
+//     when its instant comes). So are two steps in a row, three or more
+//     counted after each, the longer a whole number (up to four) of the
+//     shorter, which is the window (a lane held across a window sees two
+//     at once). A fixed window, refilled when its instant comes, is
+//     rarely read so, and paced as one it keeps to its limit.
 //
 // Evidence overrides the family's prior (see priorKind).
 type quotaModel struct {
@@ -99,9 +99,9 @@ type quotaModel struct {
 	rough   bool
 	hasLast bool // lastAt and lastLeft hold a quota (see outrun)
 	// carried: a reset stated as an instant came and the next window's
-	// first quota still counted three or more of the one before: not a
-	// bucket (one is full when its instant comes), so no refill rate is
-	// counted (see count).
+	// first quota still counted half the limit or more of the one
+	// before: not a bucket (one is full when its instant comes), so no
+	// refill rate is counted (see count).
 	carried bool
 
 	limit int64 // the last limit stated (a bucket's burst); 0: none yet
@@ -415,9 +415,11 @@ func (m *quotaModel) learn(now time.Duration, q headers.Quota) {
 		// rounded up to the second jumps a second at a time, is not a
 		// counter).
 		busy := q.Limit >= 4 && max(int64(m.runLeast), q.Remaining) <= q.Limit-3 && m.held >= 2
-		if busy && prior == kindUnknown && !m.carried {
-			// Not a bucket: what was counted of its refill was the
-			// lane's own past sends.
+		if busy && prior == kindUnknown && !m.carried && 2*q.Remaining < q.Limit {
+			// Half the limit or more still counted: not a bucket, nor a
+			// window refilled at once whose first answers came after
+			// those of attempts sent with them. What was counted of its
+			// refill was the lane's own past sends.
 			m.carried, m.counts, m.rough, m.counting = true, 0, false, false
 			kind, m.window = kindSliding, jump
 		}
