@@ -36,8 +36,18 @@ import (
 // window before lets go). A window spent early and
 // refused for its tail gained nothing over the tail; one paced through
 // without a refusal, nothing over the whole window.
+//
+// A sliding window may show such a refill once: a lane held a window long
+// by a refusal's Retry-After comes back to a count of the window before
+// that has mostly gone. Its next window shows the difference, its first
+// answer stating less than half the limit remaining where a refill at
+// once states nearly all of it; the window is then no longer told apart,
+// and never again.
 type windowEdge struct {
 	told bool // a window refilled at once was seen
+	// wrong: a told window's next one did not refill at once; it is
+	// never told apart again.
+	wrong bool
 
 	// The current window: its stated instant (cur, 0: none yet; stated:
 	// cur was stated, not yet passed, so a step to the next is exact), when
@@ -88,7 +98,13 @@ func (e *windowEdge) observe(now, sent time.Duration, q headers.Quota, accepted 
 		return false
 	case inst > e.cur+resetSlack || rose && inst >= e.cur-resetSlack:
 		// A later window answered: the one before ended before sent.
-		if gain := q.Remaining - e.least + 1; !e.told && gain >= 3 && 8*gain >= q.Limit && 4*q.Remaining >= 3*q.Limit && sent > e.leastAt && e.leastAt > e.from {
+		if e.told && 2*q.Remaining < q.Limit {
+			// No refill at once: a sliding window's count lets the window
+			// before go only in part, and a lane paced to the end it
+			// measured finds half the limit or more still counted.
+			e.told, e.wrong = false, true
+		}
+		if gain := q.Remaining - e.least + 1; !e.told && !e.wrong && gain >= 3 && 8*gain >= q.Limit && 4*q.Remaining >= 3*q.Limit && sent > e.leastAt && e.leastAt > e.from {
 			// What the window before gained, per second, beside what the
 			// server gained since its least.
 			before := float64(max(0, e.took-(e.first-e.least))+2) / (e.leastAt - e.from).Seconds()

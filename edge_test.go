@@ -94,3 +94,41 @@ func TestWindowEdgeEnd(t *testing.T) {
 		t.Errorf("period %v, want %v", e.period, per)
 	}
 }
+
+// TestWindowEdgeContradicted: a window told apart as one refilled at once
+// (10 a second, each spent in its first tenth and refused for the rest)
+// whose next window's first answer states less than half the limit
+// remaining, as a sliding window's count of the one before does, is no
+// longer told apart, and is not told apart again by later refills.
+func TestWindowEdgeContradicted(t *testing.T) {
+	const limit, per = 10, time.Second
+	var e windowEdge
+	told, dropped := false, time.Duration(-1)
+	for now := time.Duration(0); now < 8*time.Second; now += 10 * time.Millisecond {
+		start := now.Truncate(per)
+		// In the window from 3 s to 4 s, 8 of the one before still count.
+		carried := 0
+		if start == 3*time.Second {
+			carried = 8
+		}
+		n := min(limit, carried+int((now-start)/(10*time.Millisecond)))
+		ok := n < limit
+		if ok {
+			n++
+		}
+		q := headers.Quota{Limit: limit, Remaining: int64(limit - n), Reset: start + per - now, Coarse: true, Instant: true, Source: "x-ratelimit"}
+		e.observe(now, now, q, ok)
+		told = told || e.told
+		if told && !e.told && dropped < 0 {
+			dropped = now
+		}
+	}
+	switch {
+	case !told:
+		t.Fatal("never told apart")
+	case dropped != 3*time.Second:
+		t.Errorf("dropped at %v; want at the first answer of the window that did not refill, 3 s in", dropped)
+	case e.told:
+		t.Error("told apart again after it was contradicted")
+	}
+}

@@ -399,9 +399,8 @@ func TestPacerFollowsARecountedRefill(t *testing.T) {
 // window (a reset stated as the end of each second, replaced when it
 // comes, requests counted), the lane paces at its limit a window less two,
 // and what refusals taught it before, reading the window as a bucket,
-// goes: a cut to a count of its quotas (the lane's own past sends; before:
-// a lane with no rate cut to 13/s of 50, 0.24 of R on real loopback), or
-// an edge cut during a climb (0.34 of R at 2R, held by the creep).
+// goes: a cut at a refusal in its first window, or an edge cut during a
+// climb (0.34 of R at 2R, held by the creep).
 func TestPacerPacesASlidingWindowAtItsLimit(t *testing.T) {
 	sliding := func(now time.Duration, rem int64) headers.Quota {
 		end := now.Truncate(time.Second) + time.Second
@@ -412,20 +411,21 @@ func TestPacerPacesASlidingWindowAtItsLimit(t *testing.T) {
 		// cut makes the pacer's first cut, and returns when it ended.
 		cut func(p *pacer) time.Duration
 	}{
-		{"a cut to a count", func(p *pacer) time.Duration {
-			// The first window's count: remaining falls from 40 to 20
-			// while 24 were sent over 1.2 s, a refill of 4 over 1.2 s.
+		{"a cut before it was told apart", func(p *pacer) time.Duration {
+			// The first window: remaining falls from 40 to 20 while 24
+			// are sent over 0.84 s, then a refusal, before the window's
+			// instant came.
 			now := time.Duration(0)
 			for i := range 25 {
 				at := now + 20*time.Millisecond
 				p.settle(at, now, verdict.Served)
 				p.observe(at, reply{status: http.StatusOK, sent: now, hasQuota: true, quota: sliding(at, int64(40-i*20/24))}, 1)
-				now += 50 * time.Millisecond
+				now += 35 * time.Millisecond
 			}
 			p.observe(now, reply{status: http.StatusTooManyRequests, sent: now, hasRA: true, retryAfter: time.Second,
 				hasQuota: true, quota: sliding(now, 0)}, 1)
-			if !p.fb.counted || p.fb.fail > 10 {
-				t.Fatalf("429: failed rate %v (counted %v), want a cut to the count, about 3", p.fb.fail, p.fb.counted)
+			if p.fb.throttle == 0 || p.fb.quota.kind == kindSliding {
+				t.Fatalf("429: throttle %v, kind %v; want a cut before the window is told apart", p.fb.throttle, p.fb.quota.kind)
 			}
 			return now
 		}},

@@ -317,3 +317,56 @@ func TestTokenBudget429(t *testing.T) {
 		}
 	})
 }
+
+func TestCommonStep(t *testing.T) {
+	const s = time.Second
+	for _, c := range []struct{ a, b, want time.Duration }{
+		{s, s, s},
+		{s, s + 40*time.Millisecond, s},
+		{2 * s, s, s},                     // a lane held across a window
+		{s, 3*s - 90*time.Millisecond, s}, // within the slack of each step
+		{s, 1500 * time.Millisecond, 0},
+		{s, 5 * s, 0}, // too many windows apart to say
+		{s, 0, 0},
+		{60 * time.Millisecond, 120 * time.Millisecond, 0}, // within the slack of a reading
+	} {
+		if got := commonStep(c.a, c.b); got != c.want {
+			t.Errorf("commonStep(%v, %v) = %v, want %v", c.a, c.b, got, c.want)
+		}
+	}
+}
+
+// TestQuotaSlidingFromOneStep: a reset instant that came and was replaced
+// by one a step later, the count of the window before carried over (three
+// or more still counted at the next window's first quota, after the count
+// fell by three or more), is a sliding window of that step: a bucket is
+// full when its instant comes. No refill rate is counted from its quotas
+// after that: one counted over its first windows measured the lane's own
+// past sends (on real loopback, httprate at R was paced at 3/s of 50 for a
+// second).
+func TestQuotaSlidingFromOneStep(t *testing.T) {
+	var m quotaModel
+	q := func(now time.Duration, rem int64) headers.Quota {
+		end := now.Truncate(time.Second) + time.Second
+		return headers.Quota{Limit: 50, Remaining: rem, Reset: end - now, Coarse: true, Instant: true, Source: "x-ratelimit"}
+	}
+	now := 10 * time.Millisecond
+	for i := range 46 {
+		m.observe(now, now, q(now, int64(48-i)), 1)
+		now += 20 * time.Millisecond
+	}
+	if m.kind == kindSliding {
+		t.Fatal("told a sliding window apart before its instant came")
+	}
+	// The next window: 40 of the 46 still counted at its start, then a
+	// request every 25 ms as the window before lets go.
+	for now = time.Second + 10*time.Millisecond; now < 2*time.Second; now += 25 * time.Millisecond {
+		m.observe(now, now, q(now, max(1, 9-int64((now-time.Second)/(100*time.Millisecond)))), 1)
+	}
+	if m.kind != kindSliding || m.window != time.Second {
+		t.Errorf("kind %v, window %v; want a sliding window of 1s", m.kind, m.window)
+	}
+	if m.counts != 0 {
+		t.Errorf("counted a refill of %.1f/s", m.counts)
+	}
+}

@@ -80,10 +80,6 @@ var realGaps = []struct {
 }{
 	{"^sethvargo/go-limiter", "no WithRate", 0.5, 2,
 		"a cold lane with no WithRate tells the window apart at a refill it sees; most 5 s runs measure 1.00 of R, one in about ten 0.58, the window not yet told apart in the measured half"},
-	{"^throttled", "2R", 0.5, 2,
-		"at 2R a cold lane spends the burst at once, and the first refusals' Retry-After: 1 and the probe up from the first estimate reach into the measured half of a 5 s run at times (0.62 to 1.02 of R)"},
-	{"^go-chi/httprate", ".", 0.3, 2,
-		"the sliding window is told apart from a bucket only after some seconds, and paced at its limit less two after that"},
 }
 
 // realFloor returns the share of the pair's rate that sluice must reach

@@ -159,6 +159,9 @@ func FuzzParse(f *testing.F) {
 		if q.Window < 0 || q.Window > maxDuration {
 			t.Errorf("Window = %v out of range", q.Window)
 		}
+		if q.Passed < 0 || q.Passed > maxPassed || q.Passed > 0 && (!q.Instant || q.Reset != 0) {
+			t.Errorf("Passed = %v with Reset %v, Instant %v", q.Passed, q.Reset, q.Instant)
+		}
 		switch q.Source {
 		case "ietf", "ietf-draft07", "x-ratelimit", "github", "openai", "anthropic":
 		default:

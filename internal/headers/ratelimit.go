@@ -91,6 +91,12 @@ type Quota struct {
 	// a date), not as a delay: a window's end, which the server states the
 	// same until it comes.
 	Instant bool
+	// Passed is, for a reset stated as an instant (Instant) that is
+	// already past, how long ago it was, at most a day; 0 otherwise.
+	// Reset is 0 then. A server that truncates its window's end to the
+	// second states an instant that passes before the window ends, and
+	// Passed tells one such instant from the next.
+	Passed time.Duration
 }
 
 // Parse reads rate-limit fields from h, a response's header received at
@@ -523,6 +529,9 @@ func parseXRateLimit(h http.Header, ref *refClock, p *picker, limitKey, remainin
 	}
 	if v, ok := field(h, resetKey); ok {
 		c.Reset, c.Coarse, c.Instant, c.resetKnown = parseReset(v, ref)
+		if c.Instant && c.Reset == 0 {
+			c.Passed = passedBy(v, ref)
+		}
 	}
 	if github {
 		// Discord states the delay to its reset too, to the millisecond:
@@ -531,7 +540,7 @@ func parseXRateLimit(h http.Header, ref *refClock, p *picker, limitKey, remainin
 		if v, ok := field(h, hdrXRateLimitResetAfter); ok {
 			if whole, frac, ok := parseDecimal(v); ok {
 				if d, ok := secondsToDuration(whole, frac); ok {
-					c.Reset, c.Coarse, c.resetKnown = d, false, true
+					c.Reset, c.Coarse, c.resetKnown, c.Passed = d, false, true, 0
 				}
 			}
 		}
@@ -571,6 +580,27 @@ func parseReset(s string, ref *refClock) (d time.Duration, coarse, instant, ok b
 		d, ok = secondsToDuration(whole, frac)
 	}
 	return d, ok && frac == 0, ok && instant, ok
+}
+
+// maxPassed caps Quota.Passed.
+const maxPassed = 24 * time.Hour
+
+// passedBy returns how long before ref the instant s states (a Unix time
+// or a date, as parseReset reads it) was, at most maxPassed; 0 if s
+// states none or one not past.
+func passedBy(s string, ref *refClock) time.Duration {
+	var t time.Time
+	if whole, frac, ok := parseDecimal(s); ok {
+		if whole < epochThreshold {
+			return 0
+		}
+		t = time.Unix(whole, frac)
+	} else if d, ok := parseDate(s); ok {
+		t = dateEnd(d)
+	} else {
+		return 0
+	}
+	return min(max(ref.get().Sub(t), 0), maxPassed)
 }
 
 // untilTime returns t-ref, clamped at 0 if t is in the past, and fails

@@ -28,89 +28,89 @@ func TestParse(t *testing.T) {
 			"X-RateLimit-Used", "5000",
 			"X-RateLimit-Reset", unix(now.Add(30*time.Minute)),
 			"X-RateLimit-Resource", "core",
-		), Quota{5000, 0, 30 * time.Minute, 0, "github", "core", true, true}, true},
+		), Quota{5000, 0, 30 * time.Minute, 0, "github", "core", true, true, 0}, true},
 		{"github remaining from used", header(
 			"x-ratelimit-limit", "60",
 			"x-ratelimit-used", "10",
 			"x-ratelimit-reset", unix(now.Add(time.Minute)),
 			"x-ratelimit-resource", "search",
-		), Quota{60, 50, time.Minute, 0, "github", "search", true, true}, true},
+		), Quota{60, 50, time.Minute, 0, "github", "search", true, true, 0}, true},
 		{"github used above limit", header(
 			"x-ratelimit-limit", "60",
 			"x-ratelimit-used", "61",
 			"x-ratelimit-resource", "core",
-		), Quota{60, -1, 0, 0, "github", "core", false, false}, true},
+		), Quota{60, -1, 0, 0, "github", "core", false, false, 0}, true},
 
 		// X-RateLimit and X-Rate-Limit.
 		{"x-ratelimit delay reset", header(
 			"X-RateLimit-Limit", "100",
 			"X-RateLimit-Remaining", "42",
 			"X-RateLimit-Reset", "30",
-		), Quota{100, 42, 30 * time.Second, 0, "x-ratelimit", "", true, false}, true},
+		), Quota{100, 42, 30 * time.Second, 0, "x-ratelimit", "", true, false, 0}, true},
 		{"x-ratelimit fractional delay", header("X-RateLimit-Remaining", "1", "X-RateLimit-Reset", "0.25"),
-			Quota{-1, 1, 250 * time.Millisecond, 0, "x-ratelimit", "", false, false}, true},
+			Quota{-1, 1, 250 * time.Millisecond, 0, "x-ratelimit", "", false, false, 0}, true},
 		{"x-ratelimit epoch reset", header(
 			"X-RateLimit-Remaining", "7",
 			"X-RateLimit-Reset", unix(now.Add(90*time.Second)),
-		), Quota{-1, 7, 90 * time.Second, 0, "x-ratelimit", "", true, true}, true},
+		), Quota{-1, 7, 90 * time.Second, 0, "x-ratelimit", "", true, true, 0}, true},
 		{"x-ratelimit fractional epoch", header(
 			"Date", httpDate(time.Unix(1700000000, 0)),
 			"X-RateLimit-Remaining", "7",
 			"X-RateLimit-Reset", "1700000000.5",
-		), Quota{-1, 7, 500 * time.Millisecond, 0, "x-ratelimit", "", false, true}, true},
+		), Quota{-1, 7, 500 * time.Millisecond, 0, "x-ratelimit", "", false, true, 0}, true},
 		{"x-ratelimit RFC 1123 date in UTC", header(
 			"X-RateLimit-Limit", "50",
 			"X-RateLimit-Remaining", "0",
 			"X-RateLimit-Reset", now.Add(time.Second).Format(time.RFC1123),
-		), Quota{50, 0, 2 * time.Second, 0, "x-ratelimit", "", true, true}, true},
+		), Quota{50, 0, 2 * time.Second, 0, "x-ratelimit", "", true, true, 0}, true},
 		{"x-ratelimit RFC 1123 date against Date", header(
 			"Date", httpDate(serverNow),
 			"X-RateLimit-Remaining", "3",
 			"X-RateLimit-Reset", serverNow.Add(2*time.Second).Format(time.RFC1123),
-		), Quota{-1, 3, 3 * time.Second, 0, "x-ratelimit", "", true, true}, true},
+		), Quota{-1, 3, 3 * time.Second, 0, "x-ratelimit", "", true, true, 0}, true},
 		{"x-ratelimit IMF-fixdate", header("X-RateLimit-Remaining", "3", "X-RateLimit-Reset", httpDate(now.Add(time.Minute))),
-			Quota{-1, 3, 61 * time.Second, 0, "x-ratelimit", "", true, true}, true},
+			Quota{-1, 3, 61 * time.Second, 0, "x-ratelimit", "", true, true, 0}, true},
 		{"x-ratelimit date of the current second", header("X-RateLimit-Remaining", "0", "X-RateLimit-Reset", now.Format(time.RFC1123)),
-			Quota{-1, 0, time.Second, 0, "x-ratelimit", "", true, true}, true},
+			Quota{-1, 0, time.Second, 0, "x-ratelimit", "", true, true, 0}, true},
 		{"x-ratelimit date in the past", header("X-RateLimit-Remaining", "3", "X-RateLimit-Reset", now.Add(-2*time.Second).Format(time.RFC1123)),
-			Quota{-1, 3, 0, 0, "x-ratelimit", "", true, true}, true},
+			Quota{-1, 3, 0, 0, "x-ratelimit", "", true, true, time.Second}, true},
 		{"x-ratelimit date beyond maxDuration", header("X-RateLimit-Remaining", "3", "X-RateLimit-Reset", now.Add(maxDuration+time.Second).Format(time.RFC1123)),
-			Quota{-1, 3, 0, 0, "x-ratelimit", "", false, false}, true},
+			Quota{-1, 3, 0, 0, "x-ratelimit", "", false, false, 0}, true},
 		{"x-ratelimit epoch beyond maxDuration", header("X-RateLimit-Remaining", "3", "X-RateLimit-Reset", unix(now.Add(maxDuration+time.Second))),
-			Quota{-1, 3, 0, 0, "x-ratelimit", "", false, false}, true},
+			Quota{-1, 3, 0, 0, "x-ratelimit", "", false, false, 0}, true},
 		{"x-ratelimit date in another zone", header("X-RateLimit-Remaining", "3", "X-RateLimit-Reset", "Tue, 02 Jan 2024 15:05:05 CET"),
-			Quota{-1, 3, 0, 0, "x-ratelimit", "", false, false}, true},
+			Quota{-1, 3, 0, 0, "x-ratelimit", "", false, false, 0}, true},
 		{"x-ratelimit epoch in the past", header(
 			"X-RateLimit-Remaining", "7",
 			"X-RateLimit-Reset", unix(now.Add(-time.Minute)),
-		), Quota{-1, 7, 0, 0, "x-ratelimit", "", true, true}, true},
+		), Quota{-1, 7, 0, 0, "x-ratelimit", "", true, true, time.Minute}, true},
 		{"x-ratelimit just below the epoch threshold is a delay", header(
 			"X-RateLimit-Remaining", "7",
 			"X-RateLimit-Reset", "999999999",
-		), Quota{-1, 7, 0, 0, "x-ratelimit", "", false, false}, true}, // a delay beyond 366 days: Reset ignored
+		), Quota{-1, 7, 0, 0, "x-ratelimit", "", false, false, 0}, true}, // a delay beyond 366 days: Reset ignored
 		{"Date skew cancels", header(
 			"Date", httpDate(serverNow),
 			"X-RateLimit-Remaining", "0",
 			"X-RateLimit-Reset", unix(serverNow.Add(30*time.Second)),
-		), Quota{-1, 0, 30 * time.Second, 0, "x-ratelimit", "", true, true}, true},
+		), Quota{-1, 0, 30 * time.Second, 0, "x-ratelimit", "", true, true, 0}, true},
 		{"skewed epoch without Date is already past", header(
 			"X-RateLimit-Remaining", "3",
 			"X-RateLimit-Reset", unix(serverNow.Add(30*time.Second)),
-		), Quota{-1, 3, 0, 0, "x-ratelimit", "", true, true}, true},
+		), Quota{-1, 3, 0, 0, "x-ratelimit", "", true, true, 59*time.Minute + 30*time.Second}, true},
 		{"twitter spelling", header(
 			"x-rate-limit-limit", "900",
 			"x-rate-limit-remaining", "899",
 			"x-rate-limit-reset", unix(now.Add(15*time.Minute)),
-		), Quota{900, 899, 15 * time.Minute, 0, "x-ratelimit", "", true, true}, true},
+		), Quota{900, 899, 15 * time.Minute, 0, "x-ratelimit", "", true, true, 0}, true},
 		{"out-of-range field ignored, others kept", header(
 			"X-RateLimit-Limit", "10000000000000",
 			"X-RateLimit-Remaining", "5",
 			"X-RateLimit-Reset", "-3",
-		), Quota{-1, 5, 0, 0, "x-ratelimit", "", false, false}, true},
+		), Quota{-1, 5, 0, 0, "x-ratelimit", "", false, false, 0}, true},
 		{"count at maxCount", header("X-RateLimit-Limit", "1000000000000"),
-			Quota{1e12, -1, 0, 0, "x-ratelimit", "", false, false}, true},
+			Quota{1e12, -1, 0, 0, "x-ratelimit", "", false, false, 0}, true},
 		{"reset at maxDuration", header("X-RateLimit-Reset", "31622400"),
-			Quota{-1, -1, maxDuration, 0, "x-ratelimit", "", true, false}, true},
+			Quota{-1, -1, maxDuration, 0, "x-ratelimit", "", true, false, 0}, true},
 		{"reset just above maxDuration", header("X-RateLimit-Reset", "31622400.5"), Quota{}, false},
 		{"epoch far in the future", header("X-RateLimit-Reset", "999999999999999999"), Quota{}, false},
 		{"all fields garbage", header(
@@ -128,15 +128,15 @@ func TestParse(t *testing.T) {
 			"x-ratelimit-limit-tokens", "2000000",
 			"x-ratelimit-remaining-tokens", "1",
 			"x-ratelimit-reset-tokens", "1ms",
-		), Quota{10000, 9999, 6 * time.Minute, 0, "openai", "", true, false}, true},
+		), Quota{10000, 9999, 6 * time.Minute, 0, "openai", "", true, false, 0}, true},
 		{"openai compound duration", header("x-ratelimit-remaining-requests", "3", "x-ratelimit-reset-requests", "1h2m3.5s"),
-			Quota{-1, 3, time.Hour + 2*time.Minute + 3500*time.Millisecond, 0, "openai", "", false, false}, true},
+			Quota{-1, 3, time.Hour + 2*time.Minute + 3500*time.Millisecond, 0, "openai", "", false, false, 0}, true},
 		{"openai ms", header("x-ratelimit-remaining-requests", "3", "x-ratelimit-reset-requests", "20ms"),
-			Quota{-1, 3, 20 * time.Millisecond, 0, "openai", "", false, false}, true},
+			Quota{-1, 3, 20 * time.Millisecond, 0, "openai", "", false, false, 0}, true},
 		{"openai bad durations", header(
 			"x-ratelimit-remaining-requests", "3",
 			"x-ratelimit-reset-requests", "-1s",
-		), Quota{-1, 3, 0, 0, "openai", "", false, false}, true},
+		), Quota{-1, 3, 0, 0, "openai", "", false, false, 0}, true},
 
 		// Anthropic.
 		{"anthropic", header(
@@ -145,59 +145,59 @@ func TestParse(t *testing.T) {
 			"anthropic-ratelimit-requests-remaining", "0",
 			"anthropic-ratelimit-requests-reset", now.Add(time.Minute).Format(time.RFC3339),
 			"anthropic-ratelimit-tokens-remaining", "100",
-		), Quota{50, 0, time.Minute, 0, "anthropic", "", true, true}, true},
+		), Quota{50, 0, time.Minute, 0, "anthropic", "", true, true, 0}, true},
 		{"anthropic skew", header(
 			"Date", httpDate(serverNow),
 			"anthropic-ratelimit-requests-remaining", "4",
 			"anthropic-ratelimit-requests-reset", serverNow.Add(12*time.Second).Format(time.RFC3339),
-		), Quota{-1, 4, 12 * time.Second, 0, "anthropic", "", true, true}, true},
+		), Quota{-1, 4, 12 * time.Second, 0, "anthropic", "", true, true, 0}, true},
 		{"anthropic fractional seconds and offset", header(
 			"anthropic-ratelimit-requests-remaining", "4",
 			"anthropic-ratelimit-requests-reset", now.Add(1500*time.Millisecond).In(time.FixedZone("", -5*3600)).Format(time.RFC3339Nano),
-		), Quota{-1, 4, 1500 * time.Millisecond, 0, "anthropic", "", false, true}, true},
+		), Quota{-1, 4, 1500 * time.Millisecond, 0, "anthropic", "", false, true, 0}, true},
 
 		// IETF drafts 08-10.
 		{"ietf single policy", header(
 			"RateLimit-Policy", `"default";q=100;w=60`,
 			"RateLimit", `"default";r=50;t=30`,
-		), Quota{100, 50, 30 * time.Second, time.Minute, "ietf", "default", true, false}, true},
+		), Quota{100, 50, 30 * time.Second, time.Minute, "ietf", "default", true, false, 0}, true},
 		{"ietf multi-policy across lines", header(
 			"RateLimit-Policy", `"burst";q=100;w=60`,
 			"RateLimit-Policy", `"daily";q=1000;w=86400`,
 			"RateLimit", `"burst";r=50;t=30, "daily";r=100;t=3600`,
-		), Quota{1000, 100, time.Hour, 24 * time.Hour, "ietf", "daily", true, false}, true},
+		), Quota{1000, 100, time.Hour, 24 * time.Hour, "ietf", "daily", true, false, 0}, true},
 		{"ietf exhausted policy wins", header(
 			"RateLimit-Policy", `"burst";q=100;w=60, "daily";q=1000;w=86400`,
 			"RateLimit", `"daily";r=900;t=3600`,
 			"RateLimit", `"burst";r=0;t=10`,
-		), Quota{100, 0, 10 * time.Second, time.Minute, "ietf", "burst", true, false}, true},
+		), Quota{100, 0, 10 * time.Second, time.Minute, "ietf", "burst", true, false, 0}, true},
 		{"ietf longest exhausted reset wins", header(
 			"RateLimit-Policy", `"burst";q=100;w=60, "daily";q=1000;w=86400`,
 			"RateLimit", `"burst";r=0;t=10, "daily";r=0;t=3000`,
-		), Quota{1000, 0, 3000 * time.Second, 24 * time.Hour, "ietf", "daily", true, false}, true},
+		), Quota{1000, 0, 3000 * time.Second, 24 * time.Hour, "ietf", "daily", true, false, 0}, true},
 		{"ietf tokens and unknown params", header(
 			"RateLimit-Policy", `burst;q=100;w=60;pk=:cHsdsRa894==:;qu="requests";x=?1`,
 			"RateLimit", `burst;r=5;t=2;pk=:cHsdsRa894==:`,
-		), Quota{100, 5, 2 * time.Second, time.Minute, "ietf", "burst", true, false}, true},
+		), Quota{100, 5, 2 * time.Second, time.Minute, "ietf", "burst", true, false, 0}, true},
 		{"ietf non-request quota skipped", header(
 			"RateLimit-Policy", `"bytes";q=65536;w=1;qu="content-bytes", "reqs";q=10;w=1`,
 			"RateLimit", `"bytes";r=0;t=1, "reqs";r=9;t=1`,
-		), Quota{10, 9, time.Second, time.Second, "ietf", "reqs", true, false}, true},
+		), Quota{10, 9, time.Second, time.Second, "ietf", "reqs", true, false, 0}, true},
 		{"ietf escaped name", header(
 			"RateLimit-Policy", `"a\"b\\c";q=5`,
 			"RateLimit", `"a\"b\\c";r=1`,
-		), Quota{5, 1, 0, 0, "ietf", `a"b\c`, false, false}, true},
+		), Quota{5, 1, 0, 0, "ietf", `a"b\c`, false, false, 0}, true},
 		{"ietf RateLimit without policy", header("RateLimit", `"default";r=3;t=9`),
-			Quota{-1, 3, 9 * time.Second, 0, "ietf", "default", true, false}, true},
+			Quota{-1, 3, 9 * time.Second, 0, "ietf", "default", true, false, 0}, true},
 		{"ietf policy without RateLimit", header("RateLimit-Policy", `"default";q=100;w=60`),
-			Quota{100, -1, 0, time.Minute, "ietf", "default", false, false}, true},
+			Quota{100, -1, 0, time.Minute, "ietf", "default", false, false, 0}, true},
 		{"ietf inner list and other members ignored", header(
 			"RateLimit-Policy", `(1 2);q=1, 5;q=1, ?1, "p";q=7;w=10`,
-		), Quota{7, -1, 0, 10 * time.Second, "ietf", "p", false, false}, true},
+		), Quota{7, -1, 0, 10 * time.Second, "ietf", "p", false, false, 0}, true},
 		{"ietf out-of-range params ignored", header(
 			"RateLimit-Policy", `"p";q=-1;w=99999999`,
 			"RateLimit", `"p";r=4;t=1.5`,
-		), Quota{-1, 4, 0, 0, "ietf", "p", false, false}, true},
+		), Quota{-1, 4, 0, 0, "ietf", "p", false, false, 0}, true},
 		{"ietf malformed list ignored", header(
 			"RateLimit-Policy", `"p";q=1,`,
 			"RateLimit", `"p";r=4;t=2 junk`,
@@ -214,19 +214,19 @@ func TestParse(t *testing.T) {
 			"RateLimit-Limit", "100",
 			"RateLimit-Remaining", "50",
 			"RateLimit-Reset", "30",
-		), Quota{100, 50, 30 * time.Second, 0, "ietf-draft07", "", true, false}, true},
+		), Quota{100, 50, 30 * time.Second, 0, "ietf-draft07", "", true, false, 0}, true},
 		{"draft07 limit with policy", header(
 			"RateLimit-Limit", "100, 100;w=60",
 			"RateLimit-Remaining", "50",
-		), Quota{100, 50, 0, time.Minute, "ietf-draft07", "", false, false}, true},
+		), Quota{100, 50, 0, time.Minute, "ietf-draft07", "", false, false, 0}, true},
 		{"draft07 dictionary", header("RateLimit", "limit=100, remaining=50, reset=30"),
-			Quota{100, 50, 30 * time.Second, 0, "ietf-draft07", "", true, false}, true},
+			Quota{100, 50, 30 * time.Second, 0, "ietf-draft07", "", true, false, 0}, true},
 		{"draft07 dictionary any order, last wins", header("RateLimit", "reset=30, remaining=50, remaining=40"),
-			Quota{-1, 40, 30 * time.Second, 0, "ietf-draft07", "", true, false}, true},
+			Quota{-1, 40, 30 * time.Second, 0, "ietf-draft07", "", true, false, 0}, true},
 		{"draft07 fields beat dictionary", header(
 			"RateLimit-Remaining", "7",
 			"RateLimit", "limit=100, remaining=50, reset=30",
-		), Quota{100, 7, 30 * time.Second, 0, "ietf-draft07", "", true, false}, true},
+		), Quota{100, 7, 30 * time.Second, 0, "ietf-draft07", "", true, false, 0}, true},
 		{"draft07 decimal reset rejected", header("RateLimit-Reset", "1.5"), Quota{}, false},
 
 		// Several families.
@@ -237,33 +237,33 @@ func TestParse(t *testing.T) {
 			"X-RateLimit-Limit", "100",
 			"X-RateLimit-Remaining", "10",
 			"X-RateLimit-Reset", "20",
-		), Quota{100, 10, 20 * time.Second, 0, "x-ratelimit", "", true, false}, true},
+		), Quota{100, 10, 20 * time.Second, 0, "x-ratelimit", "", true, false, 0}, true},
 		{"known rate beats unknown reset", header(
 			"x-ratelimit-remaining-requests", "1",
 			"X-RateLimit-Remaining", "500",
 			"X-RateLimit-Reset", "20",
-		), Quota{-1, 500, 20 * time.Second, 0, "x-ratelimit", "", true, false}, true},
+		), Quota{-1, 500, 20 * time.Second, 0, "x-ratelimit", "", true, false, 0}, true},
 		{"refilled exhausted quota ranks last", header(
 			"X-RateLimit-Remaining", "0",
 			"X-RateLimit-Reset", unix(now.Add(-time.Second)),
 			"x-ratelimit-remaining-requests", "500",
 			"x-ratelimit-reset-requests", "20s",
-		), Quota{-1, 500, 20 * time.Second, 0, "openai", "", true, false}, true},
+		), Quota{-1, 500, 20 * time.Second, 0, "openai", "", true, false, 0}, true},
 		{"exhausted with unknown reset beats positive rate", header(
 			"X-RateLimit-Remaining", "1",
 			"X-RateLimit-Reset", "60",
 			"anthropic-ratelimit-requests-remaining", "0",
-		), Quota{-1, 0, 0, 0, "anthropic", "", false, false}, true},
+		), Quota{-1, 0, 0, 0, "anthropic", "", false, false, 0}, true},
 		{"smallest remaining when rates unknown", header(
 			"x-ratelimit-remaining-requests", "9",
 			"anthropic-ratelimit-requests-remaining", "3",
-		), Quota{-1, 3, 0, 0, "anthropic", "", false, false}, true},
+		), Quota{-1, 3, 0, 0, "anthropic", "", false, false, 0}, true},
 		{"tie goes to earlier family", header(
 			"X-RateLimit-Remaining", "10",
 			"X-RateLimit-Reset", "10",
 			"x-ratelimit-remaining-requests", "10",
 			"x-ratelimit-reset-requests", "10s",
-		), Quota{-1, 10, 10 * time.Second, 0, "x-ratelimit", "", true, false}, true},
+		), Quota{-1, 10, 10 * time.Second, 0, "x-ratelimit", "", true, false, 0}, true},
 
 		{"nothing", header("Content-Type", "application/json"), Quota{}, false},
 	}
@@ -296,7 +296,7 @@ func TestParseGitHubResponse(t *testing.T) {
 	defer resp.Body.Close()
 	// The client's clock runs 5s ahead; the Date header absorbs that.
 	q, ok := Parse(resp.Header, now.Add(5*time.Second))
-	want := Quota{60, 0, 42 * time.Minute, 0, "github", "core", true, true}
+	want := Quota{60, 0, 42 * time.Minute, 0, "github", "core", true, true, 0}
 	if !ok || q != want {
 		t.Errorf("Parse = %+v, %v; want %+v, true", q, ok, want)
 	}
@@ -436,9 +436,9 @@ func TestParseTokens(t *testing.T) {
 			"x-ratelimit-limit-tokens", "30000",
 			"x-ratelimit-remaining-tokens", "0",
 			"x-ratelimit-reset-tokens", "7.66s",
-		), Quota{30000, 0, 7660 * time.Millisecond, 0, "openai", "tokens", false, false}, true},
+		), Quota{30000, 0, 7660 * time.Millisecond, 0, "openai", "tokens", false, false, 0}, true},
 		{"openai whole seconds", header("x-ratelimit-remaining-tokens", "10", "x-ratelimit-reset-tokens", "1m0s"),
-			Quota{-1, 10, time.Minute, 0, "openai", "tokens", true, false}, true},
+			Quota{-1, 10, time.Minute, 0, "openai", "tokens", true, false, 0}, true},
 		{"anthropic output binds", header(
 			"Date", httpDate(now),
 			"anthropic-ratelimit-input-tokens-limit", "40000",
@@ -447,7 +447,7 @@ func TestParseTokens(t *testing.T) {
 			"anthropic-ratelimit-output-tokens-limit", "8000",
 			"anthropic-ratelimit-output-tokens-remaining", "0",
 			"anthropic-ratelimit-output-tokens-reset", now.Add(30*time.Second).Format(time.RFC3339),
-		), Quota{8000, 0, 30 * time.Second, 0, "anthropic", "output-tokens", true, true}, true},
+		), Quota{8000, 0, 30 * time.Second, 0, "anthropic", "output-tokens", true, true, 0}, true},
 		{"requests only", header("x-ratelimit-remaining-requests", "3"), Quota{}, false},
 		{"garbage", header("x-ratelimit-remaining-tokens", "-4", "x-ratelimit-reset-tokens", "soon"), Quota{}, false},
 	}

@@ -363,6 +363,31 @@ func TestGCRANoHeaders(t *testing.T) {
 	})
 }
 
+// TestSlidingWindowOffset: windows that start 0.3 s after the second
+// state their end truncated to it, which passes 0.3 s before the window
+// ends, and count until then.
+func TestSlidingWindowOffset(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		m := NewSlidingWindow(SlidingWindowConfig{Limit: 10, Window: time.Second, Offset: 300 * time.Millisecond})
+		s := New(Config{Limiter: m})
+		defer s.Close()
+		// The bubble starts on a whole second: in the window that began
+		// 0.7 s before, which ends 0.3 s in.
+		for i := range 10 {
+			wantHeaders(t, "first window", get(t, s), 200, "X-RateLimit-Remaining", itoa(int64(9-i)), "X-RateLimit-Reset", itoa(bubbleEpoch))
+		}
+		wantStatus(t, "full", get(t, s), 429)
+		time.Sleep(200 * time.Millisecond)
+		wantHeaders(t, "still full", get(t, s), 429, "X-RateLimit-Reset", itoa(bubbleEpoch))
+		// At 0.3 s the next window: the one before weighs 10 at its start.
+		time.Sleep(100 * time.Millisecond)
+		wantHeaders(t, "next window", get(t, s), 429, "X-RateLimit-Reset", itoa(bubbleEpoch+1))
+		// Half way through it, 5 weigh.
+		time.Sleep(500 * time.Millisecond)
+		wantHeaders(t, "half way", get(t, s), 200, "X-RateLimit-Remaining", "4", "X-RateLimit-Reset", itoa(bubbleEpoch+1))
+	})
+}
+
 func TestSlidingWindow(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		m := NewSlidingWindow(SlidingWindowConfig{Limit: 10, Window: time.Second})

@@ -13,9 +13,15 @@ import (
 type SlidingWindowConfig struct {
 	// Limit requests per Window; both must be positive. Windows are
 	// aligned as time.Time.Truncate aligns them (to the Unix epoch for any
-	// Window that divides a day).
+	// Window that divides a day), then moved later by Offset.
 	Limit  int
 	Window time.Duration
+	// Offset moves every window's start later by this much (not
+	// negative), modulo Window. httprate's in-memory counter starts its windows where the
+	// limiter was made, Offset after a whole Window: its stated reset, the
+	// window's end truncated to the second, then comes before the window
+	// ends.
+	Offset time.Duration
 }
 
 // SlidingWindow models a sliding-window counter, the approximation that
@@ -63,7 +69,8 @@ func (m *SlidingWindow) Admit(now time.Time, _ *http.Request) Decision {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	w := m.cfg.Window
-	start := now.UTC().Truncate(w)
+	off := m.cfg.Offset % w
+	start := now.UTC().Add(-off).Truncate(w).Add(off)
 	switch {
 	case !m.primed:
 		m.start, m.primed = start, true
