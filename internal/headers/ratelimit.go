@@ -528,10 +528,7 @@ func parseXRateLimit(h http.Header, ref *refClock, p *picker, limitKey, remainin
 		c.Remaining = parseCount(v)
 	}
 	if v, ok := field(h, resetKey); ok {
-		c.Reset, c.Coarse, c.Instant, c.resetKnown = parseReset(v, ref)
-		if c.Instant && c.Reset == 0 {
-			c.Passed = passedBy(v, ref)
-		}
+		c.Reset, c.Passed, c.Coarse, c.Instant, c.resetKnown = parseReset(v, ref)
 	}
 	if github {
 		// Discord states the delay to its reset too, to the millisecond:
@@ -561,47 +558,34 @@ func parseXRateLimit(h http.Header, ref *refClock, p *picker, limitKey, remainin
 // parseReset parses an X-RateLimit-Reset value: seconds, possibly
 // fractional, that are a Unix time if at least epochThreshold and a delay
 // otherwise; or a date (see parseDate). A Unix time or a date is measured
-// from ref's time and clamped at 0. coarse reports a value in whole
-// seconds, instant a Unix time or a date.
-func parseReset(s string, ref *refClock) (d time.Duration, coarse, instant, ok bool) {
+// from ref's time and clamped at 0; passed is how long ago it was when it
+// is past, at most maxPassed. coarse reports a value in whole seconds,
+// instant a Unix time or a date.
+func parseReset(s string, ref *refClock) (d, passed time.Duration, coarse, instant, ok bool) {
+	var t time.Time
 	whole, frac, ok := parseDecimal(s)
-	if !ok {
-		t, ok := parseDate(s)
+	switch {
+	case !ok:
+		date, ok := parseDate(s)
 		if !ok {
-			return 0, false, false, false
+			return 0, 0, false, false, false
 		}
-		d, ok = untilTime(dateEnd(t), ref.get())
-		return d, ok, ok, ok
-	}
-	instant = whole >= epochThreshold
-	if instant {
-		d, ok = untilTime(time.Unix(whole, frac), ref.get())
-	} else {
+		t, coarse = dateEnd(date), true
+	case whole < epochThreshold:
 		d, ok = secondsToDuration(whole, frac)
+		return d, 0, ok && frac == 0, false, ok
+	default:
+		t, coarse = time.Unix(whole, frac), frac == 0
 	}
-	return d, ok && frac == 0, ok && instant, ok
+	now := ref.get()
+	if d, ok = untilTime(t, now); ok && d == 0 {
+		passed = min(max(now.Sub(t), 0), maxPassed)
+	}
+	return d, passed, ok && coarse, ok, ok
 }
 
 // maxPassed caps Quota.Passed.
 const maxPassed = 24 * time.Hour
-
-// passedBy returns how long before ref the instant s states (a Unix time
-// or a date, as parseReset reads it) was, at most maxPassed; 0 if s
-// states none or one not past.
-func passedBy(s string, ref *refClock) time.Duration {
-	var t time.Time
-	if whole, frac, ok := parseDecimal(s); ok {
-		if whole < epochThreshold {
-			return 0
-		}
-		t = time.Unix(whole, frac)
-	} else if d, ok := parseDate(s); ok {
-		t = dateEnd(d)
-	} else {
-		return 0
-	}
-	return min(max(ref.get().Sub(t), 0), maxPassed)
-}
 
 // untilTime returns t-ref, clamped at 0 if t is in the past, and fails
 // (returning 0) if it exceeds maxDuration.
