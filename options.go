@@ -131,7 +131,12 @@ func (c *config) perSecond() float64 {
 	if c.rateN == 0 {
 		return 0
 	}
-	return float64(c.rateN) / c.ratePer.Seconds() * c.headroom
+	return perSecond(c.rateN, c.ratePer, c.headroom)
+}
+
+// perSecond is n per per, after headroom, in requests a second.
+func perSecond(n int, per time.Duration, headroom float64) float64 {
+	return float64(n) / per.Seconds() * headroom
 }
 
 // sublimit returns the options of a sub-limit's lane: c's, with no
@@ -431,7 +436,7 @@ func (c *config) validate() error {
 	}
 	for _, name := range slices.Sorted(maps.Keys(c.subRates)) {
 		sr := c.subRates[name]
-		if r := float64(sr.n) / sr.per.Seconds() * c.headroom; r > 1e9 {
+		if r := perSecond(sr.n, sr.per, c.headroom); r > 1e9 {
 			return invalid("WithSublimitRate(%q, %d, %v): %v per second is out of range", name, sr.n, sr.per, r)
 		}
 	}

@@ -74,14 +74,14 @@ func New(base http.RoundTripper, opts ...Option) (*Transport, error) {
 	}
 	t.cfg.events = newEvents(t.cfg.observers, t.cfg.logger)
 	t.subCfg = t.cfg.sublimit()
+	if len(t.cfg.subRates) > 0 {
+		t.subRated = make(map[string]*config, len(t.cfg.subRates))
+	}
 	for name, r := range t.cfg.subRates {
 		// A sub-limit given a rate is a budget as a lane's is: a Backend
 		// shares it across processes. Others pace by their responses.
 		c := t.subCfg
 		c.rateN, c.ratePer, c.backend = r.n, r.per, t.cfg.backend
-		if t.subRated == nil {
-			t.subRated = make(map[string]*config, len(t.cfg.subRates))
-		}
 		t.subRated[name] = &c
 	}
 	return t, nil
