@@ -113,8 +113,8 @@ func (h *Handler) feed(q url.Values) feedJSON {
 		// Live figures where the lane is still there; what the sampler saw
 		// last where it was forgotten since.
 		// A sub-limit has no live read.
-		ls, ok := h.t.LaneStats(lh.id.key)
-		if !ok || lh.id.sub != "" {
+		ls, ok := h.t.LaneStats(lh.id.Key)
+		if !ok || lh.id.Sub != "" {
 			ls = lh.last
 		}
 		f.Shown = append(f.Shown, laneFeed(now, lh, ls))

@@ -3,11 +3,11 @@ package sluicestatus
 import (
 	"cmp"
 	"slices"
-	"strconv"
 	"sync"
 	"time"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/laneid"
 )
 
 // levels is the number of priority levels a LaneStats reports.
@@ -49,30 +49,6 @@ func (s *series) add(p point) {
 	s.next = (s.next + 1) % len(s.pts)
 }
 
-// laneID tells a lane or sub-limit from every other: its key and the
-// sub-limit's name ("" for a lane). LaneStats.Name joins them with "/",
-// which a key may contain: "a/b" and sub-limit "b" of "a" share a name.
-type laneID struct{ key, sub string }
-
-func idOf(ls *sluice.LaneStats) laneID { return laneID{ls.Key, ls.Sublimit} }
-
-// compare orders lanes by key, each lane before its sub-limits.
-func (id laneID) compare(o laneID) int {
-	if c := cmp.Compare(id.key, o.key); c != 0 {
-		return c
-	}
-	return cmp.Compare(id.sub, o.sub)
-}
-
-// String is an identity for the page: unlike a name, it tells every
-// lane and sub-limit apart (the key's length says where it ends).
-func (id laneID) String() string {
-	if id.sub == "" {
-		return id.key
-	}
-	return strconv.Itoa(len(id.key)) + ":" + id.key + "/" + id.sub
-}
-
 // seen is what the history keeps of every lane of the latest sample, shown
 // or not: its counters, to take differences, and its activity score.
 type seen struct {
@@ -89,13 +65,13 @@ type history struct {
 
 	mu    sync.Mutex
 	last  time.Time // of the latest sample; zero before the first
-	seen  map[laneID]seen
-	shown map[laneID]*series
+	seen  map[laneid.ID]seen
+	shown map[laneid.ID]*series
 	total int // lanes in the latest sample
 }
 
 func newHistory(size, maxLanes int) *history {
-	return &history{size: size, maxLanes: maxLanes, seen: map[laneID]seen{}, shown: map[laneID]*series{}}
+	return &history{size: size, maxLanes: maxLanes, seen: map[laneid.ID]seen{}, shown: map[laneid.ID]*series{}}
 }
 
 // delta is cur - prev for a counter, or cur if the counter restarted (the
@@ -120,7 +96,7 @@ func (h *history) record(now time.Time, s sluice.Stats) {
 		sc float64
 	}
 	cands := make([]candidate, 0, len(s.Lanes))
-	next := make(map[laneID]seen, len(s.Lanes))
+	next := make(map[laneid.ID]seen, len(s.Lanes))
 	for i := range s.Lanes {
 		ls := &s.Lanes[i]
 		cur := seen{throttled: ls.Throttled, cooldowns: ls.Cooldowns}
@@ -132,7 +108,7 @@ func (h *history) record(now time.Time, s sluice.Stats) {
 			p.queued[l], p.waitP99[l] = lv.Queued, lv.WaitP99
 			queued += lv.Queued
 		}
-		prev, known := h.seen[idOf(ls)]
+		prev, known := h.seen[laneid.Of(ls)]
 		switch {
 		case known && !first:
 			p.achieved = float64(delta(cur.granted, prev.granted)) / dt
@@ -149,7 +125,7 @@ func (h *history) record(now time.Time, s sluice.Stats) {
 		if known {
 			cur.score = prev.score + scoreWeight*(activity-prev.score)
 		}
-		next[idOf(ls)] = cur
+		next[laneid.Of(ls)] = cur
 		cands = append(cands, candidate{ls, p, cur.score})
 	}
 	// The busiest first; among equals the lane already shown, then by key,
@@ -158,25 +134,25 @@ func (h *history) record(now time.Time, s sluice.Stats) {
 		if c := cmp.Compare(b.sc, a.sc); c != 0 {
 			return c
 		}
-		_, as := h.shown[idOf(a.ls)]
-		_, bs := h.shown[idOf(b.ls)]
+		_, as := h.shown[laneid.Of(a.ls)]
+		_, bs := h.shown[laneid.Of(b.ls)]
 		if as != bs {
 			if as {
 				return -1
 			}
 			return 1
 		}
-		return idOf(a.ls).compare(idOf(b.ls))
+		return laneid.Of(a.ls).Compare(laneid.Of(b.ls))
 	})
-	shown := make(map[laneID]*series, min(len(cands), h.maxLanes))
+	shown := make(map[laneid.ID]*series, min(len(cands), h.maxLanes))
 	for _, c := range cands[:min(len(cands), h.maxLanes)] {
-		ser := h.shown[idOf(c.ls)]
+		ser := h.shown[laneid.Of(c.ls)]
 		if ser == nil {
 			ser = &series{pts: make([]point, 0, h.size)}
 		}
 		ser.add(c.p)
 		ser.last = *c.ls
-		shown[idOf(c.ls)] = ser
+		shown[laneid.Of(c.ls)] = ser
 	}
 	h.seen, h.shown, h.total, h.last = next, shown, len(s.Lanes), now
 }
@@ -184,7 +160,7 @@ func (h *history) record(now time.Time, s sluice.Stats) {
 // laneHistory is a copy of one series, for a reader: its samples after a
 // time, and figures over all it keeps.
 type laneHistory struct {
-	id   laneID
+	id   laneid.ID
 	pts  []point // oldest first
 	last sluice.LaneStats
 	// achieved is the latest sample's; throttled and cooldowns are the
@@ -223,6 +199,6 @@ func (h *history) snapshot(since int64, interval time.Duration) (lanes []laneHis
 		lh.span = at(n-1).at.Sub(at(0).at) + interval
 		lanes = append(lanes, lh)
 	}
-	slices.SortFunc(lanes, func(a, b laneHistory) int { return a.id.compare(b.id) })
+	slices.SortFunc(lanes, func(a, b laneHistory) int { return a.id.Compare(b.id) })
 	return lanes, h.total, h.last
 }

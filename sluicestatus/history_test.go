@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/laneid"
 )
 
 func lane(key string, granted, throttled uint64) sluice.LaneStats {
@@ -82,7 +83,7 @@ func TestHistorySlashKey(t *testing.T) {
 	if total != 2 || len(lanes) != 2 {
 		t.Fatalf("%d lanes, %d shown; want 2 and 2", total, len(lanes))
 	}
-	want := map[laneID]float64{{"a/b", ""}: 20, {"a", "b"}: 200}
+	want := map[laneid.ID]float64{{Key: "a/b"}: 20, {Key: "a", Sub: "b"}: 200}
 	ids := map[string]bool{}
 	for _, lh := range lanes {
 		if lh.achieved != want[lh.id] {

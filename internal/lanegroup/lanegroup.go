@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/laneid"
 )
 
 // maxCache bounds the cache of labels by lane key.
@@ -79,16 +80,11 @@ type Grouper struct {
 	max  int // 0: no cap
 
 	mu      sync.Mutex
-	labels  map[string]bool      // labels given out, Other aside
-	last    map[laneID]laneMemo  // the lane's counters at the last read
-	retired map[string]*Counters // by label: counted by lanes gone
-	byKey   map[laneID]string    // the lane's label, a cache for Label
+	labels  map[string]bool        // labels given out, Other aside
+	last    map[laneid.ID]laneMemo // the lane's counters at the last read
+	retired map[string]*Counters   // by label: counted by lanes gone
+	byKey   map[laneid.ID]string   // the lane's label, a cache for Label
 }
-
-// laneID tells a lane or sub-limit from every other: its key and the
-// sub-limit's name ("" for a lane). LaneStats.Name joins them with "/",
-// which a key may contain: "a/b" and sub-limit "b" of "a" share a name.
-type laneID struct{ key, sub string }
 
 type laneMemo struct {
 	label string
@@ -106,9 +102,9 @@ func New(mapf func(string) string, max int) *Grouper {
 		mapf:    mapf,
 		max:     max,
 		labels:  make(map[string]bool),
-		last:    make(map[laneID]laneMemo),
+		last:    make(map[laneid.ID]laneMemo),
 		retired: make(map[string]*Counters),
-		byKey:   make(map[laneID]string),
+		byKey:   make(map[laneid.ID]string),
 	}
 }
 
@@ -123,11 +119,11 @@ func (g *Grouper) Label(key string) string {
 // labelled label; id is the sub-limit's. A sub-limit has a series of its
 // own under its lane's label, within the cap on labels; past it, the
 // lane's sub-limits share label + "/other".
-func (g *Grouper) subLabelLocked(id laneID, label string) string {
+func (g *Grouper) subLabelLocked(id laneid.ID, label string) string {
 	if l, ok := g.byKey[id]; ok {
 		return l
 	}
-	l := label + "/" + id.sub
+	l := label + "/" + id.Sub
 	if !g.labels[l] {
 		if label == Other || g.max > 0 && len(g.labels) >= g.max {
 			l = label + "/" + Other
@@ -143,7 +139,7 @@ func (g *Grouper) subLabelLocked(id laneID, label string) string {
 }
 
 func (g *Grouper) labelLocked(key string) string {
-	if l, ok := g.byKey[laneID{key: key}]; ok {
+	if l, ok := g.byKey[laneid.ID{Key: key}]; ok {
 		return l
 	}
 	l := g.mapf(key)
@@ -160,7 +156,7 @@ func (g *Grouper) labelLocked(key string) string {
 	if len(g.byKey) >= maxCache {
 		clear(g.byKey)
 	}
-	g.byKey[laneID{key: key}] = l
+	g.byKey[laneid.ID{Key: key}] = l
 	return l
 }
 
@@ -187,10 +183,10 @@ func (g *Grouper) Groups(stats func() sluice.Stats) ([]Group, sluice.Stats) {
 		}
 		return &out[i]
 	}
-	live := make(map[laneID]bool, len(s.Lanes))
+	live := make(map[laneid.ID]bool, len(s.Lanes))
 	for i := range s.Lanes {
 		ls := &s.Lanes[i]
-		id, label := laneID{ls.Key, ls.Sublimit}, g.labelLocked(ls.Key)
+		id, label := laneid.Of(ls), g.labelLocked(ls.Key)
 		if ls.Sublimit != "" {
 			label = g.subLabelLocked(id, label)
 		}

@@ -1,0 +1,38 @@
+// Package laneid tells a lane or a sub-limit apart from every other, for
+// the packages that keep figures per lane (the exporters' grouping, the
+// status page). sluice.LaneStats.Name cannot: it joins a lane's key and a
+// sub-limit's name with "/", which a key may contain, so that lane "a/b"
+// and sub-limit "b" of lane "a" share a name.
+package laneid
+
+import (
+	"cmp"
+	"strconv"
+
+	"github.com/sluice-go/sluice"
+)
+
+// An ID is a lane's key and, for a sub-limit, its name ("" for a lane).
+// It is comparable: a map key.
+type ID struct{ Key, Sub string }
+
+// Of returns the ID of the lane or sub-limit ls reports.
+func Of(ls *sluice.LaneStats) ID { return ID{ls.Key, ls.Sublimit} }
+
+// Compare orders IDs by key, each lane before its sub-limits.
+func (id ID) Compare(o ID) int {
+	if c := cmp.Compare(id.Key, o.Key); c != 0 {
+		return c
+	}
+	return cmp.Compare(id.Sub, o.Sub)
+}
+
+// String returns a text that, unlike a name, no other ID has: a lane's
+// key, or for a sub-limit the key's length, ":", the key, "/" and the
+// name.
+func (id ID) String() string {
+	if id.Sub == "" {
+		return id.Key
+	}
+	return strconv.Itoa(len(id.Key)) + ":" + id.Key + "/" + id.Sub
+}
