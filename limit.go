@@ -181,8 +181,8 @@ func (s *limiter) onSample(now, latency time.Duration, k verdict.Kind, waiting b
 // from its start, where a quarter a window would take seconds to reach
 // what the server serves. It ends for good at the first sign of the
 // server's limits: a latency slowExit above the smoothed one (the server
-// queues; the mean latency of slow start's samples is the gradient's first
-// baseline), an overload (see onOverload), or a rate (learned from a
+// queues; the mean latency of the window's samples so far is the
+// gradient's first baseline), an overload (see onOverload), or a rate (learned from a
 // refusal, or stated: Little's law then sizes the limit).
 func (s *limiter) slowStart(x, w float64, waiting bool) {
 	if !s.slow {
@@ -194,9 +194,10 @@ func (s *limiter) slowStart(x, w float64, waiting bool) {
 	case !s.held:
 		s.slow = false
 	case w > 0 && x > w*(1+slowExit):
-		// The server queues what the lane adds. The mean of slow
-		// start's samples is the gradient's first baseline: the first
-		// window's would hold the queueing of slow start's last round.
+		// The server queues what the lane adds. The mean of the
+		// window's samples so far (slow start's, and this one) is the
+		// gradient's first baseline: the whole window's would hold the
+		// queueing of slow start's last round.
 		s.slow = false
 		s.push(s.sumW / float64(s.n))
 	case (s.inUse >= s.limit || spread) && waiting && s.cap < s.max:
