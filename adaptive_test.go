@@ -3,6 +3,7 @@ package sluice
 import (
 	"context"
 	"fmt"
+	"github.com/sluice-go/sluice/internal/pace"
 	"io"
 	"log/slog"
 	"math"
@@ -646,7 +647,7 @@ func TestTimeNextSamples(t *testing.T) {
 		{"fast lane, a grant every 200µs", 1e9, 200 * time.Microsecond, 800 / 5},
 		{"fast lane, used little", 1e9, 2 * sampleGap, 800},
 	} {
-		l := &lane{pace: pacer{rate: tc.rate}}
+		l := &lane{pace: pace.New(tc.rate, 1, time.Minute, true, 0)}
 		got := 0
 		for i := range 800 {
 			if l.timeNextLocked(time.Hour + time.Duration(i)*tc.spacing) {
@@ -708,7 +709,7 @@ func TestSampledLaneStillLearns(t *testing.T) {
 		wg.Wait()
 		l := tr.lane("api.test")
 		l.mu.Lock()
-		accepted := l.pace.accepted(l.clk.tick())
+		accepted := l.pace.Accepted(l.clk.tick())
 		l.mu.Unlock()
 		if accepted != workers*each {
 			t.Errorf("feedback counted %d responses, want %d", accepted, workers*each)

@@ -2,6 +2,7 @@ package sluice
 
 import (
 	"context"
+	"github.com/sluice-go/sluice/internal/pace"
 	"math"
 	"time"
 )
@@ -16,11 +17,11 @@ import (
 func (l *lane) estimateLocked(now time.Duration, p Priority, tn *tenant, ch *charge) time.Duration {
 	var d time.Duration
 	start := now
-	if until := l.pace.notBefore(); start < until {
+	if until := l.pace.NotBefore(); start < until {
 		d = until - start
 		start = until
 	}
-	r := l.pace.paceRate()
+	r := l.pace.PaceRate()
 	if r == 0 {
 		return d + l.budgets.wait(start, p, ch)
 	}
@@ -29,9 +30,9 @@ func (l *lane) estimateLocked(now time.Duration, p Priority, tn *tenant, ch *cha
 		// Taking tokens from a Backend the local bucket is not drawn from:
 		// what it holds says nothing of the shared budget, which is taken
 		// as empty.
-		need -= l.pace.held(start)
+		need -= l.pace.Held(start)
 	}
-	w := max(tokensDelay(need, r), l.budgets.wait(start, p, ch))
+	w := max(pace.TokensDelay(need, r), l.budgets.wait(start, p, ch))
 	if w > math.MaxInt64-d {
 		return math.MaxInt64
 	}

@@ -192,7 +192,7 @@ func (l *lane) backendDone() {
 // the key pauses with it. It is called after a response is observed.
 func (l *lane) shareCooldown() {
 	l.mu.Lock()
-	d, ok := l.pace.toShare()
+	d, ok := l.pace.ToShare()
 	l.mu.Unlock()
 	if !ok {
 		return
@@ -227,7 +227,7 @@ func (l *lane) takeShared(r float64) {
 		l.slot.put()
 		// A Backend that names an absurd wait is held to the cap that
 		// applies to a server's Retry-After.
-		l.pace.setWait(now, wait)
+		l.pace.SetWait(now, wait)
 	default:
 		if w := l.q.pop(l.slot.limit); w != nil {
 			l.grantLocked(now, w, nil)
@@ -256,7 +256,7 @@ func (l *lane) joinLocked() {
 	}
 	// Nothing is sent before the first grant (see grant); the budgets
 	// spend what the Leaser grants them.
-	l.pace.join()
+	l.pace.Join()
 	l.budgets.joinFleet()
 }
 
@@ -289,18 +289,18 @@ func (l *lane) demand() (Demand, bool) {
 func (l *lane) grant(s Share) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.closed || l.dead.Load() || !l.pace.sharing() {
+	if l.closed || l.dead.Load() || !l.pace.Sharing() {
 		return
 	}
 	now := l.clk.tick()
-	l.pace.setShare(now, s.Rate, s.Burst)
+	l.pace.SetShare(now, s.Rate, s.Burst)
 	l.budgets.share(now, s.Budgets)
 	l.slot.leased = 0
 	if s.InFlight >= 0 {
 		l.slot.leased = s.InFlight + 1
 	}
 	if !s.Cool.IsZero() {
-		l.cooledLocked(context.Background(), l.pace.cool(now, l.clk.ticks(s.Cool), "a cooldown shared by another process"))
+		l.cooledLocked(context.Background(), l.pace.Cool(now, l.clk.ticks(s.Cool), "a cooldown shared by another process"))
 	}
 	l.wakeLocked()
 }

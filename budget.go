@@ -1,6 +1,7 @@
 package sluice
 
 import (
+	"github.com/sluice-go/sluice/internal/pace"
 	"math"
 	"net/http"
 	"slices"
@@ -32,7 +33,7 @@ type budgets struct {
 // budget is the account of one budget. See docs/design.md, "Budgets".
 type budget struct {
 	name   string
-	b      bucket
+	b      pace.Bucket
 	queued [numLevels]float64 // cost of the waiters queued at each level
 	sent   float64            // units granted so far; a charge keeps its value at its grant
 	margin float64            // the learned underestimate, a share of the estimate
@@ -75,7 +76,7 @@ func newBudgets(cfg []budgetConfig) budgets {
 	bs := make([]budget, len(cfg))
 	for i, c := range cfg {
 		r := float64(c.n) / c.per.Seconds()
-		bs[i] = budget{name: c.name, b: bucket{rate: r, burst: float64(c.n), tokens: float64(c.n)}, refill: r}
+		bs[i] = budget{name: c.name, b: pace.NewBucket(r, float64(c.n), float64(c.n)), refill: r}
 	}
 	return budgets{bs: bs}
 }
@@ -86,7 +87,8 @@ func newBudgets(cfg []budgetConfig) budgets {
 func (bs *budgets) joinFleet() {
 	for i := range bs.bs {
 		b := &bs.bs[i]
-		b.b.rate, b.b.tokens, b.flow, b.fleet = 0, 0, b.refill, true
+		b.b = pace.NewBucket(0, b.b.Burst(), 0)
+		b.flow, b.fleet = b.refill, true
 	}
 }
 
@@ -121,7 +123,7 @@ func (bs *budgets) chargeOf(costs *cost) (ch *charge, over *cost) {
 			if c.name != b.name {
 				continue
 			}
-			if c.n > b.b.burst {
+			if c.n > b.b.Burst() {
 				return nil, c
 			}
 			if c.n > 0 {
@@ -142,7 +144,7 @@ func (bs *budgets) canPay(now time.Duration, ch *charge) bool {
 		return true
 	}
 	for i := range bs.bs {
-		if c := ch.cost[i]; c > 0 && bs.bs[i].b.advance(now) < bs.bs[i].need(c) {
+		if c := ch.cost[i]; c > 0 && bs.bs[i].b.Level(now) < bs.bs[i].need(c) {
 			return false
 		}
 	}
@@ -153,7 +155,7 @@ func (bs *budgets) canPay(now time.Duration, ch *charge) bool {
 // underestimates of c and of the costs not yet answered, within the
 // bucket's size.
 func (b *budget) need(c float64) float64 {
-	return min(c+b.margin*(c+b.out), b.b.burst)
+	return min(c+b.margin*(c+b.out), b.b.Burst())
 }
 
 // pay takes ch's cost from every budget at now, and counts ch among the
@@ -175,7 +177,7 @@ func (bs *budgets) pay(now time.Duration, ch *charge) {
 		b := &bs.bs[i]
 		ch.mark[i] = b.sent
 		if c := ch.cost[i]; c > 0 {
-			b.b.set(now, b.b.advance(now)-c)
+			b.b.Set(now, b.b.Level(now)-c)
 			b.sent += c
 		}
 	}
@@ -216,7 +218,7 @@ func (bs *budgets) repay(now time.Duration, ch *charge) {
 	for i := range bs.bs {
 		if c := ch.cost[i]; c > 0 {
 			b := &bs.bs[i]
-			b.b.set(now, b.b.advance(now)+c)
+			b.b.Set(now, b.b.Level(now)+c)
 			b.sent -= c
 		}
 	}
@@ -231,7 +233,7 @@ func (bs *budgets) payDelay(now time.Duration, ch *charge) time.Duration {
 	for i := range bs.bs {
 		b := &bs.bs[i]
 		if c := ch.cost[i]; c > 0 {
-			d = max(d, tokensDelay(b.need(c)-b.b.advance(now), b.b.rate))
+			d = max(d, pace.TokensDelay(b.need(c)-b.b.Level(now), b.b.Rate()))
 		}
 	}
 	return d
@@ -262,7 +264,7 @@ func (bs *budgets) wait(start time.Duration, p Priority, ch *charge) time.Durati
 		for lv := Interactive; lv <= p; lv++ {
 			need += b.queued[lv]
 		}
-		d = max(d, tokensDelay(need-b.b.advance(start), b.estRate()))
+		d = max(d, pace.TokensDelay(need-b.b.Level(start), b.estRate()))
 	}
 	return d
 }
@@ -270,10 +272,10 @@ func (bs *budgets) wait(start time.Duration, p Priority, ch *charge) time.Durati
 // estRate is the rate at which b is expected to gain units: its refill,
 // or with a Leaser the lane's expected part of the fleet's.
 func (b *budget) estRate() float64 {
-	if b.b.rate == 0 {
+	if b.b.Rate() == 0 {
 		return b.flow
 	}
-	return b.b.rate
+	return b.b.Rate()
 }
 
 // observe takes what a response at now to an attempt sent at sent with
@@ -325,7 +327,7 @@ func (bs *budgets) points(now, sent time.Duration, remaining *[maxBudgets]int64,
 	// the attempt only what was granted after it.
 	b.sent += actual - est
 	bs.retarget(i, ch, actual)
-	remaining[i] = int64(max(pts.Available-(now-sent).Seconds()*b.b.rate, 0))
+	remaining[i] = int64(max(pts.Available-(now-sent).Seconds()*b.b.Rate(), 0))
 	return pts.Actual < 0 && max(pts.Requested, est) > pts.Available
 }
 
@@ -350,13 +352,13 @@ func (bs *budgets) reconcile(i int, remaining int64, now, sent time.Duration, ch
 		return
 	}
 	since, before := bs.uncounted(i, ch)
-	t := float64(remaining) + (now-sent).Seconds()*b.b.rate - since - before
-	t = min(max(t, -b.b.burst), b.b.burst)
+	t := float64(remaining) + (now-sent).Seconds()*b.b.Rate() - since - before
+	t = min(max(t, -b.b.Burst()), b.b.Burst())
 	if ch != nil && ch.cost[i] > 0 && before == 0 {
-		under := (b.b.advance(now) - t) / (ch.cost[i] + max(since, 0))
+		under := (b.b.Level(now) - t) / (ch.cost[i] + max(since, 0))
 		b.margin = min(max(b.margin*0.9999, under), maxCostMargin)
 	}
-	b.b.set(now, t)
+	b.b.Set(now, t)
 }
 
 // uncounted returns what a server's count in answer to the attempt of
@@ -381,7 +383,7 @@ func (bs *budgets) uncounted(i int, ch *charge) (since, before float64) {
 // high.
 func (bs *budgets) adjust(i int, now time.Duration, estimate, actual float64) {
 	b := &bs.bs[i]
-	b.b.set(now, min(b.b.advance(now)+estimate-actual, b.b.burst))
+	b.b.Set(now, min(b.b.Level(now)+estimate-actual, b.b.Burst()))
 	b.sent += actual - estimate
 }
 
@@ -393,7 +395,7 @@ func (bs *budgets) full(now time.Duration) bool {
 		return true
 	}
 	for i := range bs.bs {
-		if b := &bs.bs[i].b; b.tokensAt(now) < b.burst {
+		if b := &bs.bs[i].b; b.Level(now) < b.Burst() {
 			return false
 		}
 	}
@@ -432,7 +434,7 @@ func (bs *budgets) seen(i int, remaining int64, now, sent time.Duration, ch *cha
 	b := &bs.bs[i]
 	since, before := bs.uncounted(i, ch)
 	t := float64(remaining) + (now-sent).Seconds()*b.refill - since - before
-	b.server, b.seenAt, b.seenSent = min(t, b.b.burst), now, b.sent
+	b.server, b.seenAt, b.seenSent = min(t, b.b.Burst()), now, b.sent
 	b.seen++
 }
 
@@ -446,9 +448,9 @@ func (bs *budgets) demand(now time.Duration, next *charge) []BudgetDemand {
 	for i := range bs.bs {
 		b := &bs.bs[i]
 		d := &ds[i]
-		d.Name, d.Size = b.name, int(b.b.burst)
-		d.Per = time.Duration(math.Round(b.b.burst / b.refill * 1e9))
-		d.Level, d.Spent, d.Unanswered = b.b.advance(now), b.sent, max(b.out, 0)
+		d.Name, d.Size = b.name, int(b.b.Burst())
+		d.Per = time.Duration(math.Round(b.b.Burst() / b.refill * 1e9))
+		d.Level, d.Spent, d.Unanswered = b.b.Level(now), b.sent, max(b.out, 0)
 		for p := range d.Queued {
 			d.Queued[p] = max(b.queued[p], 0)
 		}
@@ -456,7 +458,7 @@ func (bs *budgets) demand(now time.Duration, next *charge) []BudgetDemand {
 			d.Need = b.need(next.cost[i])
 		}
 		if d.Seen = b.seen; d.Seen > 0 {
-			d.Server = min(b.server+(now-b.seenAt).Seconds()*b.refill-(b.sent-b.seenSent), b.b.burst)
+			d.Server = min(b.server+(now-b.seenAt).Seconds()*b.refill-(b.sent-b.seenSent), b.b.Burst())
 		}
 	}
 	return ds
@@ -468,7 +470,7 @@ func (bs *budgets) share(now time.Duration, ss []BudgetShare) {
 	for i := range min(len(ss), len(bs.bs)) {
 		b, s := &bs.bs[i], ss[i]
 		if s.Add != 0 && !math.IsNaN(s.Add) {
-			b.b.set(now, min(b.b.advance(now)+s.Add, b.b.burst))
+			b.b.Set(now, min(b.b.Level(now)+s.Add, b.b.Burst()))
 		}
 		if s.Rate >= 0 && !math.IsInf(s.Rate, 0) {
 			b.flow = s.Rate

@@ -3,6 +3,7 @@ package sluice
 import (
 	"context"
 	"errors"
+	"github.com/sluice-go/sluice/internal/pace"
 	"net/http"
 	"strconv"
 	"sync"
@@ -172,14 +173,14 @@ func TestBudgetsFollowServer(t *testing.T) {
 	ch := mustCharge(t, &bs, 3000)
 	bs.pay(0, ch)
 	respond(0, 0, 5000, ch)
-	if got := bs.bs[0].b.advance(0); got != 5000 {
+	if got := bs.bs[0].b.Level(0); got != 5000 {
 		t.Errorf("after an overestimate: %v tokens, want the server's 5000", got)
 	}
 	// Estimated 1,000; the server says 1,000 remain.
 	ch = mustCharge(t, &bs, 1000)
 	bs.pay(0, ch)
 	respond(0, 0, 1000, ch)
-	if got := bs.bs[0].b.advance(0); got != 1000 {
+	if got := bs.bs[0].b.Level(0); got != 1000 {
 		t.Errorf("after an underestimate: %v tokens, want the server's 1000", got)
 	}
 	// Sent at 10 s and answered at 11 s, while 500 more were granted: the
@@ -188,7 +189,7 @@ func TestBudgetsFollowServer(t *testing.T) {
 	bs.pay(10*time.Second, ch)
 	bs.pay(10*time.Second, mustCharge(t, &bs, 500))
 	respond(11*time.Second, 10*time.Second, 2000, ch)
-	if got := bs.bs[0].b.advance(11 * time.Second); got != 2000+100-500 {
+	if got := bs.bs[0].b.Level(11 * time.Second); got != 2000+100-500 {
 		t.Errorf("after a response a second after its send, 500 granted since: %v tokens, want 1600", got)
 	}
 }
@@ -255,15 +256,15 @@ func TestBudgetsAdjust(t *testing.T) {
 		t.Fatalf("index of a budget it does not have = %d, want -1", i)
 	}
 	bs.adjust(0, 0, 4000, 1500)
-	if got := bs.bs[0].b.advance(0); got != 4500 {
+	if got := bs.bs[0].b.Level(0); got != 4500 {
 		t.Errorf("after reporting 1500 of an estimated 4000: %v tokens, want 4500", got)
 	}
 	bs.adjust(0, 0, 1000, 2000)
-	if got := bs.bs[0].b.advance(0); got != 3500 {
+	if got := bs.bs[0].b.Level(0); got != 3500 {
 		t.Errorf("after reporting 2000 of an estimated 1000: %v tokens, want 3500", got)
 	}
 	bs.adjust(0, 0, 5000, 0)
-	if got := bs.bs[0].b.advance(0); got != 6000 {
+	if got := bs.bs[0].b.Level(0); got != 6000 {
 		t.Errorf("after a refund past the size: %v tokens, want the size, 6000", got)
 	}
 }
@@ -347,7 +348,7 @@ func TestBudgetsOvertaken(t *testing.T) {
 	// The later attempt reaches the server first: 9,000 remain.
 	left[0] = 9000
 	bs.observe(0, 0, &left, late, verdict.Points{})
-	if got := bs.bs[0].b.advance(0); got > 5000 {
+	if got := bs.bs[0].b.Level(0); got > 5000 {
 		t.Errorf("after a later attempt's response while an earlier one is on its way: %v tokens, want at most the 5,000 the server will hold", got)
 	}
 	if m := bs.bs[0].margin; m != 0 {
@@ -355,7 +356,7 @@ func TestBudgetsOvertaken(t *testing.T) {
 	}
 	left[0] = 5000
 	bs.observe(0, 0, &left, early, verdict.Points{})
-	if got := bs.bs[0].b.advance(0); got > 5000 {
+	if got := bs.bs[0].b.Level(0); got > 5000 {
 		t.Errorf("after both responses: %v tokens, want at most the server's 5,000", got)
 	}
 	if out, unanswered := bs.bs[0].out, len(bs.out); out != 0 || unanswered != 0 {
@@ -367,7 +368,7 @@ func TestBudgetsOvertaken(t *testing.T) {
 // the attempts still unanswered, each of which may also have cost more
 // than its estimate, within the bucket's size.
 func TestBudgetNeedCoversUnanswered(t *testing.T) {
-	b := budget{b: bucket{burst: 10000}, margin: 0.5, out: 4000}
+	b := budget{b: pace.NewBucket(0, 10000, 0), margin: 0.5, out: 4000}
 	if got := b.need(1000); got != 1000+0.5*(1000+4000) {
 		t.Errorf("need(1000) with margin 0.5 and 4,000 unanswered = %v, want 3500", got)
 	}
@@ -432,7 +433,7 @@ func TestBudgetsPayAndRepay(t *testing.T) {
 		t.Errorf("after repaying: %d charges unanswered, sent %v and %v, want none", len(bs.out), bs.bs[0].sent, bs.bs[1].sent)
 	}
 	if !bs.full(50 * time.Millisecond) {
-		t.Errorf("after repaying the only charge: %v and %v held, want full", bs.bs[0].b.advance(50*time.Millisecond), bs.bs[1].b.advance(50*time.Millisecond))
+		t.Errorf("after repaying the only charge: %v and %v held, want full", bs.bs[0].b.Level(50*time.Millisecond), bs.bs[1].b.Level(50*time.Millisecond))
 	}
 	bs.answered(first) // no longer unanswered: nothing
 	if bs.bs[0].out != 0 {
@@ -518,7 +519,7 @@ func TestBudgetsShared(t *testing.T) {
 	var left [maxBudgets]int64
 	left[0] = 3000
 	bs.observe(70*time.Second, time.Minute, &left, ch, verdict.Points{})
-	if got := bs.bs[0].b.advance(70 * time.Second); got != 300 {
+	if got := bs.bs[0].b.Level(70 * time.Second); got != 300 {
 		t.Errorf("after a response: %v held, want the 300 granted and not spent", got)
 	}
 	d = bs.demand(71*time.Second, nil)

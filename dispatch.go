@@ -2,6 +2,7 @@ package sluice
 
 import (
 	"context"
+	"github.com/sluice-go/sluice/internal/pace"
 	"time"
 )
 
@@ -53,7 +54,7 @@ func (l *lane) run(ctx context.Context, own *waiter) {
 		// cap): only a release can change that.
 		next := l.q.next(l.slot.limit)
 		servable := next != nil
-		if servable && l.perToken && l.slot.free() && tick >= l.pace.notBefore() {
+		if servable && l.perToken && l.slot.free() && tick >= l.pace.NotBefore() {
 			l.slot.take() // held for the token the Backend may give
 			r := l.currentRateLocked()
 			l.mu.Unlock()
@@ -80,15 +81,15 @@ func (l *lane) run(ctx context.Context, own *waiter) {
 		late = false
 		switch {
 		case !servable:
-		case tick < l.pace.cooldown():
-			d = l.pace.cooldown() - tick
-		case l.perToken && tick < l.pace.backendWait() && l.slot.free():
-			d = l.pace.backendWait() - tick
+		case tick < l.pace.Cooldown():
+			d = l.pace.Cooldown() - tick
+		case l.perToken && tick < l.pace.BackendWait() && l.slot.free():
+			d = l.pace.BackendWait() - tick
 		case !l.perToken && l.slot.free():
-			d = max(l.pace.tokenDelay(tick), l.budgets.payDelay(tick, next.charge))
-			late = l.pace.paceRate() > 0
+			d = max(l.pace.TokenDelay(tick), l.budgets.payDelay(tick, next.charge))
+			late = l.pace.PaceRate() > 0
 		}
-		precise := late && d < timerGrain && tokenTime(l.pace.paceRate()) < preciseLag
+		precise := late && d < timerGrain && pace.TokenTime(l.pace.PaceRate()) < preciseLag
 		l.mu.Unlock()
 
 		switch {
@@ -113,7 +114,7 @@ const (
 	// A timer armed for less than timerGrain fires about a millisecond
 	// late on Linux (the runtime's poller sleeps in whole milliseconds).
 	// A lane whose token's time is under preciseLag could not charge that
-	// lateness back (see bucket.takeLate), so its dispatcher sleeps
+	// lateness back (see pace.Pacer.Take), so its dispatcher sleeps
 	// precisely until the token is due instead (see sleepUntil).
 	timerGrain = time.Millisecond
 	preciseLag = timerGrain + timerGrain/5
@@ -159,9 +160,9 @@ func (l *lane) grantLocked(now time.Duration, w *waiter, err error) {
 // tryTakeLocked takes a token and a slot at once if both are available at now
 // (on the lane's clock) and the lane is not cooling down. late says the
 // dispatcher slept until a token was due: the token is then charged when it
-// was due, up to one token's time before now (see bucket.takeLate).
+// was due, up to one token's time before now (see pace.Pacer.Take).
 func (l *lane) tryTakeLocked(now time.Duration, late bool, ch *charge) bool {
-	if !l.pace.ready(now) || !l.slot.free() || !l.budgets.canPay(now, ch) || !l.pace.take(now, late) {
+	if !l.pace.Ready(now) || !l.slot.free() || !l.budgets.canPay(now, ch) || !l.pace.Take(now, late) {
 		return false
 	}
 	l.slot.take()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/sluice-go/sluice/internal/pace"
 	"io"
 	"math/rand/v2"
 	"net/http"
@@ -152,10 +153,10 @@ func Test429sInARow(t *testing.T) {
 		if int(s.Retries) > maxRetries {
 			t.Errorf("%d retries, budget allows %d", s.Retries, maxRetries)
 		}
-		if s.Rate < 100*throttleFloor*0.99 {
-			t.Errorf("rate %.2f/s fell below the floor %.2f/s", s.Rate, 100*throttleFloor)
+		if s.Rate < 100*pace.ThrottleFloor*0.99 {
+			t.Errorf("rate %.2f/s fell below the floor %.2f/s", s.Rate, 100*pace.ThrottleFloor)
 		}
-		if attempts < int(elapsed.Seconds()*100*throttleFloor*0.9) {
+		if attempts < int(elapsed.Seconds()*100*pace.ThrottleFloor*0.9) {
 			t.Errorf("only %d attempts in %v: the lane stalled", attempts, elapsed)
 		}
 	})

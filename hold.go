@@ -82,7 +82,7 @@ func (l *lane) fillLocked(h *hold, ctx context.Context, tn *tenant, ch *charge, 
 	h.done = false
 	h.out.Store(false)
 	h.start, h.at, h.wait = at, at, wait
-	h.timed, h.spaced, h.look = l.timeNextLocked(at), l.pace.spaces(), l.lookLocked(tn.level)
+	h.timed, h.spaced, h.look = l.timeNextLocked(at), l.pace.Spaces(), l.lookLocked(tn.level)
 	h.idx = len(l.held)
 	l.held = append(l.held, h)
 	return h

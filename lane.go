@@ -2,6 +2,7 @@ package sluice
 
 import (
 	"context"
+	"github.com/sluice-go/sluice/internal/pace"
 	"log/slog"
 	"math"
 	"net/http"
@@ -15,7 +16,7 @@ import (
 	"github.com/sluice-go/sluice/internal/verdict"
 )
 
-// A lane is the state behind one key: its pace (see pacer), the wait queue,
+// A lane is the state behind one key: its pace (see pace.Pacer), the wait queue,
 // the in-flight limit (see limiter), the budgets and the counters. Each part
 // owns its state and takes values; the lane is the only code that locks and
 // the only code that calls across parts. Everything in it is guarded by mu,
@@ -33,8 +34,8 @@ type lane struct {
 
 	mu   sync.Mutex
 	q    waitQueue
-	slot limiter // the in-flight slots and their adaptive limit
-	pace pacer   // the bucket, the rate, the cooldown
+	slot limiter    // the in-flight slots and their adaptive limit
+	pace pace.Pacer // the bucket, the rate, the cooldown
 
 	// See timeNext: grants not timed since the last timed one, and when
 	// that one was made, on the lane's clock.
@@ -66,7 +67,7 @@ type lane struct {
 	// the pacer keeps when be said to ask again. Otherwise be is a Leaser
 	// (see Leaser) that the lane joins at its first request (join), and
 	// the lane paces itself locally by both its bucket and the share of
-	// the key's rate the Leaser grants it (see pacer.join).
+	// the key's rate the Leaser grants it (see pace.Pacer.Join).
 	be Backend
 
 	budgets budgets // see WithBudget
@@ -101,11 +102,11 @@ func newLane(key string, cfg *config) *lane {
 	} else {
 		l.perToken = cfg.backend != nil
 	}
-	l.pace = newPacer(cfg.perSecond(), cfg.burst, cfg.maxRetryAfter, cfg.backend == nil, l.clk.epochNS)
+	l.pace = pace.New(cfg.perSecond(), cfg.burst, cfg.maxRetryAfter, cfg.backend == nil, l.clk.epochNS)
 	l.q.init(cfg.tenantShare)
 	l.budgets = newBudgets(cfg.budgets)
 	l.budget = newRetryBudget()
-	l.slot = newLimiter(cfg.minConc, cfg.maxConc, l.pace.paced())
+	l.slot = newLimiter(cfg.minConc, cfg.maxConc, l.pace.Paced())
 	return l
 }
 
@@ -142,7 +143,7 @@ const (
 // paced at 5,000/s that sees a request a minute times every one, so none
 // is counted at a reading a minute old.
 func (l *lane) timeNextLocked(now time.Duration) bool {
-	if l.pace.rate < sampleAbove || now-l.timedAt >= sampleGap || l.untimed+1 >= sampleEvery {
+	if l.pace.Rate() < sampleAbove || now-l.timedAt >= sampleGap || l.untimed+1 >= sampleEvery {
 		// Including rate 0: an unpaced lane sizes itself by latency alone.
 		l.untimed, l.timedAt = 0, now
 		return true
@@ -337,7 +338,7 @@ func (l *lane) forget(idle time.Duration) bool {
 	}
 	d := l.clk.read()
 	l.reclaimLocked(false)
-	if d-l.clk.last < idle || l.q.len() > 0 || l.slot.inUse > 0 || l.dispatching || l.pace.pending(d) {
+	if d-l.clk.last < idle || l.q.len() > 0 || l.slot.inUse > 0 || l.dispatching || l.pace.Pending(d) {
 		return false
 	}
 	if !l.budgets.full(d) {
@@ -374,7 +375,7 @@ func (l *lane) refund(h *hold) {
 	}
 	l.unholdLocked(h)
 	now := l.clk.tick()
-	l.pace.refund(now, !l.perToken)
+	l.pace.Refund(now, !l.perToken)
 	l.budgets.repay(now, h.ch)
 	l.slot.put()
 	l.q.levels[h.tn.level].finished(h.tn, l.slot.limit)
@@ -473,7 +474,7 @@ func (l *lane) overloadedLocked(ctx context.Context, now, sent time.Duration, st
 	}
 	l.limitMovedLocked(ch)
 	if ch.pause > 0 {
-		l.cooledLocked(ctx, l.pace.cool(now, now+ch.pause, "overloaded"))
+		l.cooledLocked(ctx, l.pace.Cool(now, now+ch.pause, "overloaded"))
 	}
 }
 
@@ -509,12 +510,12 @@ func (l *lane) releaseLocked(h *hold, k verdict.Kind, sample bool, d time.Durati
 // taken. It returns what the attempt was to the server (see verdict).
 func (l *lane) observe(ctx context.Context, resp *http.Response, sent time.Duration, p Priority, ch *charge, body verdict.Signal, quota bool) verdict.Kind {
 	wall := time.Now()
-	r := readReply(resp, wall, l.cfg.maxRetryAfter)
-	r.sent, r.body = sent, body
+	r := pace.ReadReply(resp, wall, l.cfg.maxRetryAfter)
+	r.Sent, r.Body = sent, body
 	if !quota {
 		// The quota is another limit's (see hostRefusal): only the
 		// refusal is this lane's.
-		r.hasQuota, r.hasTokens = false, false
+		r.HasQuota, r.HasTokens = false, false
 	}
 	var left [maxBudgets]int64 // what remains of each budget; -1: not stated
 	for i := range l.budgets.len() {
@@ -528,52 +529,52 @@ func (l *lane) observe(ctx context.Context, resp *http.Response, sent time.Durat
 	defer l.mu.Unlock()
 	now := l.clk.tick()
 	if l.budgets.observe(now, sent, &left, ch, body.Points) {
-		r.budgetOut = true // a budget had less left than the attempt cost
+		r.BudgetOut = true // a budget had less left than the attempt cost
 	}
 	k := l.pacedLocked(ctx, now, r, l.slot.inUse, p)
 	if k == verdict.Overloaded {
-		l.overloadedLocked(ctx, now, sent, r.status, p)
+		l.overloadedLocked(ctx, now, sent, r.Status, p)
 	}
 	return k
 }
 
 // pacedLocked passes r, seen at now with inFlight attempts in flight, to the
-// lane's pace (see pacer.observe), and acts on what it changed: counts,
+// lane's pace (see pace.Pacer.Observe), and acts on what it changed: counts,
 // events, the cooldown, a wake-up for a faster bucket.
-func (l *lane) pacedLocked(ctx context.Context, now time.Duration, r reply, inFlight int, p Priority) verdict.Kind {
-	c := l.pace.observe(now, r, inFlight)
-	if c.throttled {
+func (l *lane) pacedLocked(ctx context.Context, now time.Duration, r pace.Reply, inFlight int, p Priority) verdict.Kind {
+	c := l.pace.Observe(now, r, inFlight)
+	if c.Throttled {
 		l.levels[p].throttled++
 	}
 	ev := l.cfg.events
-	if c.refused && ev != nil {
-		ev.push(ctx, &Event{Kind: EventThrottled, Lane: l.key, Priority: p, Tenant: TenantFrom(ctx), Status: r.status})
+	if c.Refused && ev != nil {
+		ev.push(ctx, &Event{Kind: EventThrottled, Lane: l.key, Priority: p, Tenant: TenantFrom(ctx), Status: r.Status})
 	}
-	l.cooledLocked(ctx, c.cool)
-	if c.raised && l.q.len() > 0 {
+	l.cooledLocked(ctx, c.Cool)
+	if c.Raised && l.q.len() > 0 {
 		l.wakeLocked()
 	}
 	if ev != nil {
-		l.rateChangedLocked(ctx, ev, c.cause)
+		l.rateChangedLocked(ctx, ev, c.Cause)
 	}
-	return c.kind
+	return c.Kind
 }
 
 // cooledLocked logs a cooldown that c began, and tells the Observers of one
 // it extended.
-func (l *lane) cooledLocked(ctx context.Context, c coolChange) {
-	if c.fresh {
-		l.cfg.logger.Info("sluice: lane cooling down", "lane", l.name(), "for", (c.until - l.clk.last).Round(time.Millisecond), "why", c.why)
+func (l *lane) cooledLocked(ctx context.Context, c pace.CoolChange) {
+	if c.Fresh {
+		l.cfg.logger.Info("sluice: lane cooling down", "lane", l.name(), "for", (c.Until - l.clk.last).Round(time.Millisecond), "why", c.Why)
 	}
-	if ev := l.cfg.events; ev != nil && c.extended {
-		ev.push(ctx, &Event{Kind: EventCooldown, Lane: l.key, Until: l.clk.timeOf(c.until),
-			Wait: c.until - l.clk.last, Cause: c.why})
+	if ev := l.cfg.events; ev != nil && c.Extended {
+		ev.push(ctx, &Event{Kind: EventCooldown, Lane: l.key, Until: l.clk.timeOf(c.Until),
+			Wait: c.Until - l.clk.last, Cause: c.Why})
 	}
 }
 
 // traceWrite returns req, for an attempt granted at at, with a trace that
 // tells the lane when the request is written to its connection (see
-// pacer.wrote). The caller's request is not changed; a base transport that
+// pace.Pacer.Wrote). The caller's request is not changed; a base transport that
 // is not net/http's never calls the trace, and the lane then paces by its
 // grants alone.
 func (l *lane) traceWrite(req *http.Request, at time.Duration) *http.Request {
@@ -586,14 +587,14 @@ func (l *lane) wrote(at time.Duration) {
 	// Read before the lock: a wait for it is not the request's lateness.
 	now := l.clk.read()
 	l.mu.Lock()
-	l.pace.wrote(now, at)
+	l.pace.Wrote(now, at)
 	l.mu.Unlock()
 }
 
 // settleLocked counts for the lane's pace an attempt sent at sent that finished
-// at now (both on the lane's clock) as k (see pacer.settle).
+// at now (both on the lane's clock) as k (see pace.Pacer.Settle).
 func (l *lane) settleLocked(now, sent time.Duration, k verdict.Kind) {
-	moved, raised := l.pace.settle(now, sent, k)
+	moved, raised := l.pace.Settle(now, sent, k)
 	if raised && l.q.len() > 0 {
 		l.wakeLocked()
 	}
@@ -603,15 +604,15 @@ func (l *lane) settleLocked(now, sent time.Duration, k verdict.Kind) {
 }
 
 // rateChangedLocked reports the lane's rate to ev for cause, if it moved enough
-// since the last report (see pacer.report).
+// since the last report (see pace.Pacer.Report).
 func (l *lane) rateChangedLocked(ctx context.Context, ev *events, cause string) {
-	if from, to, ok := l.pace.report(cause); ok {
+	if from, to, ok := l.pace.Report(cause); ok {
 		ev.push(ctx, &Event{Kind: EventRateChanged, Lane: l.key, From: from, To: to, Cause: cause})
 	}
 }
 
 // currentRateLocked returns the lane's pace now, 0 if not paced.
-func (l *lane) currentRateLocked() float64 { return l.pace.rate }
+func (l *lane) currentRateLocked() float64 { return l.pace.Rate() }
 
 // limitMovedLocked acts on what the limiter did on a sample: it logs what a
 // closed window found and a new limit, emits EventLimitChanged, and lets
@@ -659,7 +660,7 @@ func (l *lane) streamFailed(ctx context.Context, k verdict.Kind, sent time.Durat
 	now := l.clk.tick()
 	switch k {
 	case verdict.Throttled:
-		l.pacedLocked(ctx, now, reply{status: http.StatusTooManyRequests, sent: sent}, l.slot.inUse+1, p)
+		l.pacedLocked(ctx, now, pace.Reply{Status: http.StatusTooManyRequests, Sent: sent}, l.slot.inUse+1, p)
 	case verdict.Overloaded:
 		l.overloadedLocked(ctx, now, sent, 0, p)
 	}

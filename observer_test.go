@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"github.com/sluice-go/sluice/internal/pace"
 	"io"
 	"log/slog"
 	"net/http"
@@ -275,5 +276,15 @@ func TestObserverOverloaded(t *testing.T) {
 				rec.mu.Unlock()
 			})
 		})
+	}
+}
+
+// TestRateCausesArePacers: the causes an Observer sees are the ones the
+// lane's pacer reports, passed on as they are.
+func TestRateCausesArePacers(t *testing.T) {
+	for _, c := range [][2]string{{RateCut, pace.CauseCut}, {RateHeader, pace.CauseHeader}, {RateRecovery, pace.CauseRecovery}} {
+		if c[0] != c[1] {
+			t.Errorf("cause %q reported by the pacer as %q", c[0], c[1])
+		}
 	}
 }

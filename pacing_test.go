@@ -237,7 +237,7 @@ func worstWindow(at []time.Time, r float64, burst int) (got, bound int) {
 // x/time/rate in the same run. The synctest tests check the schedule
 // exactly; this checks that late timers and scheduler delays do not cost
 // the lane its rate. A loaded runner can steal a run's CPU for longer than
-// one token's time, which the lane then loses (see bucket.takeLate): the best of
+// one token's time, which the lane then loses (see pace.Pacer.Take): the best of
 // five runs is compared, where a lane that loses its lateness (charging
 // each token at its wake-up) fails every one.
 func TestPacingRealClock(t *testing.T) {

@@ -136,35 +136,4 @@ func TestSpreadRate(t *testing.T) {
 		t.Error("a paced lane spreads its sends")
 	}
 
-	p := newPacer(0, 1, time.Minute, true, 0)
-	p.spreadAt(0, math.Inf(1))
-	if p.spread != nil {
-		t.Error("a spread of +Inf made a bucket")
-	}
-	const r = 100.0 // a token each 10 ms; two in two grains
-	p.spreadAt(0, r)
-	for i := range 2 {
-		if !p.take(0, false) {
-			t.Fatalf("send %d at once refused", i+1)
-		}
-	}
-	if p.take(0, false) {
-		t.Error("a third send at once granted")
-	}
-	if d := p.tokenDelay(0); d != 10*time.Millisecond {
-		t.Errorf("next send due in %v, want 10ms", d)
-	}
-	if !p.take(10*time.Millisecond, false) || p.take(10*time.Millisecond, false) {
-		t.Error("want one send a token's time later, and one only")
-	}
-	p.spreadAt(10*time.Millisecond, math.Inf(1))
-	for i := range 100 {
-		if !p.take(10*time.Millisecond, false) {
-			t.Fatalf("paused spread: send %d refused", i+1)
-		}
-	}
-	p.spreadAt(10*time.Millisecond, 0)
-	if p.spread != nil || !p.take(10*time.Millisecond, false) {
-		t.Error("a spread of 0 kept its bucket")
-	}
 }

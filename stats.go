@@ -161,8 +161,10 @@ func (l *lane) stats() LaneStats {
 		InFlight: l.slot.inUse,
 		Limit:    l.slot.limit,
 	}
-	l.pace.fill(&ls)
-	if until := l.pace.cooldown(); tick < until {
+	ps := l.pace.Stats()
+	ls.Rate, ls.Ceiling = ps.Rate, ps.Ceiling
+	ls.Throttled, ls.Cooldowns = ps.Throttled, ps.Cooldowns
+	if until := l.pace.Cooldown(); tick < until {
 		ls.Cooldown = l.clk.timeOf(until)
 	}
 	l.slot.fill(&ls)

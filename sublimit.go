@@ -389,7 +389,7 @@ func isNamed(sub *lane, name string, bucket bool, path string) bool {
 // refuses such a request at once.
 func (l *lane) coolWait(ctx context.Context) error {
 	l.mu.Lock()
-	until, now := l.pace.cooldown(), l.clk.tick()
+	until, now := l.pace.Cooldown(), l.clk.tick()
 	l.mu.Unlock()
 	if until <= now {
 		return nil // the cooldown's zero value is far in the past: no subtraction

@@ -1,108 +1,17 @@
 package sluice
 
 import (
-	"bufio"
 	"fmt"
 	"net/http"
-	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/sluice-go/sluice/internal/headers"
+	"github.com/sluice-go/sluice/internal/trace"
 )
-
-// A headerTrace is what a real rate-limiting middleware answered to a
-// paced sequence of requests, recorded by the bench into testdata/traces
-// (the format is described in bench/traces.go).
-type headerTrace struct {
-	setup   string
-	limit   int           // the published allowance: limit per per
-	per     time.Duration //
-	start   time.Time     // the client's clock when the sequence began
-	records []traceRecord
-}
-
-// A traceRecord is one response of a trace.
-type traceRecord struct {
-	sent, received time.Duration // after start, on the client's clock
-	status         int
-	header         http.Header
-}
-
-// readTrace parses a header trace file.
-func readTrace(path string) (*headerTrace, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	tr := &headerTrace{}
-	var cur *traceRecord
-	sc := bufio.NewScanner(f)
-	for n := 1; sc.Scan(); n++ {
-		line := sc.Text()
-		fail := func(what string) error { return fmt.Errorf("%s:%d: %s: %q", path, n, what, line) }
-		switch {
-		case strings.HasPrefix(line, "#"):
-		case line == "":
-			cur = nil
-		case strings.HasPrefix(line, "@"):
-			key, val, _ := strings.Cut(line[1:], " ")
-			switch key {
-			case "setup":
-				tr.setup = val
-			case "published":
-				l, p, ok := strings.Cut(val, "/")
-				if tr.limit, err = strconv.Atoi(l); !ok || err != nil {
-					return nil, fail("bad @published")
-				}
-				if tr.per, err = time.ParseDuration(p); err != nil {
-					return nil, fail("bad @published")
-				}
-			case "start":
-				if tr.start, err = time.Parse(time.RFC3339Nano, val); err != nil {
-					return nil, fail("bad @start")
-				}
-			default:
-				return nil, fail("unknown directive")
-			}
-		case cur == nil:
-			f := strings.Fields(line)
-			if len(f) != 3 {
-				return nil, fail("want <sent> <received> <status>")
-			}
-			var r traceRecord
-			sent, err1 := strconv.ParseFloat(f[0], 64)
-			received, err2 := strconv.ParseFloat(f[1], 64)
-			status, err3 := strconv.Atoi(f[2])
-			if err1 != nil || err2 != nil || err3 != nil || received < sent {
-				return nil, fail("bad record line")
-			}
-			r.sent = time.Duration(sent * float64(time.Second))
-			r.received = time.Duration(received * float64(time.Second))
-			r.status, r.header = status, http.Header{}
-			tr.records = append(tr.records, r)
-			cur = &tr.records[len(tr.records)-1]
-		default:
-			k, v, ok := strings.Cut(line, ": ")
-			if !ok || k != http.CanonicalHeaderKey(k) {
-				return nil, fail("want a canonical \"Name: value\"")
-			}
-			cur.header[k] = append(cur.header[k], v)
-		}
-	}
-	if err := sc.Err(); err != nil {
-		return nil, err
-	}
-	if tr.limit <= 0 || tr.per <= 0 || tr.start.IsZero() || len(tr.records) == 0 {
-		return nil, fmt.Errorf("%s: no @published, @start or records", path)
-	}
-	return tr, nil
-}
 
 // How a middleware states when to retry after a refusal.
 type retryKind int
@@ -154,41 +63,41 @@ func TestReplayMiddlewareTraces(t *testing.T) {
 			continue
 		}
 		t.Run(name, func(t *testing.T) {
-			tr, err := readTrace(f)
+			tr, err := trace.Read(f)
 			if err != nil {
 				t.Fatal(err)
 			}
 			var refused, servedAfterRefusal int
-			for i, r := range tr.records {
-				now := tr.start.Add(r.received)
-				at := fmt.Sprintf("record %d (%v, %d)", i, r.received, r.status)
-				q, ok := headers.Parse(r.header, now)
+			for i, r := range tr.Records {
+				now := tr.Start.Add(r.Received)
+				at := fmt.Sprintf("record %d (%v, %d)", i, r.Received, r.Status)
+				q, ok := headers.Parse(r.Header, now)
 				if !ok {
-					t.Errorf("%s: Parse found nothing in %v", at, r.header)
+					t.Errorf("%s: Parse found nothing in %v", at, r.Header)
 					continue
 				}
 				if q.Source != want.source || q.Limit != want.limit || q.Instant != want.instant || !q.Coarse || q.Window != 0 {
 					t.Errorf("%s: Parse = %+v; want source %s, limit %d, instant %v, coarse", at, q, want.source, want.limit, want.instant)
 				}
-				if q.Remaining < 0 || q.Remaining > q.Limit || r.status == http.StatusTooManyRequests && q.Remaining != 0 {
+				if q.Remaining < 0 || q.Remaining > q.Limit || r.Status == http.StatusTooManyRequests && q.Remaining != 0 {
 					t.Errorf("%s: remaining %d of %d", at, q.Remaining, q.Limit)
 				}
-				if q.Reset < 0 || q.Reset > tr.per+time.Second {
-					t.Errorf("%s: reset %v, beyond a window of %v and the second it may be rounded by", at, q.Reset, tr.per)
+				if q.Reset < 0 || q.Reset > tr.Per+time.Second {
+					t.Errorf("%s: reset %v, beyond a window of %v and the second it may be rounded by", at, q.Reset, tr.Per)
 				}
-				if i == 0 && (r.status != http.StatusOK || q.Remaining < q.Limit-2) {
-					t.Errorf("first response: status %d, remaining %d of %d", r.status, q.Remaining, q.Limit)
+				if i == 0 && (r.Status != http.StatusOK || q.Remaining < q.Limit-2) {
+					t.Errorf("first response: status %d, remaining %d of %d", r.Status, q.Remaining, q.Limit)
 				}
-				d, ok := headers.RetryAfter(r.header, now, time.Minute)
+				d, ok := headers.RetryAfter(r.Header, now, time.Minute)
 				switch {
-				case r.status == http.StatusOK:
+				case r.Status == http.StatusOK:
 					if refused > 0 {
 						servedAfterRefusal++
 					}
 					if ok {
 						t.Errorf("%s: RetryAfter = %v on a success", at, d)
 					}
-				case r.status != http.StatusTooManyRequests:
+				case r.Status != http.StatusTooManyRequests:
 					t.Errorf("%s: status neither 200 nor 429", at)
 				default:
 					refused++
@@ -198,14 +107,14 @@ func TestReplayMiddlewareTraces(t *testing.T) {
 							t.Errorf("%s: RetryAfter = %v; the middleware sends none", at, d)
 						}
 					case retryDelay:
-						if !ok || d > tr.per+time.Second {
+						if !ok || d > tr.Per+time.Second {
 							t.Errorf("%s: RetryAfter = %v, %v; want a wait of at most a window and a second", at, d, ok)
 						}
 					case retryDate:
 						// A date names a whole second, which the middleware
 						// truncated its reset to: it reads as a wait until
 						// the end of that second, and none after it.
-						v := r.header.Get("Retry-After")
+						v := r.Header.Get("Retry-After")
 						date, err := time.Parse(time.RFC1123, v)
 						if err != nil || !strings.HasSuffix(v, " UTC") {
 							t.Fatalf("%s: Retry-After %q is not time.RFC1123 in UTC: %v", at, v, err)
@@ -215,7 +124,7 @@ func TestReplayMiddlewareTraces(t *testing.T) {
 							t.Errorf("%s: RetryAfter(%q) = %v, %v at %v; want %v", at, v, d, ok, now, ahead)
 						}
 						if qd := max(ahead, 0); q.Reset != qd {
-							t.Errorf("%s: reset %v; the date %q is %v ahead", at, q.Reset, r.header.Get("X-Ratelimit-Reset"), qd)
+							t.Errorf("%s: reset %v; the date %q is %v ahead", at, q.Reset, r.Header.Get("X-Ratelimit-Reset"), qd)
 						}
 					}
 				}

@@ -498,7 +498,7 @@ func TestGrantWinsRaceWithCancel(t *testing.T) {
 			synctest.Wait() // queued, blocked in select; its dispatcher sleeps an hour
 			l.mu.Lock()
 			now := l.clk.tick()
-			l.pace.refund(now, true) // as if the hour's token had come
+			l.pace.Refund(now, true) // as if the hour's token had come
 			if !l.tryTakeLocked(now, false, nil) {
 				t.Fatal("no token and slot to grant")
 			}
@@ -593,7 +593,7 @@ func TestNeverOverRateRealClock(t *testing.T) {
 
 // TestTransportTracesWritesOnceRefused: once a server refused a lane's
 // pace, its attempts carry a trace that tells the lane when each request is
-// written (see pacer.wrote), beside the caller's own trace, which still
+// written (see pace.Pacer.Wrote), beside the caller's own trace, which still
 // sees every write; the caller's request keeps its context. Before any
 // refusal nothing is traced.
 func TestTransportTracesWritesOnceRefused(t *testing.T) {
@@ -616,7 +616,7 @@ func TestTransportTracesWritesOnceRefused(t *testing.T) {
 		l := tr.lane(tr.cfg.key(req))
 		l.mu.Lock()
 		defer l.mu.Unlock()
-		return l.pace.lagFloor
+		return l.pace.LagFloor()
 	}
 	for i := 1; i <= 3; i++ {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, srv.URL, nil)

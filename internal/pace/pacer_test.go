@@ -1,4 +1,4 @@
-package sluice
+package pace
 
 import (
 	"math"
@@ -17,26 +17,26 @@ import (
 // counts toward neither the run of accepted responses nor the acceptance
 // rate, where a 200 would count toward both.
 func TestPacerRefusalIsNotAccepted(t *testing.T) {
-	p := newPacer(10, 1, time.Minute, true, 0)
+	p := New(10, 1, time.Minute, true, 0)
 	now := time.Second
-	c := p.observe(now, reply{status: http.StatusForbidden, sent: now, hasQuota: true,
-		quota: headers.Quota{Remaining: 0, Reset: time.Second, Source: "github"}}, 1)
-	if !c.throttled || !c.refused || c.cause != RateHeader {
+	c := p.Observe(now, Reply{Status: http.StatusForbidden, Sent: now, HasQuota: true,
+		Quota: headers.Quota{Remaining: 0, Reset: time.Second, Source: "github"}}, 1)
+	if !c.Throttled || !c.Refused || c.Cause != CauseHeader {
 		t.Errorf("403 with nothing remaining: %+v, want throttled and refused, no cut", c)
 	}
-	if !c.cool.extended || !c.cool.fresh || c.cool.until != now+time.Second || p.notBefore() != now+time.Second {
-		t.Errorf("cooldown %+v, not before %v; want a new one until %v", c.cool, p.notBefore(), now+time.Second)
+	if !c.Cool.Extended || !c.Cool.Fresh || c.Cool.Until != now+time.Second || p.NotBefore() != now+time.Second {
+		t.Errorf("cooldown %+v, not before %v; want a new one until %v", c.Cool, p.NotBefore(), now+time.Second)
 	}
 	if p.fb.throttled != 1 || p.rate != 10 {
 		t.Errorf("throttled %d, rate %v; want 1 and 10", p.fb.throttled, p.rate)
 	}
-	p.settle(now, now, verdict.Throttled)
-	if p.fb.okRun != 0 || p.accepted(now) != 0 {
-		t.Errorf("after a refusal: run %d, accepted %d; want 0 and 0", p.fb.okRun, p.accepted(now))
+	p.Settle(now, now, verdict.Throttled)
+	if p.fb.okRun != 0 || p.Accepted(now) != 0 {
+		t.Errorf("after a refusal: run %d, accepted %d; want 0 and 0", p.fb.okRun, p.Accepted(now))
 	}
-	p.settle(now, now, verdict.Served)
-	if p.fb.okRun != 1 || p.accepted(now) != 1 {
-		t.Errorf("after an acceptance: run %d, accepted %d; want 1 and 1", p.fb.okRun, p.accepted(now))
+	p.Settle(now, now, verdict.Served)
+	if p.fb.okRun != 1 || p.Accepted(now) != 1 {
+		t.Errorf("after an acceptance: run %d, accepted %d; want 1 and 1", p.fb.okRun, p.Accepted(now))
 	}
 }
 
@@ -45,21 +45,21 @@ func TestPacerRefusalIsNotAccepted(t *testing.T) {
 // already on their way say nothing of the new pace. Both count toward the
 // acceptance rate.
 func TestRunCountsAttemptsSentAfterCut(t *testing.T) {
-	p := newPacer(10, 1, time.Minute, true, 0)
+	p := New(10, 1, time.Minute, true, 0)
 	cut := time.Minute
-	c := p.observe(cut, reply{status: http.StatusTooManyRequests, sent: cut - time.Millisecond}, 1)
-	if c.cause != RateCut || p.fb.failAt != cut || p.rate >= 10 {
-		t.Fatalf("429 at the configured rate: cause %q, cut at %v, rate %v; want a cut at %v", c.cause, p.fb.failAt, p.rate, cut)
+	c := p.Observe(cut, Reply{Status: http.StatusTooManyRequests, Sent: cut - time.Millisecond}, 1)
+	if c.Cause != CauseCut || p.fb.failAt != cut || p.rate >= 10 {
+		t.Fatalf("429 at the configured rate: cause %q, cut at %v, rate %v; want a cut at %v", c.Cause, p.fb.failAt, p.rate, cut)
 	}
-	p.settle(cut+time.Second, cut-time.Millisecond, verdict.Served)
+	p.Settle(cut+time.Second, cut-time.Millisecond, verdict.Served)
 	if p.fb.okRun != 0 {
 		t.Errorf("an answer to an attempt sent before the cut counted: run %d", p.fb.okRun)
 	}
-	p.settle(cut+time.Second, cut+time.Millisecond, verdict.Served)
+	p.Settle(cut+time.Second, cut+time.Millisecond, verdict.Served)
 	if p.fb.okRun != 1 {
 		t.Errorf("an answer to an attempt sent after the cut: run %d, want 1", p.fb.okRun)
 	}
-	if got := p.accepted(cut + time.Second); got != 2 {
+	if got := p.Accepted(cut + time.Second); got != 2 {
 		t.Errorf("accepted %d, want 2: both answers count toward the acceptance rate", got)
 	}
 }
@@ -67,18 +67,18 @@ func TestRunCountsAttemptsSentAfterCut(t *testing.T) {
 // TestPacerCutIsNotRepeated: a 429 for an attempt sent before the last cut
 // was already on its way, and does not cut again.
 func TestPacerCutIsNotRepeated(t *testing.T) {
-	p := newPacer(50, 1, time.Minute, true, 0)
+	p := New(50, 1, time.Minute, true, 0)
 	at := 10 * time.Second
-	p.observe(at, reply{status: http.StatusTooManyRequests, sent: at - time.Millisecond}, 1)
+	p.Observe(at, Reply{Status: http.StatusTooManyRequests, Sent: at - time.Millisecond}, 1)
 	r := p.rate
 	if r >= 50 {
 		t.Fatalf("rate %v after a 429, want a cut", r)
 	}
-	c := p.observe(at+time.Millisecond, reply{status: http.StatusTooManyRequests, sent: at - time.Millisecond}, 1)
-	if p.rate != r || c.raised {
+	c := p.Observe(at+time.Millisecond, Reply{Status: http.StatusTooManyRequests, Sent: at - time.Millisecond}, 1)
+	if p.rate != r || c.Raised {
 		t.Errorf("a 429 sent before the cut moved the rate: %v -> %v", r, p.rate)
 	}
-	p.observe(at+2*time.Millisecond, reply{status: http.StatusTooManyRequests, sent: at + time.Millisecond}, 1)
+	p.Observe(at+2*time.Millisecond, Reply{Status: http.StatusTooManyRequests, Sent: at + time.Millisecond}, 1)
 	if p.rate >= r {
 		t.Errorf("a 429 sent after the cut: rate %v, want below %v", p.rate, r)
 	}
@@ -88,41 +88,36 @@ func TestPacerCutIsNotRepeated(t *testing.T) {
 // one extends it, an earlier one does not; one after the last has ended is
 // a new one; the Backend is told each end once.
 func TestPacerCooldown(t *testing.T) {
-	p := newPacer(100, 1, time.Minute, true, 0)
-	if _, ok := p.toShare(); ok {
+	p := New(100, 1, time.Minute, true, 0)
+	if _, ok := p.ToShare(); ok {
 		t.Error("a cooldown to share before any")
 	}
-	c := p.cool(time.Second, 3*time.Second, "retry-after")
-	if !c.extended || !c.fresh || c.until != 3*time.Second || c.why != "retry-after" {
+	c := p.Cool(time.Second, 3*time.Second, "retry-after")
+	if !c.Extended || !c.Fresh || c.Until != 3*time.Second || c.Why != "retry-after" {
 		t.Errorf("first cooldown: %+v", c)
 	}
-	if p.ready(2 * time.Second) {
+	if p.Ready(2 * time.Second) {
 		t.Error("ready inside the cooldown")
 	}
-	if !p.ready(3 * time.Second) {
+	if !p.Ready(3 * time.Second) {
 		t.Error("not ready at the cooldown's end")
 	}
-	if c := p.cool(2*time.Second, 2500*time.Millisecond, "earlier"); c.extended || p.cooldown() != 3*time.Second {
-		t.Errorf("an earlier end moved the cooldown: %+v, ends %v", c, p.cooldown())
+	if c := p.Cool(2*time.Second, 2500*time.Millisecond, "earlier"); c.Extended || p.Cooldown() != 3*time.Second {
+		t.Errorf("an earlier end moved the cooldown: %+v, ends %v", c, p.Cooldown())
 	}
-	if c := p.cool(2*time.Second, 4*time.Second, "later"); !c.extended || c.fresh || c.why != "later" {
+	if c := p.Cool(2*time.Second, 4*time.Second, "later"); !c.Extended || c.Fresh || c.Why != "later" {
 		t.Errorf("an extension: %+v", c)
 	}
-	if d, ok := p.toShare(); !ok || d != 4*time.Second {
+	if d, ok := p.ToShare(); !ok || d != 4*time.Second {
 		t.Errorf("to share: %v %v, want 4s", d, ok)
 	}
-	if _, ok := p.toShare(); ok {
+	if _, ok := p.ToShare(); ok {
 		t.Error("the same cooldown shared twice")
 	}
-	if c := p.cool(5*time.Second, 6*time.Second, "again"); !c.fresh {
+	if c := p.Cool(5*time.Second, 6*time.Second, "again"); !c.Fresh {
 		t.Errorf("a cooldown after the last ended: %+v, want a new one", c)
 	}
-	if p.fb.cooldowns != 2 {
-		t.Errorf("%d cooldowns counted, want 2", p.fb.cooldowns)
-	}
-	var ls LaneStats
-	p.fill(&ls)
-	if ls.Cooldowns != 2 || ls.Rate != 100 || ls.Ceiling != 100 {
+	if ls := p.Stats(); ls.Cooldowns != 2 || ls.Rate != 100 || ls.Ceiling != 100 {
 		t.Errorf("stats %+v", ls)
 	}
 }
@@ -130,38 +125,38 @@ func TestPacerCooldown(t *testing.T) {
 // TestPacerNotBefore: nothing is sent before the cooldown and the Backend's
 // wait both end; the wait is held to the cap on named waits.
 func TestPacerNotBefore(t *testing.T) {
-	p := newPacer(0, 1, 30*time.Second, false, 0)
-	if p.paced() || p.notBefore() > 0 {
-		t.Fatalf("new unpaced pacer: paced %v, not before %v", p.paced(), p.notBefore())
+	p := New(0, 1, 30*time.Second, false, 0)
+	if p.Paced() || p.NotBefore() > 0 {
+		t.Fatalf("new unpaced pacer: paced %v, not before %v", p.Paced(), p.NotBefore())
 	}
-	p.setWait(time.Second, time.Hour)
-	if p.backendWait() != 31*time.Second || p.notBefore() != 31*time.Second {
-		t.Errorf("Backend wait %v, not before %v; want 31s (capped)", p.backendWait(), p.notBefore())
+	p.SetWait(time.Second, time.Hour)
+	if p.BackendWait() != 31*time.Second || p.NotBefore() != 31*time.Second {
+		t.Errorf("Backend wait %v, not before %v; want 31s (capped)", p.BackendWait(), p.NotBefore())
 	}
-	p.cool(time.Second, 40*time.Second, "retry-after")
-	if p.notBefore() != 40*time.Second {
-		t.Errorf("not before %v, want the cooldown's 40s", p.notBefore())
+	p.Cool(time.Second, 40*time.Second, "retry-after")
+	if p.NotBefore() != 40*time.Second {
+		t.Errorf("not before %v, want the cooldown's 40s", p.NotBefore())
 	}
-	if !p.pending(39*time.Second) || p.pending(40*time.Second) {
-		t.Errorf("pending at 39s %v, at 40s %v; want true, false", p.pending(39*time.Second), p.pending(40*time.Second))
+	if !p.Pending(39*time.Second) || p.Pending(40*time.Second) {
+		t.Errorf("pending at 39s %v, at 40s %v; want true, false", p.Pending(39*time.Second), p.Pending(40*time.Second))
 	}
 }
 
 // TestPacerPending: a lane's pacer loses something if forgotten while its
 // bucket is not full again or a header rate is in force.
 func TestPacerPending(t *testing.T) {
-	p := newPacer(10, 2, time.Minute, true, 0)
-	if p.pending(0) {
+	p := New(10, 2, time.Minute, true, 0)
+	if p.Pending(0) {
 		t.Error("a new pacer has something pending")
 	}
-	p.take(0, false)
-	if !p.pending(0) || p.pending(100*time.Millisecond) {
-		t.Errorf("a token short: pending %v, a token's time later %v; want true, false", p.pending(0), p.pending(100*time.Millisecond))
+	p.Take(0, false)
+	if !p.Pending(0) || p.Pending(100*time.Millisecond) {
+		t.Errorf("a token short: pending %v, a token's time later %v; want true, false", p.Pending(0), p.Pending(100*time.Millisecond))
 	}
 	// A bucket's quota, finer than the second: 5/s, for 2 s.
 	q := headers.Quota{Limit: 10, Remaining: 5, Reset: time.Second, Source: "openai"}
-	p.observe(time.Second, reply{status: http.StatusOK, sent: time.Second, quota: q, hasQuota: true}, 1)
-	if p.fb.header == 0 || !p.pending(2*time.Second) || p.pending(p.fb.headerUntil) {
+	p.Observe(time.Second, Reply{Status: http.StatusOK, Sent: time.Second, Quota: q, HasQuota: true}, 1)
+	if p.fb.header == 0 || !p.Pending(2*time.Second) || p.Pending(p.fb.headerUntil) {
 		t.Errorf("header rate %v until %v: pending while it holds, not after", p.fb.header, p.fb.headerUntil)
 	}
 }
@@ -169,22 +164,22 @@ func TestPacerPending(t *testing.T) {
 // TestPacerTakeAndRefund: a token taken and given back leaves the bucket
 // as it was; a Backend's token is not given back to the local bucket.
 func TestPacerTakeAndRefund(t *testing.T) {
-	p := newPacer(1, 1, time.Minute, true, 0)
-	if !p.take(0, false) || p.take(0, false) {
+	p := New(1, 1, time.Minute, true, 0)
+	if !p.Take(0, false) || p.Take(0, false) {
 		t.Fatal("burst 1: want one token, then none")
 	}
-	if d := p.tokenDelay(0); d != time.Second {
+	if d := p.TokenDelay(0); d != time.Second {
 		t.Errorf("token due in %v, want 1s", d)
 	}
-	p.refund(0, false)
-	if p.held(0) != 0 {
-		t.Errorf("a Backend's token refunded to the local bucket: %v held", p.held(0))
+	p.Refund(0, false)
+	if p.Held(0) != 0 {
+		t.Errorf("a Backend's token refunded to the local bucket: %v held", p.Held(0))
 	}
-	p.refund(0, true)
-	if p.held(0) != 1 || !p.take(0, false) {
-		t.Errorf("after a refund: %v held, want 1", p.held(0))
+	p.Refund(0, true)
+	if p.Held(0) != 1 || !p.Take(0, false) {
+		t.Errorf("after a refund: %v held, want 1", p.Held(0))
 	}
-	if r := (&pacer{}).held(0); !math.IsInf(r, 1) {
+	if r := (&Pacer{}).Held(0); !math.IsInf(r, 1) {
 		t.Errorf("an unpaced pacer holds %v, want +Inf", r)
 	}
 }
@@ -192,29 +187,29 @@ func TestPacerTakeAndRefund(t *testing.T) {
 // TestPacerShare: a Leaser's share paces the lane with its own bucket:
 // nothing before the first grant, then the lower of the two rates.
 func TestPacerShare(t *testing.T) {
-	p := newPacer(100, 1, time.Minute, true, 0)
-	if p.sharing() {
+	p := New(100, 1, time.Minute, true, 0)
+	if p.Sharing() {
 		t.Fatal("sharing before join")
 	}
-	p.join()
-	if !p.sharing() || p.take(0, false) {
+	p.Join()
+	if !p.Sharing() || p.Take(0, false) {
 		t.Error("a token before the first share")
 	}
-	p.setShare(0, 10, 0)
-	if p.paceRate() != 10 || !p.take(0, false) || p.take(0, false) {
-		t.Errorf("share 10/s burst 1: pace %v", p.paceRate())
+	p.SetShare(0, 10, 0)
+	if p.PaceRate() != 10 || !p.Take(0, false) || p.Take(0, false) {
+		t.Errorf("share 10/s burst 1: pace %v", p.PaceRate())
 	}
-	if d := p.tokenDelay(0); d != 100*time.Millisecond {
+	if d := p.TokenDelay(0); d != 100*time.Millisecond {
 		t.Errorf("next token in %v, want the share's 100ms", d)
 	}
 	// A larger burst does not fill the share; a take the lane's bucket
 	// refuses leaves the share as it was.
-	p.setShare(time.Second, 1000, 5)
+	p.SetShare(time.Second, 1000, 5)
 	p.lim.drain(time.Second)
-	if p.take(time.Second, false) || p.held(time.Second) != 0 || p.share.tokensAt(time.Second) != 1 {
+	if p.Take(time.Second, false) || p.Held(time.Second) != 0 || p.share.tokensAt(time.Second) != 1 {
 		t.Errorf("the lane's bucket refused: share holds %v, want 1", p.share.tokensAt(time.Second))
 	}
-	p.refund(time.Second, true)
+	p.Refund(time.Second, true)
 	if p.lim.tokensAt(time.Second) != 1 || p.share.tokensAt(time.Second) != 2 {
 		t.Errorf("refund: bucket %v, share %v; want 1 and 2", p.lim.tokensAt(time.Second), p.share.tokensAt(time.Second))
 	}
@@ -223,53 +218,49 @@ func TestPacerShare(t *testing.T) {
 // TestPacerLearnsARate: an unpaced lane gets a bucket at the first rate it
 // learns, empty (what it sent used it), and reports the change once.
 func TestPacerLearnsARate(t *testing.T) {
-	p := newPacer(0, 1, time.Minute, true, 0)
-	if p.paceRate() != 0 {
-		t.Fatalf("unpaced: %v", p.paceRate())
+	p := New(0, 1, time.Minute, true, 0)
+	if p.PaceRate() != 0 {
+		t.Fatalf("unpaced: %v", p.PaceRate())
 	}
 	for i := range 5 {
 		at := time.Duration(i) * 300 * time.Millisecond
-		p.settle(at, at, verdict.Served)
+		p.Settle(at, at, verdict.Served)
 	}
 	now := 1500 * time.Millisecond
-	c := p.observe(now, reply{status: http.StatusTooManyRequests, sent: now, hasRA: true, retryAfter: time.Second}, 1)
-	if c.cause != RateCut || !p.paced() || p.rate <= 0 || p.held(now) != 0 {
-		t.Fatalf("first 429 on an unpaced lane: %+v, rate %v, held %v; want a rate, an empty bucket", c, p.rate, p.held(now))
+	c := p.Observe(now, Reply{Status: http.StatusTooManyRequests, Sent: now, HasRA: true, RetryAfter: time.Second}, 1)
+	if c.Cause != CauseCut || !p.Paced() || p.rate <= 0 || p.Held(now) != 0 {
+		t.Fatalf("first 429 on an unpaced lane: %+v, rate %v, held %v; want a rate, an empty bucket", c, p.rate, p.Held(now))
 	}
-	if from, to, ok := p.report(c.cause); !ok || from != 0 || to != p.rate {
+	if from, to, ok := p.Report(c.Cause); !ok || from != 0 || to != p.rate {
 		t.Errorf("report %v -> %v (%v), want 0 -> %v", from, to, ok, p.rate)
 	}
-	if _, _, ok := p.report(RateRecovery); ok {
+	if _, _, ok := p.Report(CauseRecovery); ok {
 		t.Error("an unchanged rate reported twice")
 	}
 }
-
-// accepted returns how many responses the server accepted over the
-// acceptance window that ends at now.
-func (p *pacer) accepted(now time.Duration) uint64 { return p.fb.acceptedAt(now) }
 
 // TestPacerFirstEstimateOnFirstAcceptance: a strict server refuses all but
 // one of an unpaced lane's first burst, and the refusals come back before
 // the acceptance. The lane makes its first estimate when that acceptance
 // arrives, not after a second cooldown and burst.
 func TestPacerFirstEstimateOnFirstAcceptance(t *testing.T) {
-	p := newPacer(0, 1, time.Minute, true, 0)
+	p := New(0, 1, time.Minute, true, 0)
 	now := time.Millisecond
-	c := p.observe(now, reply{status: http.StatusTooManyRequests, sent: 0, hasRA: true, retryAfter: time.Second}, 4)
-	if p.paced() || c.cause != RateCut || !c.cool.extended {
-		t.Fatalf("429 before any acceptance: paced %v, %+v; want a cooldown and no pace yet", p.paced(), c)
+	c := p.Observe(now, Reply{Status: http.StatusTooManyRequests, Sent: 0, HasRA: true, RetryAfter: time.Second}, 4)
+	if p.Paced() || c.Cause != CauseCut || !c.Cool.Extended {
+		t.Fatalf("429 before any acceptance: paced %v, %+v; want a cooldown and no pace yet", p.Paced(), c)
 	}
-	moved, _ := p.settle(20*time.Millisecond, 0, verdict.Served)
+	moved, _ := p.Settle(20*time.Millisecond, 0, verdict.Served)
 	// One acceptance over the least span counted (a second), at least one
 	// per Retry-After: 1/s, less the margin.
-	if want := 1 - throttleMargin; moved != RateCut || !p.paced() || math.Abs(p.rate-want) > 1e-9 {
-		t.Fatalf("first acceptance after the 429: moved %q, paced %v, rate %v; want paced at %v", moved, p.paced(), p.rate, want)
+	if want := 1 - throttleMargin; moved != CauseCut || !p.Paced() || math.Abs(p.rate-want) > 1e-9 {
+		t.Fatalf("first acceptance after the 429: moved %q, paced %v, rate %v; want paced at %v", moved, p.Paced(), p.rate, want)
 	}
 	if !p.fb.probing {
 		t.Error("the first estimate is not probed upward")
 	}
 	// Later acceptances do not estimate again.
-	p.settle(30*time.Millisecond, 0, verdict.Served)
+	p.Settle(30*time.Millisecond, 0, verdict.Served)
 	if p.fb.failAt != 20*time.Millisecond {
 		t.Errorf("cut again at %v", p.fb.failAt)
 	}
@@ -307,7 +298,7 @@ func TestPacerProbeCrossingIsTheEdge(t *testing.T) {
 // that ends a count of its quotas cuts to the refill rate counted, not to
 // 90% of the pace.
 func TestPacerCutsToCountedRefill(t *testing.T) {
-	p := newPacer(100, 1, time.Minute, true, 0)
+	p := New(100, 1, time.Minute, true, 0)
 	q := func(rem int64) headers.Quota {
 		return headers.Quota{Limit: 10, Remaining: rem, Reset: time.Second, Coarse: true, Source: "x-ratelimit"}
 	}
@@ -317,14 +308,14 @@ func TestPacerCutsToCountedRefill(t *testing.T) {
 		sent := time.Duration(i) * 20 * time.Millisecond
 		for j := range 2 {
 			s := sent + time.Duration(j)*10*time.Millisecond
-			p.settle(s+20*time.Millisecond, s, verdict.Served)
-			p.observe(s+20*time.Millisecond, reply{status: http.StatusOK, sent: s, hasQuota: true, quota: q(int64(8 - i))}, 1)
+			p.Settle(s+20*time.Millisecond, s, verdict.Served)
+			p.Observe(s+20*time.Millisecond, Reply{Status: http.StatusOK, Sent: s, HasQuota: true, Quota: q(int64(8 - i))}, 1)
 		}
 	}
 	at := 180 * time.Millisecond
-	c := p.observe(at, reply{status: http.StatusTooManyRequests, sent: at, hasRA: true, retryAfter: time.Second,
-		hasQuota: true, quota: q(0)}, 1)
-	if c.cause != RateCut {
+	c := p.Observe(at, Reply{Status: http.StatusTooManyRequests, Sent: at, HasRA: true, RetryAfter: time.Second,
+		HasQuota: true, Quota: q(0)}, 1)
+	if c.Cause != CauseCut {
 		t.Fatalf("429: %+v, want a cut", c)
 	}
 	if p.fb.fail < 45 || p.fb.fail > 56 {
@@ -341,7 +332,7 @@ func TestPacerCutsToCountedRefill(t *testing.T) {
 		t.Errorf("probing %v, edge %v after a cut to a rough count; want a probe, not an edge", p.fb.probing, p.fb.edge)
 	}
 	before := p.rate
-	p.settle(at+2*time.Second, at+1500*time.Millisecond, verdict.Served)
+	p.Settle(at+2*time.Second, at+1500*time.Millisecond, verdict.Served)
 	if p.rate < 2*before {
 		t.Errorf("a second after the cooldown: rate %v, want at least twice %v", p.rate, before)
 	}
@@ -354,7 +345,7 @@ func TestPacerCutsToCountedRefill(t *testing.T) {
 // spare, the lane may pace a step over the failed rate, and the failed
 // rate follows the count up.
 func TestPacerFollowsARecountedRefill(t *testing.T) {
-	p := newPacer(100, 1, time.Minute, true, 0)
+	p := New(100, 1, time.Minute, true, 0)
 	q := func(rem int64) headers.Quota {
 		return headers.Quota{Limit: 50, Remaining: rem, Reset: time.Second, Coarse: true, Source: "x-ratelimit"}
 	}
@@ -363,15 +354,15 @@ func TestPacerFollowsARecountedRefill(t *testing.T) {
 	accept := func(rate float64, d time.Duration, rem int64) {
 		step := time.Duration(float64(time.Second) / rate)
 		for end := now + d; now < end; now += step {
-			p.settle(now+20*time.Millisecond, now, verdict.Served)
-			p.observe(now+20*time.Millisecond, reply{status: http.StatusOK, sent: now, hasQuota: true, quota: q(rem)}, 1)
+			p.Settle(now+20*time.Millisecond, now, verdict.Served)
+			p.Observe(now+20*time.Millisecond, Reply{Status: http.StatusOK, Sent: now, HasQuota: true, Quota: q(rem)}, 1)
 		}
 	}
 	// The bucket shows its size first: at 30 remaining it is not full.
 	accept(20, 50*time.Millisecond, 49)
 	accept(20, 1200*time.Millisecond, 30)
-	p.observe(now, reply{status: http.StatusTooManyRequests, sent: now, hasRA: true, retryAfter: time.Second,
-		hasQuota: true, quota: q(0)}, 1)
+	p.Observe(now, Reply{Status: http.StatusTooManyRequests, Sent: now, HasRA: true, RetryAfter: time.Second,
+		HasQuota: true, Quota: q(0)}, 1)
 	if f := p.fb.fail; f < 19 || f > 21 || !p.fb.counted {
 		t.Fatalf("429: failed rate %v (counted %v), want the refill counted, 20", f, p.fb.counted)
 	}
@@ -409,27 +400,27 @@ func TestPacerPacesASlidingWindowAtItsLimit(t *testing.T) {
 	for _, c := range []struct {
 		name string
 		// cut makes the pacer's first cut, and returns when it ended.
-		cut func(p *pacer) time.Duration
+		cut func(p *Pacer) time.Duration
 	}{
-		{"a cut before it was told apart", func(p *pacer) time.Duration {
+		{"a cut before it was told apart", func(p *Pacer) time.Duration {
 			// The first window: remaining falls from 40 to 20 while 24
 			// are sent over 0.84 s, then a refusal, before the window's
 			// instant came.
 			now := time.Duration(0)
 			for i := range 25 {
 				at := now + 20*time.Millisecond
-				p.settle(at, now, verdict.Served)
-				p.observe(at, reply{status: http.StatusOK, sent: now, hasQuota: true, quota: sliding(at, int64(40-i*20/24))}, 1)
+				p.Settle(at, now, verdict.Served)
+				p.Observe(at, Reply{Status: http.StatusOK, Sent: now, HasQuota: true, Quota: sliding(at, int64(40-i*20/24))}, 1)
 				now += 35 * time.Millisecond
 			}
-			p.observe(now, reply{status: http.StatusTooManyRequests, sent: now, hasRA: true, retryAfter: time.Second,
-				hasQuota: true, quota: sliding(now, 0)}, 1)
+			p.Observe(now, Reply{Status: http.StatusTooManyRequests, Sent: now, HasRA: true, RetryAfter: time.Second,
+				HasQuota: true, Quota: sliding(now, 0)}, 1)
 			if p.fb.throttle == 0 || p.fb.quota.kind == kindSliding {
 				t.Fatalf("429: throttle %v, kind %v; want a cut before the window is told apart", p.fb.throttle, p.fb.quota.kind)
 			}
 			return now
 		}},
-		{"an edge cut", func(p *pacer) time.Duration {
+		{"an edge cut", func(p *Pacer) time.Duration {
 			// A refusal at 17/s after a run the server took.
 			now := 2 * time.Second
 			p.fb.okRun = edgeRun
@@ -442,13 +433,13 @@ func TestPacerPacesASlidingWindowAtItsLimit(t *testing.T) {
 		}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			p := newPacer(100, 1, time.Minute, true, 0)
+			p := New(100, 1, time.Minute, true, 0)
 			now := c.cut(&p) + time.Second // the cooldown
 			step := time.Second / 20
 			for end := now + 3500*time.Millisecond; now < end; now += step {
 				at := now + 20*time.Millisecond
-				p.settle(at, now, verdict.Served)
-				p.observe(at, reply{status: http.StatusOK, sent: now, hasQuota: true, quota: sliding(at, 20)}, 1)
+				p.Settle(at, now, verdict.Served)
+				p.Observe(at, Reply{Status: http.StatusOK, Sent: now, HasQuota: true, Quota: sliding(at, 20)}, 1)
 			}
 			if p.fb.quota.kind != kindSliding || p.fb.quota.window != time.Second {
 				t.Fatalf("kind %v, window %v; want a sliding window of 1s", p.fb.quota.kind, p.fb.quota.window)
@@ -466,27 +457,27 @@ func TestPacerPacesASlidingWindowAtItsLimit(t *testing.T) {
 // cooldown (real loopback: a lane at 47/s refused after every 1 s cooldown,
 // the two requests 12-15 ms apart at the server).
 func TestPacerSpacesTheGrantAfterACooldown(t *testing.T) {
-	p := newPacer(50, 1, time.Minute, true, 0)
+	p := New(50, 1, time.Minute, true, 0)
 	now := time.Second
-	p.observe(now, reply{status: http.StatusTooManyRequests, sent: now, hasRA: true, retryAfter: time.Second}, 1)
-	end := p.notBefore()
+	p.Observe(now, Reply{Status: http.StatusTooManyRequests, Sent: now, HasRA: true, RetryAfter: time.Second}, 1)
+	end := p.NotBefore()
 	if end != now+time.Second {
 		t.Fatalf("cooldown until %v, want %v", end, now+time.Second)
 	}
 	r := p.rate
 	one := time.Duration(float64(time.Second) / r)
-	if !p.take(end, false) {
+	if !p.Take(end, false) {
 		t.Fatal("no token at the cooldown's end")
 	}
-	if p.take(end+2*one-time.Millisecond, true) {
+	if p.Take(end+2*one-time.Millisecond, true) {
 		t.Errorf("a second grant %v after the first; want it two tokens (%v) after", 2*one-time.Millisecond, 2*one)
 	}
-	if !p.take(end+2*one+time.Microsecond, true) {
+	if !p.Take(end+2*one+time.Microsecond, true) {
 		t.Errorf("no grant two tokens after the first")
 	}
 	// Once per cooldown: the next comes a token later.
 	next := end + 2*one + time.Microsecond + one + time.Microsecond
-	if !p.take(next, true) {
+	if !p.Take(next, true) {
 		t.Errorf("no grant one token after the second")
 	}
 }
@@ -502,20 +493,20 @@ func TestPacerSpacesGrantsFromWrites(t *testing.T) {
 	const lag = 100 * time.Microsecond // the usual time to a write
 	// steady makes n grants a token apart from at, each written lag after
 	// it, and returns the instant of the next.
-	steady := func(p *pacer, at, one time.Duration, n int) time.Duration {
+	steady := func(p *Pacer, at, one time.Duration, n int) time.Duration {
 		t.Helper()
 		for range n {
-			if !p.take(at, false) {
+			if !p.Take(at, false) {
 				t.Fatalf("no token at %v", at)
 			}
-			p.wrote(at+lag, at)
+			p.Wrote(at+lag, at)
 			at += one
 		}
 		return at
 	}
-	cut := func(local bool) *pacer {
-		p := newPacer(50, 1, time.Minute, local, 0)
-		p.observe(time.Second, reply{status: http.StatusTooManyRequests, sent: time.Second}, 1)
+	cut := func(local bool) *Pacer {
+		p := New(50, 1, time.Minute, local, 0)
+		p.Observe(time.Second, Reply{Status: http.StatusTooManyRequests, Sent: time.Second}, 1)
 		if p.fb.fail == 0 {
 			t.Fatal("a 429 at the configured rate made no cut")
 		}
@@ -523,49 +514,49 @@ func TestPacerSpacesGrantsFromWrites(t *testing.T) {
 	}
 
 	p := cut(true)
-	one := tokenTime(p.lim.rate) + time.Microsecond // a token's time, rounded up
+	one := TokenTime(p.lim.rate) + time.Microsecond // a token's time, rounded up
 	at := steady(p, 2*time.Second, one, 20)
 	// Written 5 ms later than usual: the next grant waits 5 ms more.
-	if !p.take(at, false) {
+	if !p.Take(at, false) {
 		t.Fatalf("no token at %v", at)
 	}
-	p.wrote(at+lag+5*time.Millisecond, at)
-	if p.take(at+one+5*time.Millisecond-50*time.Microsecond, false) {
+	p.Wrote(at+lag+5*time.Millisecond, at)
+	if p.Take(at+one+5*time.Millisecond-50*time.Microsecond, false) {
 		t.Errorf("a grant less than a token and the write's 5 ms lateness after the late one")
 	}
 	at += one + 5*time.Millisecond
 	at = steady(p, at, one, 5)
 	// Written three tokens late: the next waits one token more, not three.
-	if !p.take(at, false) {
+	if !p.Take(at, false) {
 		t.Fatalf("no token at %v", at)
 	}
 	w := at + lag + 3*one
-	p.wrote(w, at)
-	if p.take(w+one-50*time.Microsecond, false) {
+	p.Wrote(w, at)
+	if p.Take(w+one-50*time.Microsecond, false) {
 		t.Errorf("a grant less than a token after a write three tokens late")
 	}
-	if !p.take(w+one+time.Microsecond, false) {
+	if !p.Take(w+one+time.Microsecond, false) {
 		t.Errorf("no grant a token after a write three tokens late: the delay is capped at a token")
 	}
 
 	for _, c := range []struct {
 		name string
-		p    *pacer
+		p    *Pacer
 	}{
-		{"no server refused", func() *pacer { p := newPacer(50, 1, time.Minute, true, 0); return &p }()},
+		{"no server refused", func() *Pacer { p := New(50, 1, time.Minute, true, 0); return &p }()},
 		{"a Backend's budget", cut(false)},
-		{"a server that states a burst of 10", func() *pacer {
+		{"a server that states a burst of 10", func() *Pacer {
 			p := cut(true)
-			p.observe(time.Second, reply{status: http.StatusOK, sent: time.Second, hasQuota: true,
-				quota: headers.Quota{Limit: 10, Remaining: 5, Reset: time.Second, Coarse: true, Source: "x-ratelimit"}}, 1)
+			p.Observe(time.Second, Reply{Status: http.StatusOK, Sent: time.Second, HasQuota: true,
+				Quota: headers.Quota{Limit: 10, Remaining: 5, Reset: time.Second, Coarse: true, Source: "x-ratelimit"}}, 1)
 			return p
 		}()},
 	} {
-		one := tokenTime(c.p.lim.rate) + time.Microsecond
+		one := TokenTime(c.p.lim.rate) + time.Microsecond
 		at := steady(c.p, 2*time.Second, one, 5)
-		c.p.take(at, false)
-		c.p.wrote(at+lag+5*time.Millisecond, at)
-		if !c.p.take(at+one, false) {
+		c.p.Take(at, false)
+		c.p.Wrote(at+lag+5*time.Millisecond, at)
+		if !c.p.Take(at+one, false) {
 			t.Errorf("%s: a late write put off the next grant", c.name)
 		}
 	}
@@ -590,18 +581,18 @@ func TestPacerCutsAtTheKeptPace(t *testing.T) {
 		{"grants at the pace, with pauses", 20 * time.Millisecond, 40, true, 49.9, 50.1},
 		{"refused right after a pause", 20 * time.Millisecond, 36, true, 49.9, 50.1},
 	} {
-		p := newPacer(50, 1, time.Minute, true, 0)
+		p := New(50, 1, time.Minute, true, 0)
 		at := time.Second
 		for i := range c.n {
 			if c.pauses && i%5 == 0 {
 				at += time.Second
 			}
-			if !p.take(at, false) {
+			if !p.Take(at, false) {
 				t.Fatalf("%s: no token at %v", c.name, at)
 			}
 			at += c.every
 		}
-		p.observe(at, reply{status: http.StatusTooManyRequests, sent: at - c.every}, 1)
+		p.Observe(at, Reply{Status: http.StatusTooManyRequests, Sent: at - c.every}, 1)
 		if p.fb.fail < c.min || p.fb.fail > c.max {
 			t.Errorf("%s: failed rate %.2f, want %v-%v", c.name, p.fb.fail, c.min, c.max)
 		}
@@ -621,7 +612,7 @@ func TestPacerStrictPlateau(t *testing.T) {
 		limit, held int64
 		want        float64
 	}{{0, 0, 49}, {1, 0, 49}, {50, 0, 49}, {2, 1, 0}, {50, 49, 0}} {
-		p := newPacer(100, 1, time.Minute, true, 0)
+		p := New(100, 1, time.Minute, true, 0)
 		p.fb.fail, p.fb.margin = 50, 0.02
 		p.fb.quota.limit, p.fb.quota.held = c.limit, c.held
 		if got := p.strictPlateau(); got != c.want {

@@ -1,12 +1,10 @@
-package sluice
+package pace
 
 import (
 	"math"
-	"net/http"
 	"time"
 
 	"github.com/sluice-go/sluice/internal/stats"
-	"github.com/sluice-go/sluice/internal/verdict"
 )
 
 // Three rates bound a lane's pace, and it paces to the smallest that
@@ -40,7 +38,7 @@ const (
 	maxCreep       = 32 * time.Minute // bound on the creep period's doubling
 	throttleProbe  = 0.2              // growth per second beyond r_f
 	firstProbe     = 4                // growth per second from a guess, until the next 429
-	throttleFloor  = 0.05             // share of the highest known rate the throttle rate keeps
+	ThrottleFloor  = 0.05             // share of the highest known rate the throttle rate keeps
 	minRate        = 0.01             // per second: one request per 100 s, whatever is known
 
 	refillSlack = 0.05 // a counted refill rate's error: rates within it are one
@@ -66,7 +64,7 @@ type feedback struct {
 	// yet); it began at coolFrom, for coolWhy.
 	coolTo, coolFrom time.Duration
 	coolWhy          string
-	// penalty is the last secondary-limit pause (see pacer.observe); 0
+	// penalty is the last secondary-limit pause (see Pacer.Observe); 0
 	// once an attempt is accepted.
 	penalty time.Duration
 
@@ -243,7 +241,7 @@ func (f *feedback) paceAt(current float64, age time.Duration) float64 {
 
 // floor is the lowest throttle rate.
 func (f *feedback) floor() float64 {
-	return max(minRate, throttleFloor*f.peak)
+	return max(minRate, ThrottleFloor*f.peak)
 }
 
 // A refusal is what a 429 tells feedback.cut of the pace it refused.
@@ -479,68 +477,4 @@ func (f *feedback) cool(now, until time.Duration, why string) (extended, fresh b
 	}
 	f.coolWhy, f.coolTo = why, until
 	return true, fresh
-}
-
-// limitHeaderPrefixes are the canonical header-name prefixes of every field
-// headers.Parse and headers.RetryAfter read.
-var limitHeaderPrefixes = []string{"Ratelimit", "X-Ratelimit", "X-Rate-Limit", "Anthropic-Ratelimit", "Retry-After", "X-Ms-Retry-After"}
-
-// limitHeader reports whether h has a field of a rate-limit family.
-func limitHeader(h http.Header) bool {
-	for k := range h {
-		if k == "" || k[0] != 'R' && k[0] != 'X' && k[0] != 'A' {
-			continue // no prefix below starts otherwise
-		}
-		for _, p := range limitHeaderPrefixes {
-			if len(k) >= len(p) && k[:len(p)] == p {
-				return true
-			}
-		}
-	}
-	return false
-}
-
-const (
-	// A lane whose last quietAfter responses had no rate-limit header
-	// looks for one in only one response in quietEvery (a map's range
-	// costs about as much as the rest of a request that waits for
-	// nothing); a refusal's status is always read, and the first header
-	// seen makes it look at every response again. A server that states
-	// its limits states them on every response.
-	quietAfter = 64
-	quietEvery = 16
-)
-
-// reads reports whether resp may say something about rate limits: a
-// status whose verdict its headers decide (see verdict.Classify), or a
-// header that might. Most responses say nothing, and this lets them skip
-// parsing and the lane's lock. While l's server sends no such header, it
-// looks at the headers of only the responses whose grant said look (see
-// lookLocked).
-func (l *lane) reads(resp *http.Response, look bool) bool {
-	if verdict.HeadersDecide(resp.StatusCode) {
-		return true
-	}
-	if !look {
-		return false
-	}
-	n := l.quiet.Load()
-	if limitHeader(resp.Header) {
-		if n != 0 {
-			l.quiet.Store(0)
-		}
-		return true
-	}
-	if n < quietAfter {
-		l.quiet.Add(1)
-	}
-	return false
-}
-
-// lookLocked reports whether the response to a grant of level p, counted
-// already, is to be looked at for rate-limit headers (see quietAfter). The
-// choice is made under the lock, where the grants are counted, so that a
-// quiet lane's responses write no shared counter.
-func (l *lane) lookLocked(p Priority) bool {
-	return l.quiet.Load() < quietAfter || l.levels[p].granted%quietEvery == 0
 }

@@ -1,4 +1,4 @@
-package sluice
+package pace
 
 import (
 	"encoding/binary"
@@ -186,13 +186,13 @@ func TestBucketWaitBeyondDuration(t *testing.T) {
 // of every grant.
 func dispatchLate(b *bucket, lateness []time.Duration, span time.Duration, late, sets bool) []time.Duration {
 	var out []time.Duration
-	lag := tokenTime(b.rate)
+	lag := TokenTime(b.rate)
 	now := time.Duration(0)
 	for i := 0; now < span; i++ {
 		for late && b.takeLate(now, lag) || !late && b.take(now) {
 			out = append(out, now)
 		}
-		now += tokensDelay(1-b.tokensAt(now), b.rate)
+		now += TokensDelay(1-b.tokensAt(now), b.rate)
 		if len(lateness) > 0 {
 			d := lateness[i%len(lateness)]
 			if sets {
@@ -229,7 +229,7 @@ func TestTakeLateKeepsTheSchedule(t *testing.T) {
 	for _, r := range []float64{20, 100, 2000, 10000} {
 		for _, burst := range []int{1, 10} {
 			// Lateness up to one token's time, in an irregular cycle.
-			step := tokensDelay(1, r)
+			step := TokensDelay(1, r)
 			lateness := []time.Duration{0, step / 3, step, step / 7, step * 9 / 10, 1}
 			late := dispatchLate(newBucket(r, burst), lateness, span, true, false)
 			now := dispatchLate(newBucket(r, burst), lateness, span, false, false)

@@ -1,4 +1,4 @@
-package sluice
+package pace
 
 import (
 	"path/filepath"
@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/sluice-go/sluice/internal/headers"
+	"github.com/sluice-go/sluice/internal/trace"
 )
 
 // TestWindowEdgeTraces replays the header traces recorded from real
@@ -23,32 +24,32 @@ func TestWindowEdgeTraces(t *testing.T) {
 		"tollbooth.txt":     false,
 	} {
 		t.Run(name, func(t *testing.T) {
-			tr, err := readTrace(filepath.Join("testdata", "traces", name))
+			tr, err := trace.Read(filepath.Join("..", "..", "testdata", "traces", name))
 			if err != nil {
 				t.Fatal(err)
 			}
 			var e windowEdge
 			toldAt, refused := -1, false
-			for i, r := range tr.records {
-				q, ok := headers.Parse(r.header, tr.start.Add(r.received))
+			for i, r := range tr.Records {
+				q, ok := headers.Parse(r.Header, tr.Start.Add(r.Received))
 				if !ok {
 					t.Fatalf("record %d: no quota", i)
 				}
-				if e.observe(r.received, r.sent, q, r.status != 429) && toldAt < 0 {
+				if e.observe(r.Received, r.Sent, q, r.Status != 429) && toldAt < 0 {
 					toldAt = i
 					if !refused {
 						t.Errorf("record %d: told apart before any refusal", i)
 					}
 				}
-				refused = refused || r.status == 429
+				refused = refused || r.Status == 429
 			}
 			switch {
 			case !window && e.told:
 				t.Errorf("told a window that refills at once at record %d", toldAt)
 			case window && !e.told:
-				t.Errorf("not told apart over %d records", len(tr.records))
-			case window && e.period != tr.per:
-				t.Errorf("period %v; the middleware was set up with %v", e.period, tr.per)
+				t.Errorf("not told apart over %d records", len(tr.Records))
+			case window && e.period != tr.Per:
+				t.Errorf("period %v; the middleware was set up with %v", e.period, tr.Per)
 			}
 		})
 	}

@@ -1,4 +1,4 @@
-package sluice
+package pace
 
 import (
 	"math"
@@ -15,10 +15,10 @@ import (
 // it was given counts as no time at all, and does not move that latest time
 // back, so no interval is credited twice (golang/go#65508, where a Limiter
 // over-admits when given times that run backwards). The lane feeds it
-// non-decreasing times anyway (see lane.tick).
+// non-decreasing times anyway.
 //
-// Times are readings of the lane's clock (see lane.clock): offsets from an
-// epoch, not time.Time, which costs more to subtract and compare.
+// Times are readings of the lane's clock: offsets from an epoch, not
+// time.Time, which costs more to subtract and compare.
 type bucket struct {
 	rate   float64 // tokens a second, > 0; +Inf: no limit
 	burst  float64
@@ -136,9 +136,9 @@ func (b *bucket) setRate(now time.Duration, rate float64) {
 	b.rate = rate
 }
 
-// tokensDelay returns how long a bucket filling at r per second takes to gain
+// TokensDelay returns how long a bucket filling at r per second takes to gain
 // n tokens, rounded up so that the tokens are there when it ends.
-func tokensDelay(n, r float64) time.Duration {
+func TokensDelay(n, r float64) time.Duration {
 	if n <= 0 {
 		return 0
 	}
@@ -152,7 +152,33 @@ func tokensDelay(n, r float64) time.Duration {
 	return time.Duration(s)
 }
 
-// tokenTime returns one token's time at rate r, rounded down.
-func tokenTime(r float64) time.Duration {
+// TokenTime returns one token's time at rate r, rounded down.
+func TokenTime(r float64) time.Duration {
 	return time.Duration(min(1e9/r, math.MaxInt64/2))
 }
+
+// A Bucket is a token bucket for a caller that locks around it (a lane's
+// budgets): it holds at most Burst tokens and gains Rate tokens a second,
+// as a lane's own bucket does, and may hold fewer than none. Its zero value
+// holds nothing and gains nothing.
+type Bucket struct{ b bucket }
+
+// NewBucket returns a bucket gaining rate tokens a second (0: none), of
+// size burst, holding tokens at the clock's epoch.
+func NewBucket(rate, burst, tokens float64) Bucket {
+	return Bucket{bucket{rate: rate, burst: burst, tokens: tokens}}
+}
+
+// Rate returns the tokens the bucket gains a second.
+func (b *Bucket) Rate() float64 { return b.b.rate }
+
+// Burst returns the bucket's size.
+func (b *Bucket) Burst() float64 { return b.b.burst }
+
+// Level returns the tokens held at now, at most Burst; a time earlier than
+// the latest one given counts as no time.
+func (b *Bucket) Level(now time.Duration) float64 { return b.b.advance(now) }
+
+// Set records that the bucket holds t tokens at now; it may be more than
+// Burst until the next Level, or less than none.
+func (b *Bucket) Set(now time.Duration, t float64) { b.b.set(now, t) }

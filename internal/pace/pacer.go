@@ -1,4 +1,4 @@
-package sluice
+package pace
 
 import (
 	"math"
@@ -9,17 +9,17 @@ import (
 	"github.com/sluice-go/sluice/internal/verdict"
 )
 
-// A pacer decides when a lane may send: it owns the lane's token bucket,
+// A Pacer decides when a lane may send: it owns the lane's token bucket,
 // the pace the bucket keeps (see feedback), a Leaser's share of the key's
 // rate, and when sending may resume: the end of the cooldown a server or
 // another process set, and of the wait a Backend named, read as one
-// instant by notBefore. Its methods take times on the lane's clock and
+// instant by NotBefore. Its methods take times on the lane's clock and
 // what responses said, and return what changed, for the lane to wake its
 // dispatcher, emit events and log.
 //
 // It holds no lock: the lane calls it with its own held. Create it with
-// newPacer.
-type pacer struct {
+// New.
+type Pacer struct {
 	lim     *bucket       // nil: not paced
 	rate    float64       // lim's rate; 0 if nil or unlimited
 	share   *bucket       // a Leaser's share; nil when no share paces the lane
@@ -46,12 +46,12 @@ type pacer struct {
 	fb feedback // what the server said, and the cooldown
 }
 
-// newPacer returns the pacer of a lane paced at rate (0: not paced until
+// New returns the pacer of a lane paced at rate (0: not paced until
 // the server says) with burst, whose epoch is origin in Unix nanoseconds.
 // local says no Backend holds the lane's budget; maxWait caps the waits
 // servers and Backends name.
-func newPacer(rate float64, burst int, maxWait time.Duration, local bool, origin int64) pacer {
-	p := pacer{burst: int32(min(burst, math.MaxInt32)), local: local, maxWait: maxWait, shared: longAgo}
+func New(rate float64, burst int, maxWait time.Duration, local bool, origin int64) Pacer {
+	p := Pacer{burst: int32(min(burst, math.MaxInt32)), local: local, maxWait: maxWait, shared: longAgo}
 	if rate > 0 {
 		p.lim, p.rate = newBucket(rate, burst), rate
 	} else {
@@ -61,27 +61,28 @@ func newPacer(rate float64, burst int, maxWait time.Duration, local bool, origin
 	return p
 }
 
-// paced reports whether the lane's own bucket paces it.
-func (p *pacer) paced() bool { return p.lim != nil }
+// Paced reports whether the lane's own bucket paces it.
+func (p *Pacer) Paced() bool { return p.lim != nil }
 
-// ready reports whether now is past the cooldown.
-func (p *pacer) ready(now time.Duration) bool { return now >= p.fb.coolTo }
+// Ready reports whether now is past the cooldown.
+func (p *Pacer) Ready(now time.Duration) bool { return now >= p.fb.coolTo }
 
-// cooldown returns when the latest cooldown ends (longAgo: none yet).
-func (p *pacer) cooldown() time.Duration { return p.fb.coolTo }
+// Cooldown returns when the latest cooldown ends (before any instant of
+// the clock: none yet).
+func (p *Pacer) Cooldown() time.Duration { return p.fb.coolTo }
 
-// backendWait returns the instant before which the Backend is not asked
-// for a token (see setWait).
-func (p *pacer) backendWait() time.Duration { return p.wait }
+// BackendWait returns the instant before which the Backend is not asked
+// for a token (see SetWait).
+func (p *Pacer) BackendWait() time.Duration { return p.wait }
 
-// notBefore returns the instant before which nothing is sent: the end of
+// NotBefore returns the instant before which nothing is sent: the end of
 // the cooldown or of the Backend's wait, whichever is later.
-func (p *pacer) notBefore() time.Duration { return max(p.fb.coolTo, p.wait) }
+func (p *Pacer) NotBefore() time.Duration { return max(p.fb.coolTo, p.wait) }
 
-// take takes a token at now from the lane's bucket and its share, if both
+// Take takes a token at now from the lane's bucket and its share, if both
 // have one, and reports whether it did. late says the lane's dispatcher
 // slept until a token was due (see bucket.takeLate).
-func (p *pacer) take(now time.Duration, late bool) bool {
+func (p *Pacer) Take(now time.Duration, late bool) bool {
 	if p.share == nil && !late && !p.cold {
 		// The fast path: no share to take from first, no lateness.
 		if p.lim == nil {
@@ -110,7 +111,7 @@ func (p *pacer) take(now time.Duration, late bool) bool {
 }
 
 // used records a grant at now (see kept).
-func (p *pacer) used(now time.Duration) {
+func (p *Pacer) used(now time.Duration) {
 	p.grants[p.ngrants%len(p.grants)] = now
 	p.ngrants++
 }
@@ -120,7 +121,7 @@ func (p *pacer) used(now time.Duration) {
 // the last grants, or a pause (idle, a cooldown) came between them. A
 // lane's grants may keep under its pace (slots, late timers, a share),
 // and a strict server judges the spacing it sees, not the lane's bound.
-func (p *pacer) kept(sent time.Duration) float64 {
+func (p *Pacer) kept(sent time.Duration) float64 {
 	// i runs over the grants whose second predecessor is still held.
 	n := len(p.grants)
 	for i := p.ngrants - 1; i >= max(2, p.ngrants-n+2); i-- {
@@ -139,7 +140,7 @@ func (p *pacer) kept(sent time.Duration) float64 {
 // grantsTo returns the lane's grants up to and including the one at sent,
 // counted from its first paced grant: found among the last grants, or
 // estimated from its pace since.
-func (p *pacer) grantsTo(now, sent time.Duration) int {
+func (p *Pacer) grantsTo(now, sent time.Duration) int {
 	n := len(p.grants)
 	for i := p.ngrants - 1; i >= max(0, p.ngrants-n); i-- {
 		if p.grants[i%n] == sent {
@@ -149,13 +150,13 @@ func (p *pacer) grantsTo(now, sent time.Duration) int {
 	return max(0, p.ngrants-int(p.rate*(now-sent).Seconds()))
 }
 
-func (p *pacer) takeAll(now time.Duration, late bool) bool {
+func (p *Pacer) takeAll(now time.Duration, late bool) bool {
 	var share bucket
 	if p.share != nil {
 		// Taken from a copy first: the lane's bucket may still refuse.
 		share = *p.share
 		if late && share.rate > 0 {
-			if !share.takeLate(now, tokenTime(share.rate)) {
+			if !share.takeLate(now, TokenTime(share.rate)) {
 				return false
 			}
 		} else if !share.take(now) {
@@ -179,30 +180,30 @@ func (p *pacer) takeAll(now time.Duration, late bool) bool {
 	return true
 }
 
-// spaces reports whether the lane's grants are spaced from the writes of
+// Spaces reports whether the lane's grants are spaced from the writes of
 // the requests granted before them (see wrote): once a server refused a
 // pace, unless its quotas state a limit of two or more (a burst, which
 // takes a request early by a token's time), and only when the lane's own
 // bucket holds its whole budget.
-func (p *pacer) spaces() bool {
+func (p *Pacer) Spaces() bool {
 	return p.fb.fail > 0 && !p.fb.quota.statesBurst() && p.local && p.lim != nil && !math.IsInf(p.lim.rate, 1)
 }
 
-// wrote records at now that the request of a grant made at at was written
+// Wrote records at now that the request of a grant made at at was written
 // to its connection. Two requests granted a token apart, the first written
 // late and the second on time, reach the server closer together than the
 // pace, and a strict (burst 1) server refuses the second whatever the
 // margin: the next grant is put off by the lateness beyond the least lately
 // seen, by at most a token's time.
-func (p *pacer) wrote(now, at time.Duration) {
+func (p *Pacer) Wrote(now, at time.Duration) {
 	lag := now - at
-	if lag <= 0 || !p.spaces() {
+	if lag <= 0 || !p.Spaces() {
 		return
 	}
 	if p.lagFloor == 0 {
 		p.lagFloor = lag
 	}
-	late := min(lag-p.lagFloor, tokenTime(p.lim.rate))
+	late := min(lag-p.lagFloor, TokenTime(p.lim.rate))
 	// The floor drops at once and rises an eighth of the way: the least
 	// lag is what the next request may well take.
 	p.lagFloor = min(lag, p.lagFloor+(lag-p.lagFloor)/8)
@@ -211,9 +212,9 @@ func (p *pacer) wrote(now, at time.Duration) {
 	}
 }
 
-// refund gives back at now a token taken and not used: to the share, and
+// Refund gives back at now a token taken and not used: to the share, and
 // to the lane's bucket when it gave it (own: not a Backend).
-func (p *pacer) refund(now time.Duration, own bool) {
+func (p *Pacer) Refund(now time.Duration, own bool) {
 	if p.share != nil {
 		p.share.refund(now)
 	}
@@ -234,39 +235,39 @@ func (p *pacer) refund(now time.Duration, own bool) {
 // (burst 1) server refuses any spacing under its own, and the margin is
 // what absorbs the requests' jitter in transit.
 func lateLag(rate, safe float64) time.Duration {
-	lag := tokenTime(rate)
+	lag := TokenTime(rate)
 	if safe > 0 {
-		lag = max(0, lag-tokenTime(safe))
+		lag = max(0, lag-TokenTime(safe))
 	}
 	return lag
 }
 
 // strictPlateau returns the plateau a late grant keeps its spacing from
 // (see lateLag), or 0 where the server states a burst.
-func (p *pacer) strictPlateau() float64 {
+func (p *Pacer) strictPlateau() float64 {
 	if p.fb.quota.statesBurst() {
 		return 0
 	}
 	return p.fb.plateau()
 }
 
-// tokenDelay returns how long after now a token is due.
-func (p *pacer) tokenDelay(now time.Duration) time.Duration {
+// TokenDelay returns how long after now a token is due.
+func (p *Pacer) TokenDelay(now time.Duration) time.Duration {
 	var d time.Duration
 	if p.lim != nil {
-		d = tokensDelay(1-p.lim.tokensAt(now), p.lim.rate)
+		d = TokensDelay(1-p.lim.tokensAt(now), p.lim.rate)
 	} else if p.spread != nil {
-		d = tokensDelay(1-p.spread.tokensAt(now), p.spread.rate)
+		d = TokensDelay(1-p.spread.tokensAt(now), p.spread.rate)
 	}
 	if p.share != nil {
-		d = max(d, tokensDelay(1-p.share.tokensAt(now), p.share.rate))
+		d = max(d, TokensDelay(1-p.share.tokensAt(now), p.share.rate))
 	}
 	return d
 }
 
-// held returns the tokens the lane's bucket and share hold at now, the
+// Held returns the tokens the lane's bucket and share hold at now, the
 // fewer of the two; +Inf if neither paces.
-func (p *pacer) held(now time.Duration) float64 {
+func (p *Pacer) Held(now time.Duration) float64 {
 	h := math.Inf(1)
 	if p.lim != nil {
 		h = p.lim.tokensAt(now)
@@ -277,9 +278,9 @@ func (p *pacer) held(now time.Duration) float64 {
 	return h
 }
 
-// paceRate returns the rate that paces the lane's grants: its own, or its
+// PaceRate returns the rate that paces the lane's grants: its own, or its
 // share's if lower; 0 if neither paces.
-func (p *pacer) paceRate() float64 {
+func (p *Pacer) PaceRate() float64 {
 	r := math.Inf(1)
 	if p.lim != nil {
 		r = p.lim.rate
@@ -293,38 +294,38 @@ func (p *pacer) paceRate() float64 {
 	return r
 }
 
-// pending reports whether anything the pacer holds at now would be lost if
+// Pending reports whether anything the pacer holds at now would be lost if
 // the lane were forgotten: a cooldown, a Backend's wait or a header rate
 // still in force, or a bucket not yet full again.
-func (p *pacer) pending(now time.Duration) bool {
-	return now < p.notBefore() || now < p.fb.headerUntil ||
+func (p *Pacer) Pending(now time.Duration) bool {
+	return now < p.NotBefore() || now < p.fb.headerUntil ||
 		p.lim != nil && p.lim.tokensAt(now) < p.lim.burst
 }
 
-// A coolChange is what setting a cooldown changed.
-type coolChange struct {
-	extended bool          // the cooldown now ends later, at until
-	fresh    bool          // and it is a new one, not an extension
-	until    time.Duration // its end
-	why      string        // its cause
+// A CoolChange is what setting a cooldown changed.
+type CoolChange struct {
+	Extended bool          // the cooldown now ends later, at Until
+	Fresh    bool          // and it is a new one, not an extension
+	Until    time.Duration // its end
+	Why      string        // its cause
 }
 
-// cool extends the cooldown to until, at now, for why.
-func (p *pacer) cool(now, until time.Duration, why string) coolChange {
+// Cool extends the cooldown to until, at now, for why.
+func (p *Pacer) Cool(now, until time.Duration, why string) CoolChange {
 	ext, fresh := p.fb.cool(now, until, why)
 	p.cold = p.cold || ext
-	return coolChange{extended: ext, fresh: fresh, until: p.fb.coolTo, why: p.fb.coolWhy}
+	return CoolChange{Extended: ext, Fresh: fresh, Until: p.fb.coolTo, Why: p.fb.coolWhy}
 }
 
-// setWait records at now that the Backend named wait before it is asked
+// SetWait records at now that the Backend named wait before it is asked
 // again, held to maxWait.
-func (p *pacer) setWait(now, wait time.Duration) {
+func (p *Pacer) SetWait(now, wait time.Duration) {
 	p.wait = now + min(wait, p.maxWait)
 }
 
-// toShare returns the cooldown's end, if it is later than the last one
+// ToShare returns the cooldown's end, if it is later than the last one
 // returned, for the lane to pass to its Backend.
-func (p *pacer) toShare() (time.Duration, bool) {
+func (p *Pacer) ToShare() (time.Duration, bool) {
 	if p.fb.coolTo <= p.shared {
 		return 0, false
 	}
@@ -332,15 +333,15 @@ func (p *pacer) toShare() (time.Duration, bool) {
 	return p.shared, true
 }
 
-// join makes the lane wait for a Leaser's first share: nothing is sent
+// Join makes the lane wait for a Leaser's first share: nothing is sent
 // before it.
-func (p *pacer) join() { p.share = &bucket{} }
+func (p *Pacer) Join() { p.share = &bucket{} }
 
-// sharing reports whether a Leaser's share paces the lane.
-func (p *pacer) sharing() bool { return p.share != nil }
+// Sharing reports whether a Leaser's share paces the lane.
+func (p *Pacer) Sharing() bool { return p.share != nil }
 
-// setShare sets the Leaser's share to rate and burst at now; see sharing.
-func (p *pacer) setShare(now time.Duration, rate float64, burst int) {
+// SetShare sets the Leaser's share to rate and burst at now; see Sharing.
+func (p *Pacer) SetShare(now time.Duration, rate float64, burst int) {
 	b := float64(max(burst, 1))
 	if p.share.burst == 0 {
 		// The first grant: the share starts full, as a lane's bucket does.
@@ -355,47 +356,48 @@ func (p *pacer) setShare(now time.Duration, rate float64, burst int) {
 	p.share.set(now, min(held, b))
 }
 
-// A reply is what a response says of the lane's pace: its status and the
-// rate-limit fields of its headers, read by readReply.
-type reply struct {
-	status              int
-	sent                time.Duration // when its attempt was granted, on the lane's clock
-	quota, tokens       headers.Quota // requests' and tokens' quotas
-	hasQuota, hasTokens bool
-	retryAfter          time.Duration // 0 if none
-	hasRA               bool
-	budgetOut           bool           // a budget of the lane ran out (see WithBudget)
-	body                verdict.Signal // what its body says (see verdict.Body)
+// A Reply is what a response says of the lane's pace: its status and the
+// rate-limit fields of its headers, read by ReadReply, and what the lane
+// adds: when its attempt was granted and what its body and budgets said.
+type Reply struct {
+	Status              int
+	Sent                time.Duration // when its attempt was granted, on the lane's clock
+	Quota, Tokens       headers.Quota // requests' and tokens' quotas
+	HasQuota, HasTokens bool
+	RetryAfter          time.Duration // 0 if none
+	HasRA               bool
+	BudgetOut           bool           // a budget of the lane ran out
+	Body                verdict.Signal // what its body says (see verdict.Body)
 }
 
 // kind classifies the reply (see verdict.Classify).
-func (r reply) kind() verdict.Kind {
-	return verdict.Classify(r.status, r.hasRA, r.hasQuota && r.quota.Remaining == 0, r.body)
+func (r Reply) kind() verdict.Kind {
+	return verdict.Classify(r.Status, r.HasRA, r.HasQuota && r.Quota.Remaining == 0, r.Body)
 }
 
-// readReply reads resp's status and headers, at wall, with Retry-After
+// ReadReply reads resp's status and headers, at wall, with Retry-After
 // held to maxWait. Headers state times on the wall clock; one reading
 // serves all.
-func readReply(resp *http.Response, wall time.Time, maxWait time.Duration) reply {
+func ReadReply(resp *http.Response, wall time.Time, maxWait time.Duration) Reply {
 	h := resp.Header
-	r := reply{status: resp.StatusCode}
-	r.quota, r.hasQuota = headers.Parse(h, wall)
-	r.tokens, r.hasTokens = headers.ParseTokens(h, wall)
-	r.retryAfter, r.hasRA = headers.RetryAfter(h, wall, maxWait)
+	r := Reply{Status: resp.StatusCode}
+	r.Quota, r.HasQuota = headers.Parse(h, wall)
+	r.Tokens, r.HasTokens = headers.ParseTokens(h, wall)
+	r.RetryAfter, r.HasRA = headers.RetryAfter(h, wall, maxWait)
 	return r
 }
 
-// A paceChange is what a response changed.
-type paceChange struct {
-	kind      verdict.Kind
-	throttled bool   // kind is Throttled: refused for its rate (a 429, or a 403 that says so)
-	refused   bool   // throttled, or paused (see verdict.Kind.Refused)
-	cause     string // of any change of the rate: RateCut or RateHeader
-	raised    bool   // the lane's bucket now fills faster
-	cool      coolChange
+// A Change is what a response changed.
+type Change struct {
+	Kind      verdict.Kind
+	Throttled bool   // Kind is Throttled: refused for its rate (a 429, or a 403 that says so)
+	Refused   bool   // throttled, or paused (see verdict.Kind.Refused)
+	Cause     string // of any change of the rate: CauseCut or CauseHeader
+	Raised    bool   // the lane's bucket now fills faster
+	Cool      CoolChange
 }
 
-// observe applies what r, seen at now with inFlight attempts of the lane
+// Observe applies what r, seen at now with inFlight attempts of the lane
 // in flight (this one included), says.
 //
 // Only a refusal or a Retry-After stops the lane: a 429; a 403 with
@@ -404,50 +406,50 @@ type paceChange struct {
 // Retry-After, else the wait of the quota that says nothing remains (the
 // token budget's, or the requests'; see quotaModel.refusalWait). Any other
 // quota paces the lane (see quotaModel).
-func (p *pacer) observe(now time.Duration, r reply, inFlight int) paceChange {
+func (p *Pacer) Observe(now time.Duration, r Reply, inFlight int) Change {
 	f := &p.fb
-	exhausted := r.hasQuota && r.quota.Remaining == 0
-	tokensOut := r.budgetOut || r.hasTokens && r.tokens.Remaining == 0
-	c := paceChange{cause: RateHeader, kind: r.kind()}
-	c.throttled = c.kind == verdict.Throttled
-	c.refused = c.kind.Refused()
-	if c.throttled {
+	exhausted := r.HasQuota && r.Quota.Remaining == 0
+	tokensOut := r.BudgetOut || r.HasTokens && r.Tokens.Remaining == 0
+	c := Change{Cause: CauseHeader, Kind: r.kind()}
+	c.Throttled = c.Kind == verdict.Throttled
+	c.Refused = c.Kind.Refused()
+	if c.Throttled {
 		f.throttled++
 		if f.refused == nil {
 			f.refused = newAcceptWindow()
 		}
 		f.refused.AddNano(f.origin+int64(now), 1)
 	}
-	if !c.refused {
-		if r.hasQuota {
-			c.cool = p.pace(now, r.sent, f.quota.observe(now, r.sent, r.quota, inFlight))
+	if !c.Refused {
+		if r.HasQuota {
+			c.Cool = p.pace(now, r.Sent, f.quota.observe(now, r.Sent, r.Quota, inFlight))
 		}
-		c.raised = p.applyRate(now)
+		c.Raised = p.applyRate(now)
 		return c
 	}
 	// The cooldown a refusal brings lets the server's bucket fill again.
 	f.draining = false
-	if r.hasQuota && f.quota.seeEdge(now, r.sent, r.quota, false) {
+	if r.HasQuota && f.quota.seeEdge(now, r.Sent, r.Quota, false) {
 		// What the refusals before taught, of a window read as a bucket,
 		// no longer holds.
 		f.forget()
 	}
 	switch {
-	case r.hasRA && exhausted && f.quota.edgeTold():
+	case r.HasRA && exhausted && f.quota.edgeTold():
 		// A window's measured end bounds a Retry-After stated to the
 		// second (sethvargo/go-limiter's is its reset, a date read as the
 		// end of its second): the window refills then.
-		c.cool = p.cool(now, now+min(r.retryAfter, f.quota.refusalWait(now, r.quota)), "retry-after")
-	case r.hasRA:
-		c.cool = p.cool(now, now+r.retryAfter, "retry-after")
-	case tokensOut && r.tokens.Reset > 0:
-		c.cool = p.cool(now, now+min(r.tokens.Reset, p.maxWait), r.tokens.Resource+" remaining 0")
-	case exhausted && (r.quota.Reset > 0 || f.quota.edgeTold()):
-		c.cool = p.cool(now, now+min(f.quota.refusalWait(now, r.quota), p.maxWait), "remaining 0")
-	case r.body.Secondary:
+		c.Cool = p.Cool(now, now+min(r.RetryAfter, f.quota.refusalWait(now, r.Quota)), "retry-after")
+	case r.HasRA:
+		c.Cool = p.Cool(now, now+r.RetryAfter, "retry-after")
+	case tokensOut && r.Tokens.Reset > 0:
+		c.Cool = p.Cool(now, now+min(r.Tokens.Reset, p.maxWait), r.Tokens.Resource+" remaining 0")
+	case exhausted && (r.Quota.Reset > 0 || f.quota.edgeTold()):
+		c.Cool = p.Cool(now, now+min(f.quota.refusalWait(now, r.Quota), p.maxWait), "remaining 0")
+	case r.Body.Secondary:
 		// GitHub: wait at least a minute, then longer at each repeat.
 		f.penalty = min(max(2*f.penalty, secondaryPause), p.maxWait)
-		c.cool = p.cool(now, now+f.penalty, "secondary rate limit")
+		c.Cool = p.Cool(now, now+f.penalty, "secondary rate limit")
 	}
 	// A 429 is over a rate the throttle rate must learn, unless a window's
 	// exhausted quota (it refills at its reset, whatever the pace) or a
@@ -455,23 +457,23 @@ func (p *pacer) observe(now time.Duration, r reply, inFlight int) paceChange {
 	// rate is what was exceeded. A 403 that is not a quota (GitHub's
 	// secondary limits) is a penalty, not a pace.
 	// A GraphQL throttle in a 200 or a 4xx is a 429 in another form.
-	if (r.status == http.StatusTooManyRequests || r.body.GraphQL) && !tokensOut && !r.body.Secondary &&
+	if (r.Status == http.StatusTooManyRequests || r.Body.GraphQL) && !tokensOut && !r.Body.Secondary &&
 		!(exhausted && f.quota.kind == kindWindow) {
-		if r.hasQuota {
-			f.quota.refused(r.sent, r.quota, inFlight-1)
+		if r.HasQuota {
+			f.quota.refused(r.Sent, r.Quota, inFlight-1)
 		}
-		f.cut(now, refusal{sent: r.sent, pace: p.rate, kept: p.kept(r.sent), ra: r.retryAfter,
-			refill: f.quota.counts, rough: f.quota.rough, grants: p.grantsTo(now, r.sent), inFlight: inFlight - 1})
-		c.cause = RateCut
+		f.cut(now, refusal{sent: r.Sent, pace: p.rate, kept: p.kept(r.Sent), ra: r.RetryAfter,
+			refill: f.quota.counts, rough: f.quota.rough, grants: p.grantsTo(now, r.Sent), inFlight: inFlight - 1})
+		c.Cause = CauseCut
 	}
-	c.raised = p.applyRate(now)
+	c.Raised = p.applyRate(now)
 	return c
 }
 
 // pace applies what a quota stated by the response to an attempt sent at
 // sent says.
-func (p *pacer) pace(now, sent time.Duration, qp quotaPace) coolChange {
-	var c coolChange
+func (p *Pacer) pace(now, sent time.Duration, qp quotaPace) CoolChange {
+	var c CoolChange
 	p.fb.spare, p.fb.draining = qp.spare, qp.draining
 	if qp.told {
 		p.fb.forget()
@@ -483,7 +485,7 @@ func (p *pacer) pace(now, sent time.Duration, qp quotaPace) coolChange {
 	}
 	switch {
 	case qp.stop > now:
-		c = p.cool(now, min(qp.stop, now+p.maxWait), "remaining 0 until the window resets")
+		c = p.Cool(now, min(qp.stop, now+p.maxWait), "remaining 0 until the window resets")
 	case qp.rate > 0:
 		p.fb.header, p.fb.headerUntil = qp.rate, qp.until
 		p.fb.recount()
@@ -497,11 +499,11 @@ func (p *pacer) pace(now, sent time.Duration, qp quotaPace) coolChange {
 	return c
 }
 
-// settle counts an attempt sent at sent that finished at now as k: an
+// Settle counts an attempt sent at sent that finished at now as k: an
 // accepted one feeds the acceptance rate and the throttle rate's recovery.
 // It returns why the rate may have moved ("": it did not), and whether the
 // bucket now fills faster.
-func (p *pacer) settle(now, sent time.Duration, k verdict.Kind) (moved string, raised bool) {
+func (p *Pacer) Settle(now, sent time.Duration, k verdict.Kind) (moved string, raised bool) {
 	if !k.Accepted() {
 		return "", false
 	}
@@ -519,19 +521,19 @@ func (p *pacer) settle(now, sent time.Duration, k verdict.Kind) (moved string, r
 	}
 	f.accepted.AddNano(f.origin+int64(now), 1)
 	if p.lim == nil && f.firstAccepted(now, sent) {
-		return RateCut, p.applyRate(now)
+		return CauseCut, p.applyRate(now)
 	}
 	if f.throttle > 0 || f.header > 0 {
 		f.peak = max(f.peak, f.acceptedRate(now))
 		f.grow(now)
-		return RateRecovery, p.applyRate(now)
+		return CauseRecovery, p.applyRate(now)
 	}
 	return "", false
 }
 
 // applyRate sets the bucket to the pace feedback asks for at now, and
 // reports whether it now fills faster.
-func (p *pacer) applyRate(now time.Duration) (raised bool) {
+func (p *Pacer) applyRate(now time.Duration) (raised bool) {
 	r := p.fb.rate(now)
 	if r > 0 {
 		r = max(r, minRate)
@@ -559,22 +561,38 @@ func (p *pacer) applyRate(now time.Duration) (raised bool) {
 	return lim > old
 }
 
-// report returns the rate to report to Observers, from the one last
+// Report returns the rate to report to Observers, from the one last
 // reported, for cause: only if it moved by 1% or more since the last report
 // (a recovering rate creeps up with every response, and an event each time
 // would say nothing), or on a cut.
-func (p *pacer) report(cause string) (from, to float64, ok bool) {
+func (p *Pacer) Report(cause string) (from, to float64, ok bool) {
 	from, to = p.fb.reported, p.rate
-	if to == from || cause != RateCut && from != 0 && to != 0 && math.Abs(to-from) < 0.01*from {
+	if to == from || cause != CauseCut && from != 0 && to != 0 && math.Abs(to-from) < 0.01*from {
 		return 0, 0, false
 	}
 	p.fb.reported = to
 	return from, to, true
 }
 
-// fill fills in ls's pace: the rate, the ceiling and the counts of
-// refusals and cooldowns.
-func (p *pacer) fill(ls *LaneStats) {
-	ls.Rate, ls.Ceiling = p.rate, p.fb.ceiling
-	ls.Throttled, ls.Cooldowns = p.fb.throttled, p.fb.cooldowns
+// Stats returns the lane's pace, for its LaneStats: the rate (0: not
+// paced), the ceiling and the counts of refusals and cooldowns.
+func (p *Pacer) Stats() Stats {
+	return Stats{Rate: p.rate, Ceiling: p.fb.ceiling, Throttled: p.fb.throttled, Cooldowns: p.fb.cooldowns}
 }
+
+// Stats is a pacer's part of a lane's statistics (see Pacer.Stats).
+type Stats struct {
+	Rate, Ceiling        float64
+	Throttled, Cooldowns uint64
+}
+
+// Accepted returns how many responses the server accepted over the
+// acceptance window that ends at now.
+func (p *Pacer) Accepted(now time.Duration) uint64 { return p.fb.acceptedAt(now) }
+
+// LagFloor returns about the least time a granted request has lately taken
+// to be written to its connection (see Wrote); 0 before any is timed.
+func (p *Pacer) LagFloor() time.Duration { return p.lagFloor }
+
+// Rate returns the rate the lane's bucket paces to; 0 if not paced.
+func (p *Pacer) Rate() float64 { return p.rate }
