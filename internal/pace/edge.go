@@ -68,12 +68,6 @@ type windowEdge struct {
 	end time.Duration
 }
 
-// edgeGuard is how far past the latest attempt the current window
-// answered its end is put, when that attempt was sent after the end
-// thought to be the latest (transit between the lane's clock and the
-// server's), as a share of the period.
-const edgeGuard = 32
-
 // observe reads q, stated at now by the answer to an attempt sent at sent
 // (accepted, or refused), and reports whether it told the window apart
 // just now.

@@ -7,49 +7,6 @@ import (
 	"github.com/sluice-go/sluice/internal/stats"
 )
 
-// Three rates bound a lane's pace, and it paces to the smallest that
-// applies: the configured rate (the ceiling), the throttle rate learned from
-// 429s, and the header rate the quota headers state (see quotaModel); a
-// throttle rate cut to a counted refill rate gives way by a step while the
-// quotas show tokens to spare (see feedback.rate). A 429
-// cuts the throttle rate (see feedback.cut), which then climbs back over
-// time (see feedback.grow); a refusal also sets a cooldown, before which
-// nothing is sent. The rules and why: docs/design.md,
-// "Feedback from 429s".
-const (
-	// A secondary rate limit stated only in a body pauses a lane this
-	// long, then twice as long at each repeat until an attempt is
-	// accepted: what GitHub's documentation asks of clients.
-	secondaryPause = time.Minute
-
-	throttleCut       = 0.8 // cut when nothing tells r_f from the pace
-	throttleCutKnown  = 0.9 // cut from a known r_f
-	ratioSamples      = 2   // fewest answers the accepted share is computed from
-	ratioTrusted      = 20  // with edgeShare: answers enough to rule out jitter
-	edgeShare         = 0.9
-	minAcceptedSample = 4  // fewest acceptances an acceptance rate is computed from
-	edgeRun           = 10 // acceptances since the last cut that make a 429 an edge 429
-
-	throttleMargin = 0.02             // how far under r_f the plateau first sits
-	maxMargin      = 0.16             // bound on the margin's doubling
-	throttleRamp   = 2 * time.Second  // the climb from the cut to the plateau
-	edgeCreep      = 4 * time.Minute  // the first creep period from the plateau to r_f
-	countCreep     = 10 * time.Second // the same from a count of grants (see sinceCut)
-	maxCreep       = 32 * time.Minute // bound on the creep period's doubling
-	throttleProbe  = 0.2              // growth per second beyond r_f
-	firstProbe     = 4                // growth per second from a guess, until the next 429
-	ThrottleFloor  = 0.05             // share of the highest known rate the throttle rate keeps
-	minRate        = 0.01             // per second: one request per 100 s, whatever is known
-
-	refillSlack = 0.05 // a counted refill rate's error: rates within it are one
-	recountStep = 0.1  // how far over a counted failed rate spare tokens may pace (see rate)
-
-	overshoot = 1.5 // a pace this far over what the server took since the last cut overshot it
-
-	acceptWindow = 2 * time.Second
-	minFirstSpan = time.Second // shortest span firstRate counts acceptances over
-)
-
 // longAgo is an instant before any on a lane's clock: no cut, no cooldown,
 // nothing seen yet.
 const longAgo = time.Duration(math.MinInt64)
@@ -59,6 +16,16 @@ const longAgo = time.Duration(math.MinInt64)
 // acceptance counts they are computed from. Times are on the lane's clock;
 // the windows count on the Unix clock from origin, the lane's epoch. It
 // holds no lock; create it with newFeedback.
+//
+// Three rates bound a lane's pace, and it paces to the smallest that
+// applies: the configured rate (the ceiling), the throttle rate learned
+// from 429s, and the header rate the quota headers state (see quotaModel);
+// a throttle rate cut to a counted refill rate gives way by a step while
+// the quotas show tokens to spare (see feedback.rate). A 429 cuts the
+// throttle rate (see feedback.cut), which then climbs back over time (see
+// feedback.grow); a refusal also sets a cooldown, before which nothing is
+// sent. The rules and why: docs/design.md, "Feedback from 429s"; the
+// constants: tuning.go.
 type feedback struct {
 	// The latest cooldown: nothing is sent before coolTo (longAgo: none
 	// yet); it began at coolFrom, for coolWhy.

@@ -129,7 +129,7 @@ func (p *Pacer) kept(sent time.Duration) float64 {
 			continue
 		}
 		span := (sent - p.grants[(i-2)%n]).Seconds()
-		if span <= 0 || p.rate > 0 && span*p.rate > 2.5 {
+		if span <= 0 || p.rate > 0 && span*p.rate > keptSpan {
 			return 0
 		}
 		return 2 / span
@@ -567,7 +567,7 @@ func (p *Pacer) applyRate(now time.Duration) (raised bool) {
 // would say nothing), or on a cut.
 func (p *Pacer) Report(cause string) (from, to float64, ok bool) {
 	from, to = p.fb.reported, p.rate
-	if to == from || cause != CauseCut && from != 0 && to != 0 && math.Abs(to-from) < 0.01*from {
+	if to == from || cause != CauseCut && from != 0 && to != 0 && math.Abs(to-from) < reportStep*from {
 		return 0, 0, false
 	}
 	p.fb.reported = to

@@ -57,11 +57,6 @@ func priorKind(source string) limitKind {
 	return kindUnknown
 }
 
-// resetSlack is how far apart two readings of one reset instant may be: the
-// time between a server's clock read and ours. A reset stated to the second
-// may be up to a second further off.
-const resetSlack = 50 * time.Millisecond
-
 // quotaModel learns, from the request quotas a lane's responses state,
 // which kind of limit the server keeps, and turns each quota into a pace.
 // Times are on the lane's clock. It holds no lock; its zero value reads
@@ -143,19 +138,6 @@ type quotaModel struct {
 	// instant, which most lanes never see.
 	edge *windowEdge
 }
-
-// countSpan is the least time a refill rate is counted over: long enough
-// that a few responses out of order (they leave the server in another
-// order than they reach it) are a few percent of the count. A refusal ends
-// a count sooner, at refusedSpan or more: the bucket is known empty then,
-// and a lane far over the rate empties a small bucket in a fraction of a
-// second: at twice the rate, a bucket of six at 50/s in 0.11 s, and a cut
-// without a count took a tenth off the pace at each refusal, each with a
-// second of Retry-After.
-const (
-	countSpan   = time.Second
-	refusedSpan = countSpan / 16
-)
 
 // A quotaPace is what one response's quota says to do.
 type quotaPace struct {
