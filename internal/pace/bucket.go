@@ -136,6 +136,30 @@ func (b *bucket) setRate(now time.Duration, rate float64) {
 	b.rate = rate
 }
 
+// fullAt returns a bucket of size burst gaining rate tokens a second,
+// full at now.
+func fullAt(rate, burst float64, now time.Duration) bucket {
+	return bucket{rate: rate, burst: burst, tokens: burst, last: now}
+}
+
+// perSecond returns the tokens the bucket gains a second; +Inf: no limit.
+func (b *bucket) perSecond() float64 { return b.rate }
+
+// size returns the most tokens the bucket holds (0: a share not granted
+// yet).
+func (b *bucket) size() float64 { return b.burst }
+
+// setBurst makes the bucket's size n from its next advance on.
+func (b *bucket) setBurst(n float64) { b.burst = n }
+
+// resize makes the bucket's size n at now: a smaller size caps what it
+// holds now, a larger one adds nothing yet.
+func (b *bucket) resize(now time.Duration, n float64) {
+	held := b.tokensAt(now)
+	b.burst = n
+	b.set(now, min(held, n))
+}
+
 // TokensDelay returns how long a bucket filling at r per second takes to gain
 // n tokens, rounded up so that the tokens are there when it ends.
 func TokensDelay(n, r float64) time.Duration {

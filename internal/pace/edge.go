@@ -156,3 +156,13 @@ func (e *windowEdge) start(inst time.Duration, stated bool, sent time.Duration, 
 func (e *windowEdge) until(now time.Duration) time.Duration {
 	return max(0, e.end-now)
 }
+
+// isTold reports whether a window that refills at once was told apart, and
+// not contradicted since.
+func (e *windowEdge) isTold() bool { return e.told }
+
+// statedPeriod returns the step from one window to the next, and whether
+// it is a step between two stated instants (exact), not a measured span.
+func (e *windowEdge) statedPeriod() (period time.Duration, exact bool) {
+	return e.period, e.exact
+}

@@ -77,8 +77,6 @@ type feedback struct {
 	firstSeen time.Duration // the first acceptance; longAgo: none yet
 
 	throttled, cooldowns uint64
-
-	quota quotaModel
 }
 
 func newFeedback(ceiling float64, origin int64) feedback {
@@ -164,11 +162,11 @@ func (f *feedback) firstSends(now time.Duration, inFlight int) float64 {
 // reports whether it did: a strict server refuses all but one of a
 // lane's first burst, and its Retry-After would otherwise cost another
 // cooldown and burst before the lane is paced.
-func (f *feedback) firstAccepted(now, sent time.Duration) bool {
+func (f *feedback) firstAccepted(now, sent time.Duration, q quotaView) bool {
 	if f.firstRA < 0 {
 		return false
 	}
-	f.cut(now, refusal{sent: sent, ra: f.firstRA})
+	f.cut(now, refusal{sent: sent, ra: f.firstRA, stated: q.perSecond, burst: q.burst})
 	return f.throttle > 0
 }
 
@@ -218,6 +216,8 @@ type refusal struct {
 	kept   float64       // the pace its grants kept, at most pace (0: not known)
 	ra     time.Duration // the Retry-After it named; 0 if none
 	refill float64       // the server's refill rate counted from its quotas; 0 if none
+	stated float64       // the quotas' limit per second (see quotaView); 0 if none
+	burst  bool          // the quotas showed a burst (see quotaView)
 	rough  bool          // refill was counted over a fraction of a second, to the refusal
 	grants int           // the lane's paced grants up to the refused attempt's (see sinceCut)
 	// inFlight is the lane's other attempts in flight (see firstSends).
@@ -260,7 +260,7 @@ func (f *feedback) cut(now time.Duration, r refusal) {
 		// least a second), from which the lane creeps as from an edge.
 		// The quotas only raise the estimate, never lower it.
 		rf, cut = max(f.firstRate(now, r.ra), f.firstSends(now, r.inFlight)), 1
-		if s := f.quota.perSecond; s > rf && !f.quota.statesBurst() && (rf > 0 || f.acceptedAt(now) > 0) {
+		if s := r.stated; s > rf && !r.burst && (rf > 0 || f.acceptedAt(now) > 0) {
 			rf, stated = s, true
 		}
 	case acc+thr >= ratioTrusted && share < edgeShare:
@@ -349,16 +349,17 @@ func (f *feedback) sinceCut(r refusal) float64 {
 	return float64(n) / dt
 }
 
-// recount follows the refill rate counted from the server's quotas up,
+// recount follows the refill rate counted from the server's quotas
+// (counts) up,
 // when the last cut took an earlier count: a sliding window not yet told
 // apart counts what the lane sent a window before, low after a climb.
 // While the quotas show tokens to spare, the lane may pace a step over the
 // failed rate (see rate), and the count rises with what it sends.
-func (f *feedback) recount() {
-	if !f.counted || !f.spare || f.quota.counts <= f.fail*(1+refillSlack) {
+func (f *feedback) recount(counts float64) {
+	if !f.counted || !f.spare || counts <= f.fail*(1+refillSlack) {
 		return
 	}
-	f.fail, f.peak = f.quota.counts, max(f.peak, f.quota.counts)
+	f.fail, f.peak = counts, max(f.peak, counts)
 	f.throttle = max(f.throttle, f.plateau())
 }
 
@@ -444,4 +445,110 @@ func (f *feedback) cool(now, until time.Duration, why string) (extended, fresh b
 	}
 	f.coolWhy, f.coolTo = why, until
 	return true, fresh
+}
+
+// The methods below are what the pacer asks of feedback and tells it:
+// plain values in and out.
+
+// coolEnd returns when the latest cooldown ends (longAgo: none yet).
+func (f *feedback) coolEnd() time.Duration { return f.coolTo }
+
+// coolCause returns why the latest cooldown was set.
+func (f *feedback) coolCause() string { return f.coolWhy }
+
+// hasCut reports whether a 429 ever cut the throttle rate.
+func (f *feedback) hasCut() bool { return f.fail > 0 }
+
+// headerPending reports whether a header rate is in force at now.
+func (f *feedback) headerPending(now time.Duration) bool { return now < f.headerUntil }
+
+// counts returns the configured ceiling and the refusals and cooldowns
+// counted.
+func (f *feedback) counts() (ceiling float64, throttled, cooldowns uint64) {
+	return f.ceiling, f.throttled, f.cooldowns
+}
+
+// report returns the rate last reported to Observers, and reports whether
+// to, the lane's rate now, is to be reported for cause: only if it moved by
+// reportStep or more since the last report, or on a cut. If so, to is the
+// rate last reported from now on.
+func (f *feedback) report(to float64, cause string) (from float64, ok bool) {
+	from = f.reported
+	if to == from || cause != CauseCut && from != 0 && to != 0 && math.Abs(to-from) < reportStep*from {
+		return 0, false
+	}
+	f.reported = to
+	return from, true
+}
+
+// throttledAt counts a response at now that refused an attempt for its
+// rate.
+func (f *feedback) throttledAt(now time.Duration) {
+	f.throttled++
+	if f.refused == nil {
+		f.refused = newAcceptWindow()
+	}
+	f.refused.AddNano(f.origin+int64(now), 1)
+}
+
+// pausedByRefusal records a refusal's cooldown: it lets the server's
+// bucket fill again, so the bucket is no longer draining.
+func (f *feedback) pausedByRefusal() { f.draining = false }
+
+// secondary returns the pause of a secondary rate limit stated only in a
+// body: at least secondaryPause, twice the last one at each repeat until
+// an attempt is accepted, at most maxWait.
+func (f *feedback) secondary(maxWait time.Duration) time.Duration {
+	f.penalty = min(max(2*f.penalty, secondaryPause), maxWait)
+	return f.penalty
+}
+
+// heard takes what a quota said, at now, that did not stop the lane
+// (qp.stop is not after now): whether the server's bucket holds tokens to
+// spare and is draining, whether the model of its limit was wrong, whether
+// the header rate was outrun, and the header rate itself; counts is the
+// refill rate counted from the quotas (see recount).
+func (f *feedback) heard(now time.Duration, qp quotaPace, counts float64) {
+	f.spare, f.draining = qp.spare, qp.draining
+	if qp.told {
+		f.forget()
+	}
+	if qp.outrun {
+		// The count the header rate was read from is outrun: the server
+		// takes more than it said.
+		f.header, f.headerUntil = 0, 0
+	}
+	if qp.stop <= now && qp.rate > 0 {
+		f.header, f.headerUntil = qp.rate, qp.until
+		f.recount(counts)
+	}
+}
+
+// accept counts an attempt sent at sent that the server accepted, seen at
+// now, for a lane whose own bucket paces it or not (paced); q is what its
+// quotas taught. It returns why the rate may have moved: CauseCut for the
+// lane's first estimate (see firstAccepted), CauseRecovery when the
+// throttle or header rate may climb, "" otherwise.
+func (f *feedback) accept(now, sent time.Duration, paced bool, q quotaView) (cause string) {
+	// Only an attempt sent after the last cut says the new pace is
+	// accepted; answers to attempts already on their way when it was made
+	// (many, when calls are slow) say nothing about it.
+	if sent >= f.failAt {
+		f.okRun++
+	}
+	f.penalty = 0
+	if f.firstSeen == longAgo {
+		f.firstSeen = now
+		f.firstLag = int32(min((now - sent).Microseconds(), math.MaxInt32))
+	}
+	f.accepted.AddNano(f.origin+int64(now), 1)
+	if !paced && f.firstAccepted(now, sent, q) {
+		return CauseCut
+	}
+	if f.throttle > 0 || f.header > 0 {
+		f.peak = max(f.peak, f.acceptedRate(now))
+		f.grow(now)
+		return CauseRecovery
+	}
+	return ""
 }

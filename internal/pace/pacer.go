@@ -43,7 +43,8 @@ type Pacer struct {
 	// grows its limit (see spreadAt); nil otherwise.
 	spread *bucket
 
-	fb feedback // what the server said, and the cooldown
+	fb    feedback   // what the server said, and the cooldown
+	quota quotaModel // the kind of limit the quotas describe, and their pace
 }
 
 // New returns the pacer of a lane paced at rate (0: not paced until
@@ -65,11 +66,11 @@ func New(rate float64, burst int, maxWait time.Duration, local bool, origin int6
 func (p *Pacer) Paced() bool { return p.lim != nil }
 
 // Ready reports whether now is past the cooldown.
-func (p *Pacer) Ready(now time.Duration) bool { return now >= p.fb.coolTo }
+func (p *Pacer) Ready(now time.Duration) bool { return now >= p.fb.coolEnd() }
 
 // Cooldown returns when the latest cooldown ends (before any instant of
 // the clock: none yet).
-func (p *Pacer) Cooldown() time.Duration { return p.fb.coolTo }
+func (p *Pacer) Cooldown() time.Duration { return p.fb.coolEnd() }
 
 // BackendWait returns the instant before which the Backend is not asked
 // for a token (see SetWait).
@@ -77,7 +78,7 @@ func (p *Pacer) BackendWait() time.Duration { return p.wait }
 
 // NotBefore returns the instant before which nothing is sent: the end of
 // the cooldown or of the Backend's wait, whichever is later.
-func (p *Pacer) NotBefore() time.Duration { return max(p.fb.coolTo, p.wait) }
+func (p *Pacer) NotBefore() time.Duration { return max(p.fb.coolEnd(), p.wait) }
 
 // Take takes a token at now from the lane's bucket and its share, if both
 // have one, and reports whether it did. late says the lane's dispatcher
@@ -155,8 +156,8 @@ func (p *Pacer) takeAll(now time.Duration, late bool) bool {
 	if p.share != nil {
 		// Taken from a copy first: the lane's bucket may still refuse.
 		share = *p.share
-		if late && share.rate > 0 {
-			if !share.takeLate(now, TokenTime(share.rate)) {
+		if late && share.perSecond() > 0 {
+			if !share.takeLate(now, TokenTime(share.perSecond())) {
 				return false
 			}
 		} else if !share.take(now) {
@@ -165,7 +166,7 @@ func (p *Pacer) takeAll(now time.Duration, late bool) bool {
 	}
 	if p.lim != nil {
 		if late {
-			if !p.lim.takeLate(now, lateLag(p.lim.rate, p.strictPlateau())) {
+			if !p.lim.takeLate(now, lateLag(p.lim.perSecond(), p.strictPlateau())) {
 				return false
 			}
 		} else if !p.lim.take(now) {
@@ -186,7 +187,7 @@ func (p *Pacer) takeAll(now time.Duration, late bool) bool {
 // takes a request early by a token's time), and only when the lane's own
 // bucket holds its whole budget.
 func (p *Pacer) Spaces() bool {
-	return p.fb.fail > 0 && !p.fb.quota.statesBurst() && p.local && p.lim != nil && !math.IsInf(p.lim.rate, 1)
+	return p.fb.hasCut() && !p.quota.statesBurst() && p.local && p.lim != nil && !math.IsInf(p.lim.perSecond(), 1)
 }
 
 // Wrote records at now that the request of a grant made at at was written
@@ -203,12 +204,12 @@ func (p *Pacer) Wrote(now, at time.Duration) {
 	if p.lagFloor == 0 {
 		p.lagFloor = lag
 	}
-	late := min(lag-p.lagFloor, TokenTime(p.lim.rate))
+	late := min(lag-p.lagFloor, TokenTime(p.lim.perSecond()))
 	// The floor drops at once and rises an eighth of the way: the least
 	// lag is what the next request may well take.
 	p.lagFloor = min(lag, p.lagFloor+(lag-p.lagFloor)/8)
 	if late > 0 {
-		p.lim.set(now, p.lim.tokensAt(now)-late.Seconds()*p.lim.rate)
+		p.lim.set(now, p.lim.tokensAt(now)-late.Seconds()*p.lim.perSecond())
 	}
 }
 
@@ -245,7 +246,7 @@ func lateLag(rate, safe float64) time.Duration {
 // strictPlateau returns the plateau a late grant keeps its spacing from
 // (see lateLag), or 0 where the server states a burst.
 func (p *Pacer) strictPlateau() float64 {
-	if p.fb.quota.statesBurst() {
+	if p.quota.statesBurst() {
 		return 0
 	}
 	return p.fb.plateau()
@@ -255,12 +256,12 @@ func (p *Pacer) strictPlateau() float64 {
 func (p *Pacer) TokenDelay(now time.Duration) time.Duration {
 	var d time.Duration
 	if p.lim != nil {
-		d = TokensDelay(1-p.lim.tokensAt(now), p.lim.rate)
+		d = TokensDelay(1-p.lim.tokensAt(now), p.lim.perSecond())
 	} else if p.spread != nil {
-		d = TokensDelay(1-p.spread.tokensAt(now), p.spread.rate)
+		d = TokensDelay(1-p.spread.tokensAt(now), p.spread.perSecond())
 	}
 	if p.share != nil {
-		d = max(d, TokensDelay(1-p.share.tokensAt(now), p.share.rate))
+		d = max(d, TokensDelay(1-p.share.tokensAt(now), p.share.perSecond()))
 	}
 	return d
 }
@@ -283,10 +284,10 @@ func (p *Pacer) Held(now time.Duration) float64 {
 func (p *Pacer) PaceRate() float64 {
 	r := math.Inf(1)
 	if p.lim != nil {
-		r = p.lim.rate
+		r = p.lim.perSecond()
 	}
 	if p.share != nil {
-		r = min(r, p.share.rate)
+		r = min(r, p.share.perSecond())
 	}
 	if math.IsInf(r, 1) {
 		return 0
@@ -298,8 +299,8 @@ func (p *Pacer) PaceRate() float64 {
 // the lane were forgotten: a cooldown, a Backend's wait or a header rate
 // still in force, or a bucket not yet full again.
 func (p *Pacer) Pending(now time.Duration) bool {
-	return now < p.NotBefore() || now < p.fb.headerUntil ||
-		p.lim != nil && p.lim.tokensAt(now) < p.lim.burst
+	return now < p.NotBefore() || p.fb.headerPending(now) ||
+		p.lim != nil && p.lim.tokensAt(now) < p.lim.size()
 }
 
 // A CoolChange is what setting a cooldown changed.
@@ -314,7 +315,7 @@ type CoolChange struct {
 func (p *Pacer) Cool(now, until time.Duration, why string) CoolChange {
 	ext, fresh := p.fb.cool(now, until, why)
 	p.cold = p.cold || ext
-	return CoolChange{Extended: ext, Fresh: fresh, Until: p.fb.coolTo, Why: p.fb.coolWhy}
+	return CoolChange{Extended: ext, Fresh: fresh, Until: p.fb.coolEnd(), Why: p.fb.coolCause()}
 }
 
 // SetWait records at now that the Backend named wait before it is asked
@@ -326,10 +327,10 @@ func (p *Pacer) SetWait(now, wait time.Duration) {
 // ToShare returns the cooldown's end, if it is later than the last one
 // returned, for the lane to pass to its Backend.
 func (p *Pacer) ToShare() (time.Duration, bool) {
-	if p.fb.coolTo <= p.shared {
+	if p.fb.coolEnd() <= p.shared {
 		return 0, false
 	}
-	p.shared = p.fb.coolTo
+	p.shared = p.fb.coolEnd()
 	return p.shared, true
 }
 
@@ -343,17 +344,15 @@ func (p *Pacer) Sharing() bool { return p.share != nil }
 // SetShare sets the Leaser's share to rate and burst at now; see Sharing.
 func (p *Pacer) SetShare(now time.Duration, rate float64, burst int) {
 	b := float64(max(burst, 1))
-	if p.share.burst == 0 {
+	if p.share.size() == 0 {
 		// The first grant: the share starts full, as a lane's bucket does.
-		*p.share = bucket{rate: max(rate, 0), burst: b, tokens: b, last: now}
+		*p.share = fullAt(max(rate, 0), b, now)
 	} else {
 		p.share.setRate(now, max(rate, 0))
 	}
 	// A lower burst caps what is held now: tokens of a larger share are not
 	// spent on top of the smaller one; a larger one holds no more yet.
-	held := p.share.tokensAt(now)
-	p.share.burst = b
-	p.share.set(now, min(held, b))
+	p.share.resize(now, b)
 }
 
 // A Reply is what a response says of the lane's pace: its status and the
@@ -414,42 +413,37 @@ func (p *Pacer) Observe(now time.Duration, r Reply, inFlight int) Change {
 	c.Throttled = c.Kind == verdict.Throttled
 	c.Refused = c.Kind.Refused()
 	if c.Throttled {
-		f.throttled++
-		if f.refused == nil {
-			f.refused = newAcceptWindow()
-		}
-		f.refused.AddNano(f.origin+int64(now), 1)
+		f.throttledAt(now)
 	}
 	if !c.Refused {
 		if r.HasQuota {
-			c.Cool = p.pace(now, r.Sent, f.quota.observe(now, r.Sent, r.Quota, inFlight))
+			c.Cool = p.pace(now, r.Sent, p.quota.observe(now, r.Sent, r.Quota, inFlight))
 		}
 		c.Raised = p.applyRate(now)
 		return c
 	}
 	// The cooldown a refusal brings lets the server's bucket fill again.
-	f.draining = false
-	if r.HasQuota && f.quota.seeEdge(now, r.Sent, r.Quota, false) {
+	f.pausedByRefusal()
+	if r.HasQuota && p.quota.seeEdge(now, r.Sent, r.Quota, false) {
 		// What the refusals before taught, of a window read as a bucket,
 		// no longer holds.
 		f.forget()
 	}
 	switch {
-	case r.HasRA && exhausted && f.quota.edgeTold():
+	case r.HasRA && exhausted && p.quota.edgeTold():
 		// A window's measured end bounds a Retry-After stated to the
 		// second (sethvargo/go-limiter's is its reset, a date read as the
 		// end of its second): the window refills then.
-		c.Cool = p.Cool(now, now+min(r.RetryAfter, f.quota.refusalWait(now, r.Quota)), "retry-after")
+		c.Cool = p.Cool(now, now+min(r.RetryAfter, p.quota.refusalWait(now, r.Quota)), "retry-after")
 	case r.HasRA:
 		c.Cool = p.Cool(now, now+r.RetryAfter, "retry-after")
 	case tokensOut && r.Tokens.Reset > 0:
 		c.Cool = p.Cool(now, now+min(r.Tokens.Reset, p.maxWait), r.Tokens.Resource+" remaining 0")
-	case exhausted && (r.Quota.Reset > 0 || f.quota.edgeTold()):
-		c.Cool = p.Cool(now, now+min(f.quota.refusalWait(now, r.Quota), p.maxWait), "remaining 0")
+	case exhausted && (r.Quota.Reset > 0 || p.quota.edgeTold()):
+		c.Cool = p.Cool(now, now+min(p.quota.refusalWait(now, r.Quota), p.maxWait), "remaining 0")
 	case r.Body.Secondary:
 		// GitHub: wait at least a minute, then longer at each repeat.
-		f.penalty = min(max(2*f.penalty, secondaryPause), p.maxWait)
-		c.Cool = p.Cool(now, now+f.penalty, "secondary rate limit")
+		c.Cool = p.Cool(now, now+f.secondary(p.maxWait), "secondary rate limit")
 	}
 	// A 429 is over a rate the throttle rate must learn, unless a window's
 	// exhausted quota (it refills at its reset, whatever the pace) or a
@@ -458,12 +452,14 @@ func (p *Pacer) Observe(now time.Duration, r Reply, inFlight int) Change {
 	// secondary limits) is a penalty, not a pace.
 	// A GraphQL throttle in a 200 or a 4xx is a 429 in another form.
 	if (r.Status == http.StatusTooManyRequests || r.Body.GraphQL) && !tokensOut && !r.Body.Secondary &&
-		!(exhausted && f.quota.kind == kindWindow) {
+		!(exhausted && p.quota.fixedWindow()) {
 		if r.HasQuota {
-			f.quota.refused(r.Sent, r.Quota, inFlight-1)
+			p.quota.refused(r.Sent, r.Quota, inFlight-1)
 		}
+		q := p.quota.view()
 		f.cut(now, refusal{sent: r.Sent, pace: p.rate, kept: p.kept(r.Sent), ra: r.RetryAfter,
-			refill: f.quota.counts, rough: f.quota.rough, grants: p.grantsTo(now, r.Sent), inFlight: inFlight - 1})
+			refill: q.refill, rough: q.rough, stated: q.perSecond, burst: q.burst,
+			grants: p.grantsTo(now, r.Sent), inFlight: inFlight - 1})
 		c.Cause = CauseCut
 	}
 	c.Raised = p.applyRate(now)
@@ -474,27 +470,15 @@ func (p *Pacer) Observe(now time.Duration, r Reply, inFlight int) Change {
 // sent says.
 func (p *Pacer) pace(now, sent time.Duration, qp quotaPace) CoolChange {
 	var c CoolChange
-	p.fb.spare, p.fb.draining = qp.spare, qp.draining
-	if qp.told {
-		p.fb.forget()
-	}
-	if qp.outrun {
-		// The count the header rate was read from is outrun: the server
-		// takes more than it said.
-		p.fb.header, p.fb.headerUntil = 0, 0
-	}
-	switch {
-	case qp.stop > now:
+	p.fb.heard(now, qp, p.quota.view().refill)
+	if qp.stop > now {
 		c = p.Cool(now, min(qp.stop, now+p.maxWait), "remaining 0 until the window resets")
-	case qp.rate > 0:
-		p.fb.header, p.fb.headerUntil = qp.rate, qp.until
-		p.fb.recount()
 	}
 	if qp.empty && p.lim != nil && p.local {
 		// The server's bucket was empty when the attempt reached it: its
 		// next token came a token's time after, and the lane's may not
 		// come sooner.
-		p.lim.set(now, min(p.lim.tokensAt(now), (now-sent).Seconds()*p.lim.rate))
+		p.lim.set(now, min(p.lim.tokensAt(now), (now-sent).Seconds()*p.lim.perSecond()))
 	}
 	return c
 }
@@ -507,28 +491,10 @@ func (p *Pacer) Settle(now, sent time.Duration, k verdict.Kind) (moved string, r
 	if !k.Accepted() {
 		return "", false
 	}
-	f := &p.fb
-	// Only an attempt sent after the last cut says the new pace is
-	// accepted; answers to attempts already on their way when it was made
-	// (many, when calls are slow) say nothing about it.
-	if sent >= f.failAt {
-		f.okRun++
+	if moved = p.fb.accept(now, sent, p.lim != nil, p.quota.view()); moved == "" {
+		return "", false
 	}
-	f.penalty = 0
-	if f.firstSeen == longAgo {
-		f.firstSeen = now
-		f.firstLag = int32(min((now - sent).Microseconds(), math.MaxInt32))
-	}
-	f.accepted.AddNano(f.origin+int64(now), 1)
-	if p.lim == nil && f.firstAccepted(now, sent) {
-		return CauseCut, p.applyRate(now)
-	}
-	if f.throttle > 0 || f.header > 0 {
-		f.peak = max(f.peak, f.acceptedRate(now))
-		f.grow(now)
-		return CauseRecovery, p.applyRate(now)
-	}
-	return "", false
+	return moved, p.applyRate(now)
 }
 
 // applyRate sets the bucket to the pace feedback asks for at now, and
@@ -552,7 +518,7 @@ func (p *Pacer) applyRate(now time.Duration) (raised bool) {
 	if r == 0 {
 		lim = math.Inf(1)
 	}
-	old := p.lim.rate
+	old := p.lim.perSecond()
 	if old == lim || (!math.IsInf(old, 1) && !math.IsInf(lim, 1) && math.Abs(lim-old) < 1e-4*old) {
 		return false
 	}
@@ -566,18 +532,18 @@ func (p *Pacer) applyRate(now time.Duration) (raised bool) {
 // (a recovering rate creeps up with every response, and an event each time
 // would say nothing), or on a cut.
 func (p *Pacer) Report(cause string) (from, to float64, ok bool) {
-	from, to = p.fb.reported, p.rate
-	if to == from || cause != CauseCut && from != 0 && to != 0 && math.Abs(to-from) < reportStep*from {
+	from, ok = p.fb.report(p.rate, cause)
+	if !ok {
 		return 0, 0, false
 	}
-	p.fb.reported = to
-	return from, to, true
+	return from, p.rate, true
 }
 
 // Stats returns the lane's pace, for its LaneStats: the rate (0: not
 // paced), the ceiling and the counts of refusals and cooldowns.
 func (p *Pacer) Stats() Stats {
-	return Stats{Rate: p.rate, Ceiling: p.fb.ceiling, Throttled: p.fb.throttled, Cooldowns: p.fb.cooldowns}
+	ceiling, throttled, cooldowns := p.fb.counts()
+	return Stats{Rate: p.rate, Ceiling: ceiling, Throttled: throttled, Cooldowns: cooldowns}
 }
 
 // Stats is a pacer's part of a lane's statistics (see Pacer.Stats).

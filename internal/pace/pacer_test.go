@@ -415,8 +415,8 @@ func TestPacerPacesASlidingWindowAtItsLimit(t *testing.T) {
 			}
 			p.Observe(now, Reply{Status: http.StatusTooManyRequests, Sent: now, HasRA: true, RetryAfter: time.Second,
 				HasQuota: true, Quota: sliding(now, 0)}, 1)
-			if p.fb.throttle == 0 || p.fb.quota.kind == kindSliding {
-				t.Fatalf("429: throttle %v, kind %v; want a cut before the window is told apart", p.fb.throttle, p.fb.quota.kind)
+			if p.fb.throttle == 0 || p.quota.kind == kindSliding {
+				t.Fatalf("429: throttle %v, kind %v; want a cut before the window is told apart", p.fb.throttle, p.quota.kind)
 			}
 			return now
 		}},
@@ -441,8 +441,8 @@ func TestPacerPacesASlidingWindowAtItsLimit(t *testing.T) {
 				p.Settle(at, now, verdict.Served)
 				p.Observe(at, Reply{Status: http.StatusOK, Sent: now, HasQuota: true, Quota: sliding(at, 20)}, 1)
 			}
-			if p.fb.quota.kind != kindSliding || p.fb.quota.window != time.Second {
-				t.Fatalf("kind %v, window %v; want a sliding window of 1s", p.fb.quota.kind, p.fb.quota.window)
+			if p.quota.kind != kindSliding || p.quota.window != time.Second {
+				t.Fatalf("kind %v, window %v; want a sliding window of 1s", p.quota.kind, p.quota.window)
 			}
 			if p.fb.throttle != 0 || math.Abs(p.rate-48) > 1e-9 {
 				t.Errorf("rate %v (throttle %v), want the window's 48/s, the cut gone", p.rate, p.fb.throttle)
@@ -614,7 +614,7 @@ func TestPacerStrictPlateau(t *testing.T) {
 	}{{0, 0, 49}, {1, 0, 49}, {50, 0, 49}, {2, 1, 0}, {50, 49, 0}} {
 		p := New(100, 1, time.Minute, true, 0)
 		p.fb.fail, p.fb.margin = 50, 0.02
-		p.fb.quota.limit, p.fb.quota.held = c.limit, c.held
+		p.quota.limit, p.quota.held = c.limit, c.held
 		if got := p.strictPlateau(); got != c.want {
 			t.Errorf("limit %d, %d seen remaining: plateau %v, want %v", c.limit, c.held, got, c.want)
 		}

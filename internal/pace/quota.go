@@ -485,15 +485,15 @@ func (m *quotaModel) seeEdge(now, sent time.Duration, q headers.Quota, accepted 
 	if m.edge == nil {
 		m.edge = new(windowEdge)
 	}
-	was := m.edge.told
+	was := m.edge.isTold()
 	if !m.edge.observe(now, sent, q, accepted) {
-		if was && !m.edge.told {
+		if was && !m.edge.isTold() {
 			// Contradicted: a window of a stated step, whose next one
 			// still counted half the limit or more of the one before, is
 			// a sliding window; else the kind is learned afresh.
 			m.kind, m.evidence, m.run = kindUnknown, false, false
-			if m.edge.exact {
-				m.kind, m.evidence, m.window = kindSliding, true, m.edge.period
+			if period, exact := m.edge.statedPeriod(); exact {
+				m.kind, m.evidence, m.window = kindSliding, true, period
 			}
 		}
 		return false
@@ -505,7 +505,7 @@ func (m *quotaModel) seeEdge(now, sent time.Duration, q headers.Quota, accepted 
 
 // edgeTold reports whether the server keeps a window that refills at once,
 // whose end the lane measures (see windowEdge).
-func (m *quotaModel) edgeTold() bool { return m.edge != nil && m.edge.told }
+func (m *quotaModel) edgeTold() bool { return m.edge != nil && m.edge.isTold() }
 
 // refusalWait returns how long after now a refusal that states q (nothing
 // remains) pauses the lane when it names no Retry-After: until a window's
@@ -522,3 +522,21 @@ func (m *quotaModel) refusalWait(now time.Duration, q headers.Quota) time.Durati
 	}
 	return q.Reset
 }
+
+// A quotaView is what the quotas taught of the server's limit, as plain
+// values for feedback (see quotaModel.view).
+type quotaView struct {
+	perSecond float64 // the last quota's limit per second (see quotaModel); 0 if none
+	burst     bool    // the quotas showed a burst (see statesBurst)
+	refill    float64 // the refill rate counted from the quotas (see count); 0 if none
+	rough     bool    // refill was counted to a refusal, over less than countSpan
+}
+
+// view returns what the quotas taught so far.
+func (m *quotaModel) view() quotaView {
+	return quotaView{perSecond: m.perSecond, burst: m.statesBurst(), refill: m.counts, rough: m.rough}
+}
+
+// fixedWindow reports whether the server keeps a fixed window, by its prior or
+// the evidence: its quota refills at its reset, whatever the pace.
+func (m *quotaModel) fixedWindow() bool { return m.kind == kindWindow }

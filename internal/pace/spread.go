@@ -16,11 +16,12 @@ func (p *Pacer) SpreadAt(now time.Duration, r float64) {
 	case p.spread == nil && math.IsInf(r, 1):
 	case p.spread == nil:
 		b := max(2, r*spreadGrain.Seconds())
-		p.spread = &bucket{rate: r, burst: b, tokens: b, last: now}
+		s := fullAt(r, b, now)
+		p.spread = &s
 	default:
 		p.spread.setRate(now, r)
 		if !math.IsInf(r, 1) {
-			p.spread.burst = max(2, r*spreadGrain.Seconds())
+			p.spread.setBurst(max(2, r*spreadGrain.Seconds()))
 		}
 	}
 }
