@@ -80,9 +80,9 @@ func TestPacerFirstEstimateCountsInFlight(t *testing.T) {
 		}
 		at := 1200 * time.Millisecond
 		p.Observe(at, Reply{Status: http.StatusTooManyRequests, Sent: at}, c.inFlight)
-		if math.Abs(p.fb.fail-c.want) > 1e-9 || p.rate <= 0 || p.rate > c.want {
+		if math.Abs(p.fb.fail-c.want) > 1e-9 || p.Rate() <= 0 || p.Rate() > c.want {
 			t.Errorf("%d in flight: first estimate %.2f, pace %.2f; want %.2f and a pace at most that",
-				c.inFlight, p.fb.fail, p.rate, c.want)
+				c.inFlight, p.fb.fail, p.Rate(), c.want)
 		}
 	}
 }

@@ -27,8 +27,8 @@ func TestPacerRefusalIsNotAccepted(t *testing.T) {
 	if !c.Cool.Extended || !c.Cool.Fresh || c.Cool.Until != now+time.Second || p.NotBefore() != now+time.Second {
 		t.Errorf("cooldown %+v, not before %v; want a new one until %v", c.Cool, p.NotBefore(), now+time.Second)
 	}
-	if p.fb.throttled != 1 || p.rate != 10 {
-		t.Errorf("throttled %d, rate %v; want 1 and 10", p.fb.throttled, p.rate)
+	if p.Stats().Throttled != 1 || p.Rate() != 10 {
+		t.Errorf("throttled %d, rate %v; want 1 and 10", p.Stats().Throttled, p.Rate())
 	}
 	p.Settle(now, now, verdict.Throttled)
 	if p.fb.okRun != 0 || p.Accepted(now) != 0 {
@@ -48,8 +48,8 @@ func TestRunCountsAttemptsSentAfterCut(t *testing.T) {
 	p := New(10, 1, time.Minute, true, 0)
 	cut := time.Minute
 	c := p.Observe(cut, Reply{Status: http.StatusTooManyRequests, Sent: cut - time.Millisecond}, 1)
-	if c.Cause != CauseCut || p.fb.failAt != cut || p.rate >= 10 {
-		t.Fatalf("429 at the configured rate: cause %q, cut at %v, rate %v; want a cut at %v", c.Cause, p.fb.failAt, p.rate, cut)
+	if c.Cause != CauseCut || p.fb.failAt != cut || p.Rate() >= 10 {
+		t.Fatalf("429 at the configured rate: cause %q, cut at %v, rate %v; want a cut at %v", c.Cause, p.fb.failAt, p.Rate(), cut)
 	}
 	p.Settle(cut+time.Second, cut-time.Millisecond, verdict.Served)
 	if p.fb.okRun != 0 {
@@ -70,17 +70,17 @@ func TestPacerCutIsNotRepeated(t *testing.T) {
 	p := New(50, 1, time.Minute, true, 0)
 	at := 10 * time.Second
 	p.Observe(at, Reply{Status: http.StatusTooManyRequests, Sent: at - time.Millisecond}, 1)
-	r := p.rate
+	r := p.Rate()
 	if r >= 50 {
 		t.Fatalf("rate %v after a 429, want a cut", r)
 	}
 	c := p.Observe(at+time.Millisecond, Reply{Status: http.StatusTooManyRequests, Sent: at - time.Millisecond}, 1)
-	if p.rate != r || c.Raised {
-		t.Errorf("a 429 sent before the cut moved the rate: %v -> %v", r, p.rate)
+	if p.Rate() != r || c.Raised {
+		t.Errorf("a 429 sent before the cut moved the rate: %v -> %v", r, p.Rate())
 	}
 	p.Observe(at+2*time.Millisecond, Reply{Status: http.StatusTooManyRequests, Sent: at + time.Millisecond}, 1)
-	if p.rate >= r {
-		t.Errorf("a 429 sent after the cut: rate %v, want below %v", p.rate, r)
+	if p.Rate() >= r {
+		t.Errorf("a 429 sent after the cut: rate %v, want below %v", p.Rate(), r)
 	}
 }
 
@@ -228,11 +228,11 @@ func TestPacerLearnsARate(t *testing.T) {
 	}
 	now := 1500 * time.Millisecond
 	c := p.Observe(now, Reply{Status: http.StatusTooManyRequests, Sent: now, HasRA: true, RetryAfter: time.Second}, 1)
-	if c.Cause != CauseCut || !p.Paced() || p.rate <= 0 || p.Held(now) != 0 {
-		t.Fatalf("first 429 on an unpaced lane: %+v, rate %v, held %v; want a rate, an empty bucket", c, p.rate, p.Held(now))
+	if c.Cause != CauseCut || !p.Paced() || p.Rate() <= 0 || p.Held(now) != 0 {
+		t.Fatalf("first 429 on an unpaced lane: %+v, rate %v, held %v; want a rate, an empty bucket", c, p.Rate(), p.Held(now))
 	}
-	if from, to, ok := p.Report(c.Cause); !ok || from != 0 || to != p.rate {
-		t.Errorf("report %v -> %v (%v), want 0 -> %v", from, to, ok, p.rate)
+	if from, to, ok := p.Report(c.Cause); !ok || from != 0 || to != p.Rate() {
+		t.Errorf("report %v -> %v (%v), want 0 -> %v", from, to, ok, p.Rate())
 	}
 	if _, _, ok := p.Report(CauseRecovery); ok {
 		t.Error("an unchanged rate reported twice")
@@ -253,8 +253,8 @@ func TestPacerFirstEstimateOnFirstAcceptance(t *testing.T) {
 	moved, _ := p.Settle(20*time.Millisecond, 0, verdict.Served)
 	// One acceptance over the least span counted (a second), at least one
 	// per Retry-After: 1/s, less the margin.
-	if want := 1 - throttleMargin; moved != CauseCut || !p.Paced() || math.Abs(p.rate-want) > 1e-9 {
-		t.Fatalf("first acceptance after the 429: moved %q, paced %v, rate %v; want paced at %v", moved, p.Paced(), p.rate, want)
+	if want := 1 - throttleMargin; moved != CauseCut || !p.Paced() || math.Abs(p.Rate()-want) > 1e-9 {
+		t.Fatalf("first acceptance after the 429: moved %q, paced %v, rate %v; want paced at %v", moved, p.Paced(), p.Rate(), want)
 	}
 	if !p.fb.probing {
 		t.Error("the first estimate is not probed upward")
@@ -321,8 +321,8 @@ func TestPacerCutsToCountedRefill(t *testing.T) {
 	if p.fb.fail < 45 || p.fb.fail > 56 {
 		t.Errorf("failed rate %v, want the refill counted, about 50", p.fb.fail)
 	}
-	if p.rate > 0.9*p.fb.fail*1.001 {
-		t.Errorf("rate %v, want at most 0.9 x %v", p.rate, p.fb.fail)
+	if p.Rate() > 0.9*p.fb.fail*1.001 {
+		t.Errorf("rate %v, want at most 0.9 x %v", p.Rate(), p.fb.fail)
 	}
 	// Counted over 180 ms to a refusal, the refill is rough: a window's
 	// first fill spent fast reads the same. The lane probes up from it
@@ -331,10 +331,10 @@ func TestPacerCutsToCountedRefill(t *testing.T) {
 	if !p.fb.probing || p.fb.edge {
 		t.Errorf("probing %v, edge %v after a cut to a rough count; want a probe, not an edge", p.fb.probing, p.fb.edge)
 	}
-	before := p.rate
+	before := p.Rate()
 	p.Settle(at+2*time.Second, at+1500*time.Millisecond, verdict.Served)
-	if p.rate < 2*before {
-		t.Errorf("a second after the cooldown: rate %v, want at least twice %v", p.rate, before)
+	if p.Rate() < 2*before {
+		t.Errorf("a second after the cooldown: rate %v, want at least twice %v", p.Rate(), before)
 	}
 }
 
@@ -370,9 +370,9 @@ func TestPacerFollowsARecountedRefill(t *testing.T) {
 	accept(20, 100*time.Millisecond, 30)
 	// A step over the failed rate, not the quotas' whole pace (31.6/s):
 	// a window's carry spent as a burst after each cooldown is refused.
-	if want := 20 * (1 + recountStep); math.Abs(p.rate-want) > 1e-6 {
+	if want := 20 * (1 + recountStep); math.Abs(p.Rate()-want) > 1e-6 {
 		t.Errorf("29 tokens to spare: rate %v, want a step over the failed rate %v (throttle %v, quotas' pace %v)",
-			p.rate, want, p.fb.throttle, p.fb.header)
+			p.Rate(), want, p.fb.throttle, p.fb.header)
 	}
 	// The window's count falls by what the faster pace holds, then counts it.
 	accept(30, 2200*time.Millisecond, 20)
@@ -380,8 +380,8 @@ func TestPacerFollowsARecountedRefill(t *testing.T) {
 		t.Errorf("counted 30/s with tokens to spare: failed rate %v, want 30", f)
 	}
 	accept(30, 100*time.Millisecond, 1)
-	if p.fb.spare || p.rate < 0.97*30 {
-		t.Errorf("no token to spare: rate %v (spare %v), want the plateau under 30", p.rate, p.fb.spare)
+	if p.fb.spare || p.Rate() < 0.97*30 {
+		t.Errorf("no token to spare: rate %v (spare %v), want the plateau under 30", p.Rate(), p.fb.spare)
 	}
 
 }
@@ -426,7 +426,7 @@ func TestPacerPacesASlidingWindowAtItsLimit(t *testing.T) {
 			p.fb.okRun = edgeRun
 			p.fb.cut(now, refusal{sent: now, pace: 17})
 			p.applyRate(now)
-			if !p.fb.edge || p.fb.throttle > 17 || p.rate > 17 {
+			if !p.fb.edge || p.fb.throttle > 17 || p.Rate() > 17 {
 				t.Fatalf("429: throttle %v (edge %v), want an edge cut under 17", p.fb.throttle, p.fb.edge)
 			}
 			return now
@@ -444,8 +444,8 @@ func TestPacerPacesASlidingWindowAtItsLimit(t *testing.T) {
 			if p.quota.kind != kindSliding || p.quota.window != time.Second {
 				t.Fatalf("kind %v, window %v; want a sliding window of 1s", p.quota.kind, p.quota.window)
 			}
-			if p.fb.throttle != 0 || math.Abs(p.rate-48) > 1e-9 {
-				t.Errorf("rate %v (throttle %v), want the window's 48/s, the cut gone", p.rate, p.fb.throttle)
+			if p.fb.throttle != 0 || math.Abs(p.Rate()-48) > 1e-9 {
+				t.Errorf("rate %v (throttle %v), want the window's 48/s, the cut gone", p.Rate(), p.fb.throttle)
 			}
 		})
 	}
@@ -464,7 +464,7 @@ func TestPacerSpacesTheGrantAfterACooldown(t *testing.T) {
 	if end != now+time.Second {
 		t.Fatalf("cooldown until %v, want %v", end, now+time.Second)
 	}
-	r := p.rate
+	r := p.Rate()
 	one := time.Duration(float64(time.Second) / r)
 	if !p.Take(end, false) {
 		t.Fatal("no token at the cooldown's end")
@@ -514,7 +514,7 @@ func TestPacerSpacesGrantsFromWrites(t *testing.T) {
 	}
 
 	p := cut(true)
-	one := TokenTime(p.lim.rate) + time.Microsecond // a token's time, rounded up
+	one := TokenTime(p.Rate()) + time.Microsecond // a token's time, rounded up
 	at := steady(p, 2*time.Second, one, 20)
 	// Written 5 ms later than usual: the next grant waits 5 ms more.
 	if !p.Take(at, false) {
@@ -552,7 +552,7 @@ func TestPacerSpacesGrantsFromWrites(t *testing.T) {
 			return p
 		}()},
 	} {
-		one := TokenTime(c.p.lim.rate) + time.Microsecond
+		one := TokenTime(c.p.Rate()) + time.Microsecond
 		at := steady(c.p, 2*time.Second, one, 5)
 		c.p.Take(at, false)
 		c.p.Wrote(at+lag+5*time.Millisecond, at)
