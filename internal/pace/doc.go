@@ -12,7 +12,7 @@
 // quota model, the window edge) owns its state, and the others reach it
 // through its methods.
 //
-// Every tuning constant of the model is in tuning.go, with the reason for
+// The model's tuning constants are in tuning.go, each with the reason for
 // it; the measurements behind them are in docs/design.md.
 package pace
 

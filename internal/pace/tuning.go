@@ -7,7 +7,9 @@ import "time"
 // are in docs/design.md under the section named in each group's heading.
 // Changing one changes what the lane decides: the tests of this package
 // and the lane's (TestLearnFromStrictGCRA, TestServerModels) are what hold
-// them.
+// them. A share that is the rule itself, as its doc comment states it (half
+// the limit still counted, two tokens kept under a sliding window's limit,
+// an eighth of the limit gained), is written in the rule's code.
 
 // Feedback from 429s: cutting the throttle rate (feedback.cut).
 const (
@@ -62,12 +64,14 @@ const (
 	// firstProbe is the growth per second from a guess, until the next
 	// 429, which is then the edge.
 	firstProbe = 4
-	// ThrottleFloor is the share of the highest rate known for a lane
-	// that its throttle rate keeps, however many 429s come.
-	ThrottleFloor = 0.05
 	// minRate is the least pace, whatever is known: one request per 100 s.
 	minRate = 0.01
 )
+
+// ThrottleFloor is the share of the highest rate known for a lane that its
+// throttle rate keeps, however many 429s come (Feedback from 429s): a lane
+// driven down by an outage probes back up from there within seconds.
+const ThrottleFloor = 0.05
 
 // Feedback from 429s: the acceptance counts the rates are computed from.
 const (
