@@ -176,11 +176,11 @@ func TestPacerTakeAndRefund(t *testing.T) {
 	if d := p.tokenDelay(0); d != time.Second {
 		t.Errorf("token due in %v, want 1s", d)
 	}
-	p.refund(0, false)
+	p.refund(0, false, p.granted())
 	if p.held(0) != 0 {
 		t.Errorf("a Backend's token refunded to the local bucket: %v held", p.held(0))
 	}
-	p.refund(0, true)
+	p.refund(0, true, p.granted())
 	if p.held(0) != 1 || !p.take(0, false) {
 		t.Errorf("after a refund: %v held, want 1", p.held(0))
 	}
@@ -214,7 +214,7 @@ func TestPacerShare(t *testing.T) {
 	if p.take(time.Second, false) || p.held(time.Second) != 0 || p.share.tokensAt(time.Second) != 1 {
 		t.Errorf("the lane's bucket refused: share holds %v, want 1", p.share.tokensAt(time.Second))
 	}
-	p.refund(time.Second, true)
+	p.refund(time.Second, true, p.granted())
 	if p.lim.tokensAt(time.Second) != 1 || p.share.tokensAt(time.Second) != 2 {
 		t.Errorf("refund: bucket %v, share %v; want 1 and 2", p.lim.tokensAt(time.Second), p.share.tokensAt(time.Second))
 	}
