@@ -30,6 +30,7 @@ type hold struct {
 	timed, spaced bool         // spaced: the lane wants to know when it is written (see lane.traceWrite)
 	look          bool         // its response's headers are looked at (see lane.reads)
 	kind          verdict.Kind // the response's, once it came
+	nth           int          // the pacer's count of grants just after this one (see pace.Pacer.Refund)
 
 	// out: the caller has the response's body, which gives the hold back
 	// (see body). Only then may the lane give it back when the context
@@ -82,6 +83,7 @@ func (l *lane) fillLocked(h *hold, ctx context.Context, tn *tenant, ch *charge, 
 	h.done = false
 	h.out.Store(false)
 	h.start, h.at, h.wait = at, at, wait
+	h.nth = l.pace.Granted()
 	h.timed, h.spaced, h.look = l.timeNextLocked(at), l.pace.Spaces(), l.lookLocked(tn.level)
 	h.idx = len(l.held)
 	l.held = append(l.held, h)

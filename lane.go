@@ -375,7 +375,7 @@ func (l *lane) refund(h *hold) {
 	}
 	l.unholdLocked(h)
 	now := l.clk.tick()
-	l.pace.Refund(now, !l.perToken)
+	l.pace.Refund(now, !l.perToken, h.nth)
 	l.budgets.repay(now, h.ch)
 	l.slot.put()
 	l.q.levels[h.tn.level].finished(h.tn, l.slot.limit)

@@ -498,7 +498,7 @@ func TestGrantWinsRaceWithCancel(t *testing.T) {
 			synctest.Wait() // queued, blocked in select; its dispatcher sleeps an hour
 			l.mu.Lock()
 			now := l.clk.tick()
-			l.pace.Refund(now, true) // as if the hour's token had come
+			l.pace.Refund(now, true, l.pace.Granted()) // as if the hour's token had come
 			if !l.tryTakeLocked(now, false, nil) {
 				t.Fatal("no token and slot to grant")
 			}

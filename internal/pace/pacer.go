@@ -214,8 +214,18 @@ func (p *Pacer) Wrote(now, at time.Duration) {
 }
 
 // Refund gives back at now a token taken and not used: to the share, and
-// to the lane's bucket when it gave it (own: not a Backend).
-func (p *Pacer) Refund(now time.Duration, own bool) {
+// to the lane's bucket when it gave it (own: not a Backend). nth is the
+// count of grants (see Granted) just after the one given back; a token is
+// given back only if no grant came after it. A later grant may have been
+// charged late, up to a token's time before its hand-off (see
+// bucket.takeLate), and a token given back at now, on top of that, would
+// let one more grant into a window than rate x T + burst + 1. Losing the
+// token instead costs a lane at most one grant per cancellation that races
+// its grant.
+func (p *Pacer) Refund(now time.Duration, own bool, nth int) {
+	if nth != p.ngrants {
+		return
+	}
 	if p.share != nil {
 		p.share.refund(now)
 	}
@@ -228,6 +238,9 @@ func (p *Pacer) Refund(now time.Duration, own bool) {
 		p.spread.refund(now)
 	}
 }
+
+// Granted returns the count of grants the pacer has made; see Refund.
+func (p *Pacer) Granted() int { return p.ngrants }
 
 // lateLag is how far back a late token of a bucket at rate may be charged
 // (see bucket.takeLate): a token's time, less a token's time at safe, the

@@ -171,11 +171,11 @@ func TestPacerTakeAndRefund(t *testing.T) {
 	if d := p.TokenDelay(0); d != time.Second {
 		t.Errorf("token due in %v, want 1s", d)
 	}
-	p.Refund(0, false)
+	p.Refund(0, false, p.Granted())
 	if p.Held(0) != 0 {
 		t.Errorf("a Backend's token refunded to the local bucket: %v held", p.Held(0))
 	}
-	p.Refund(0, true)
+	p.Refund(0, true, p.Granted())
 	if p.Held(0) != 1 || !p.Take(0, false) {
 		t.Errorf("after a refund: %v held, want 1", p.Held(0))
 	}
@@ -209,7 +209,7 @@ func TestPacerShare(t *testing.T) {
 	if p.Take(time.Second, false) || p.Held(time.Second) != 0 || p.share.tokensAt(time.Second) != 1 {
 		t.Errorf("the lane's bucket refused: share holds %v, want 1", p.share.tokensAt(time.Second))
 	}
-	p.Refund(time.Second, true)
+	p.Refund(time.Second, true, p.Granted())
 	if p.lim.tokensAt(time.Second) != 1 || p.share.tokensAt(time.Second) != 2 {
 		t.Errorf("refund: bucket %v, share %v; want 1 and 2", p.lim.tokensAt(time.Second), p.share.tokensAt(time.Second))
 	}
