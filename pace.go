@@ -451,6 +451,10 @@ func (p *pacer) observe(now time.Duration, r reply, inFlight int) paceChange {
 		// second (sethvargo/go-limiter's is its reset, a date read as the
 		// end of its second): the window refills then.
 		c.cool = p.cool(now, now+min(r.retryAfter, f.quota.refusalWait(now, r.quota)), "retry-after")
+	case r.hasRA && f.quota.wholeWindow(r.retryAfter):
+		// A sliding window's count falls as requests leave it: its
+		// refusal waits until one has.
+		c.cool = p.cool(now, now+min(r.retryAfter, f.quota.refusalWait(now, r.quota)), "retry-after")
 	case r.hasRA:
 		c.cool = p.cool(now, now+r.retryAfter, "retry-after")
 	case tokensOut && r.tokens.Reset > 0:
@@ -591,3 +595,4 @@ func (p *pacer) fill(ls *LaneStats) {
 	ls.Rate, ls.Ceiling = p.rate, p.fb.ceiling
 	ls.Throttled, ls.Cooldowns = p.fb.throttled, p.fb.cooldowns
 }
+
