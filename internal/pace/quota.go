@@ -431,7 +431,11 @@ func (m *quotaModel) learn(now time.Duration, q headers.Quota) {
 		// is within a coarse reset's slack.
 		kind = kindBucket
 	case now-m.runSeen > 2*slack && q.Remaining < m.runLeft:
-		kind = kindWindow
+		// A sliding window's count also falls to a reset that stays put:
+		// what told it apart stands.
+		if m.kind != kindSliding {
+			kind = kindWindow
+		}
 	default:
 		m.runLeast = min(m.runLeast, clamp32(q.Remaining))
 		return // the run goes on
@@ -503,6 +507,15 @@ func (m *quotaModel) seeEdge(now, sent time.Duration, q headers.Quota, accepted 
 	return true
 }
 
+// wholeWindow reports whether ra, a refusal's Retry-After, names the
+// whole window of a sliding window told apart by evidence, to the second:
+// go-chi/httprate states its window's length whatever its count, which
+// falls continuously, and counts no refused request. Honoured, it would
+// stop the lane a whole window (a minute) at each refusal.
+func (m *quotaModel) wholeWindow(ra time.Duration) bool {
+	return m.kind == kindSliding && m.evidence && m.window > 0 && ra > 0 && ra >= m.window.Truncate(time.Second)
+}
+
 // edgeTold reports whether the server keeps a window that refills at once,
 // whose end the lane measures (see windowEdge).
 func (m *quotaModel) edgeTold() bool { return m.edge != nil && m.edge.isTold() }
@@ -514,6 +527,11 @@ func (m *quotaModel) edgeTold() bool { return m.edge != nil && m.edge.isTold() }
 func (m *quotaModel) refusalWait(now time.Duration, q headers.Quota) time.Duration {
 	if m.edgeTold() {
 		return m.edge.until(now)
+	}
+	if m.kind == kindSliding && m.window > 0 && m.limit > 0 {
+		// The count falls as the window before's requests leave it: by
+		// one request each window/limit at a steady pace.
+		return TokensDelay(1, float64(m.limit)/m.window.Seconds())
 	}
 	if m.kind != kindWindow {
 		if rho, _ := bucketRate(q); rho > 0 {
