@@ -19,8 +19,10 @@ func TestRefundKeepsBound(t *testing.T) {
 	a := p.Granted()
 	// Due at 10 ms, handed out at 12 ms: charged at 10, and the next one,
 	// due at 12, at once.
-	if !p.Take(ms(12), true) || !p.Take(ms(12), true) {
-		t.Fatal("late takes refused")
+	for i := range 2 {
+		if !p.Take(ms(12), true) {
+			t.Fatalf("late take %d refused", i+1)
+		}
 	}
 	p.Refund(ms(12.5), true, a)
 	if p.Take(ms(12.5), false) {
