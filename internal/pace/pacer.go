@@ -442,6 +442,9 @@ func (p *Pacer) Observe(now time.Duration, r Reply, inFlight int) Change {
 		// no longer holds.
 		f.forget()
 	}
+	if r.HasQuota {
+		p.quota.learnRefused(now, r.Quota)
+	}
 	switch {
 	case r.HasRA && exhausted && p.quota.edgeTold():
 		// A window's measured end bounds a Retry-After stated to the
@@ -463,13 +466,13 @@ func (p *Pacer) Observe(now time.Duration, r Reply, inFlight int) Change {
 		c.Cool = p.Cool(now, now+f.secondary(p.maxWait), "secondary rate limit")
 	}
 	// A 429 is over a rate the throttle rate must learn, unless a window's
-	// exhausted quota (it refills at its reset, whatever the pace) or a
+	// exhausted quota (it refills as the window moves, whatever the pace) or a
 	// token budget explains it. A bucket's remaining 0 does not: its refill
 	// rate is what was exceeded. A 403 that is not a quota (GitHub's
 	// secondary limits) is a penalty, not a pace.
 	// A GraphQL throttle in a 200 or a 4xx is a 429 in another form.
 	if (r.Status == http.StatusTooManyRequests || r.Body.GraphQL) && !tokensOut && !r.Body.Secondary &&
-		!(exhausted && p.quota.fixedWindow()) {
+		!(exhausted && p.quota.windowed()) {
 		if r.HasQuota {
 			p.quota.refused(r.Sent, r.Quota, inFlight-1)
 		}

@@ -367,6 +367,16 @@ func (m *quotaModel) refused(now time.Duration, q headers.Quota, inFlight int) {
 	}
 }
 
+// learnRefused reads the quota of a refusal seen at now for the kind of
+// limit alone (see learn): a window whose first answers include a
+// refusal, the count of the window before still there, is not refilled
+// at once, and a sliding window's first refusal often comes just there.
+func (m *quotaModel) learnRefused(now time.Duration, q headers.Quota) {
+	if (q.Reset > 0 || q.Passed > 0) && q.Remaining >= 0 && !m.edgeTold() {
+		m.learn(now, q)
+	}
+}
+
 // learn compares q, seen at now, with the run's start; see quotaModel.
 func (m *quotaModel) learn(now time.Duration, q headers.Quota) {
 	// A stated instant, passed or not: a sliding window's end truncated
@@ -380,6 +390,11 @@ func (m *quotaModel) learn(now time.Duration, q headers.Quota) {
 	}
 	if !m.run {
 		m.run, m.runSeen, m.runReset, m.runLeft, m.runLeast = true, now, reset, q.Remaining, clamp32(q.Remaining)
+		return
+	}
+	if q.Instant && reset < m.runReset-slack {
+		// An answer from a window before the run's, out of order: a
+		// refusal is answered at once, before attempts sent earlier.
 		return
 	}
 	if q.Instant && (reset-m.runReset).Abs() > resetSlack && now < m.runReset-resetSlack {
@@ -555,6 +570,8 @@ func (m *quotaModel) view() quotaView {
 	return quotaView{perSecond: m.perSecond, burst: m.statesBurst(), refill: m.counts, rough: m.rough}
 }
 
-// fixedWindow reports whether the server keeps a fixed window, by its prior or
-// the evidence: its quota refills at its reset, whatever the pace.
-func (m *quotaModel) fixedWindow() bool { return m.kind == kindWindow }
+// windowed reports whether the server counts requests in windows, by its
+// prior or the evidence: a fixed window's exhausted quota refills at its
+// reset, and a sliding window's as the window before's requests leave its
+// count, whatever the pace.
+func (m *quotaModel) windowed() bool { return m.kind == kindWindow || m.kind == kindSliding }
