@@ -492,8 +492,13 @@ func TestSlidingWindowOfAMinute(t *testing.T) {
 	for _, w := range []time.Duration{6 * time.Second, time.Minute} {
 		// The windows start 0.3 s into the run, or with it (where a
 		// lane at R sends the limit in the first window and is refused
-		// at the second's first request).
-		for _, off := range []time.Duration{300 * time.Millisecond, time.Duration(1_700_000_000%int64(w.Seconds())) * time.Second} {
+		// at the second's first request), or 0.6 s after it.
+		aligned := time.Duration(1_700_000_000%int64(w.Seconds())) * time.Second
+		offsets := []time.Duration{300 * time.Millisecond, aligned}
+		if w < time.Minute {
+			offsets = append(offsets, aligned+600*time.Millisecond)
+		}
+		for _, off := range offsets {
 			for _, c := range []struct {
 				name string
 				opts []Option

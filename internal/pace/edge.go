@@ -116,8 +116,15 @@ func (e *windowEdge) observe(now, sent time.Duration, q headers.Quota, accepted 
 			e.exact = true
 		case e.period == 0:
 			// From the first attempt the window before answered: at most
-			// its length, to the second when its instants are.
+			// its length, to the second when its instants are. At least
+			// from sent to the instant it states, when it states one: the
+			// window before may have been told only by its remaining
+			// rising, after a lane held across most of it, and answered
+			// for a moment.
 			e.period = sent - e.from
+			if stated {
+				e.period = max(e.period, inst-sent)
+			}
 			if q.Coarse {
 				e.period = max(time.Second, e.period.Round(time.Second))
 			}
