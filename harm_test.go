@@ -492,13 +492,15 @@ func TestSlidingWindowOfAMinute(t *testing.T) {
 	for _, w := range []time.Duration{6 * time.Second, time.Minute} {
 		// The windows start 0.3 s into the run, or with it (where a
 		// lane at R sends the limit in the first window and is refused
-		// at the second's first request), or 0.6 s after it.
+		// at the second's first request), or 0.6 s after it, or 0.3 s
+		// after a second the run starts 0.4 s into.
 		aligned := time.Duration(1_700_000_000%int64(w.Seconds())) * time.Second
-		offsets := []time.Duration{300 * time.Millisecond, aligned}
+		type start struct{ off, phase time.Duration }
+		starts := []start{{300 * time.Millisecond, 0}, {aligned, 0}}
 		if w < time.Minute {
-			offsets = append(offsets, aligned+600*time.Millisecond)
+			starts = append(starts, start{aligned + 600*time.Millisecond, 0}, start{aligned + 300*time.Millisecond, 400 * time.Millisecond})
 		}
-		for _, off := range offsets {
+		for _, st := range starts {
 			for _, c := range []struct {
 				name string
 				opts []Option
@@ -507,10 +509,10 @@ func TestSlidingWindowOfAMinute(t *testing.T) {
 				{"at R", []Option{WithRate(50, time.Second)}},
 				{"at 2R", []Option{WithRate(100, time.Second)}},
 			} {
-				t.Run(fmt.Sprintf("%v/offset %v/%s", w, off, c.name), func(t *testing.T) {
+				t.Run(fmt.Sprintf("%v/offset %v, run %v off the second/%s", w, st.off, st.phase, c.name), func(t *testing.T) {
 					run := func(strip bool) harmRun {
-						mod := upstream.NewSlidingWindow(upstream.SlidingWindowConfig{Limit: int(50 * w.Seconds()), Window: w, Offset: off})
-						return runHarm(t, mod, 32, 5*time.Millisecond, 1, 0, 5*w, strip, c.opts...)
+						mod := upstream.NewSlidingWindow(upstream.SlidingWindowConfig{Limit: int(50 * w.Seconds()), Window: w, Offset: st.off})
+						return runHarm(t, mod, 32, 5*time.Millisecond, 1, st.phase, 5*w, strip, c.opts...)
 					}
 					r, s := run(false), run(true)
 					t.Logf("headers read %v, stripped %v", r, s)

@@ -114,16 +114,22 @@ func (e *windowEdge) observe(now, sent time.Duration, q headers.Quota, accepted 
 				e.period = jump
 			}
 			e.exact = true
-		case e.period == 0:
-			// From the first attempt the window before answered: at most
-			// its length, to the second when its instants are. At least
-			// from sent to the instant it states, when it states one: the
-			// window before may have been told only by its remaining
-			// rising, after a lane held across most of it, and answered
-			// for a moment.
+		case e.period == 0 || stated && !e.exact:
+			// From the first attempt the window before answered: its
+			// length, to the second when its instants are, if it was
+			// answered through. A window that holds sent and states its
+			// end is at least as long as from sent to it; a span longer
+			// than that by more than the instant's grain covered more
+			// than one window (a lane held across one by a Retry-After),
+			// and a shorter one was answered for a moment only (a window
+			// told by its remaining rising, at its very end).
 			e.period = sent - e.from
-			if stated {
-				e.period = max(e.period, inst-sent)
+			grain := resetSlack
+			if q.Coarse {
+				grain = time.Second
+			}
+			if least := inst - sent; stated && (e.period < least || e.period > least+grain) {
+				e.period = least
 			}
 			if q.Coarse {
 				e.period = max(time.Second, e.period.Round(time.Second))
