@@ -1,12 +1,12 @@
 package sluice
 
 import (
-	"github.com/sluice-go/sluice/internal/pace"
 	"math"
 	"net/http"
 	"slices"
 	"time"
 
+	"github.com/sluice-go/sluice/internal/pace"
 	"github.com/sluice-go/sluice/internal/verdict"
 )
 
@@ -87,7 +87,7 @@ func newBudgets(cfg []budgetConfig) budgets {
 func (bs *budgets) joinFleet() {
 	for i := range bs.bs {
 		b := &bs.bs[i]
-		b.b = pace.NewBucket(0, b.b.Burst(), 0)
+		b.b.Stop() // its size is read without the lane's lock (see chargeOf)
 		b.flow, b.fleet = b.refill, true
 	}
 }

@@ -193,6 +193,11 @@ func NewBucket(rate, burst, tokens float64) Bucket {
 	return Bucket{bucket{rate: rate, burst: burst, tokens: tokens}}
 }
 
+// Stop empties the bucket and stops its refill. It keeps the bucket's
+// size, which callers read without their lock (it is fixed at
+// construction).
+func (b *Bucket) Stop() { b.b.rate, b.b.tokens = 0, 0 }
+
 // Rate returns the tokens the bucket gains a second.
 func (b *Bucket) Rate() float64 { return b.b.rate }
 
