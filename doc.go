@@ -23,7 +23,10 @@
 // Retry-After, GitHub's secondary rate limit stated in a 403's body, a
 // GraphQL throttle in a /graphql answer's body; it pauses for the
 // Retry-After, else until the exhausted quota (requests or tokens) comes
-// back. An overload (529, or 502/503/504 without Retry-After, or a stream
+// back. A Retry-After that outlasts the reset of the quota the refusal
+// exhausted (go-chi/httprate names its whole window) pauses until that
+// reset; should the server refuse the first attempt sent after it, every
+// later Retry-After of the lane holds in full. An overload (529, or 502/503/504 without Retry-After, or a stream
 // whose first event says so) is no latency sample and cuts the in-flight
 // limit. No other body is looked at. A 429 that no quota explains lowers its pace, and from then
 // on, unless the server's quotas state a burst, the lane also spaces each

@@ -37,9 +37,8 @@ type lane struct {
 	slot limiter    // the in-flight slots and their adaptive limit
 	pace pace.Pacer // the bucket, the rate, the cooldown
 
-	// See timeNext: grants not timed since the last timed one, and when
-	// that one was made, on the lane's clock.
-	untimed int
+	// See timeNextLocked: when the last timed grant was made, on the
+	// lane's clock, and (untimed, below) the grants since.
 	timedAt time.Duration
 
 	// dead: the lane was forgotten (see forget). Set under mu, never
@@ -57,6 +56,7 @@ type lane struct {
 	stalled     bool // it waits for a kick: no waiter's tenant is under its cap
 	perToken    bool // see be
 	join        bool
+	untimed     uint8 // < sampleEvery
 	// kick wakes the dispatcher early; capacity 1. It is made when the
 	// first dispatcher starts, and never changes after: a lane whose
 	// requests never wait does without.

@@ -45,6 +45,7 @@ type Pacer struct {
 
 	fb    feedback   // what the server said, and the cooldown
 	quota quotaModel // the kind of limit the quotas describe, and their pace
+	ra    overlong   // whether a Retry-After past the quota's reset is meant
 }
 
 // New returns the pacer of a lane paced at rate (0: not paced until
@@ -59,6 +60,7 @@ func New(rate float64, burst int, maxWait time.Duration, local bool, origin int6
 		rate = 0
 	}
 	p.fb = newFeedback(rate, origin)
+	p.ra = newOverlong()
 	return p
 }
 
@@ -445,6 +447,9 @@ func (p *Pacer) Observe(now time.Duration, r Reply, inFlight int) Change {
 	if r.HasQuota {
 		p.quota.learnRefused(now, r.Quota)
 	}
+	if c.Throttled {
+		p.ra.answered(r.Sent, true)
+	}
 	switch {
 	case r.HasRA && exhausted && p.quota.edgeTold():
 		// A window's measured end bounds a Retry-After stated to the
@@ -455,6 +460,8 @@ func (p *Pacer) Observe(now time.Duration, r Reply, inFlight int) Change {
 		// A sliding window's count falls as requests leave it: its
 		// refusal waits until one has.
 		c.Cool = p.Cool(now, now+min(r.RetryAfter, p.quota.refusalWait(now, r.Quota)), "retry-after")
+	case r.HasRA && exhausted:
+		c.Cool = p.Cool(now, now+p.ra.wait(now, r.RetryAfter, r.Quota), "retry-after")
 	case r.HasRA:
 		c.Cool = p.Cool(now, now+r.RetryAfter, "retry-after")
 	case tokensOut && r.Tokens.Reset > 0:
@@ -511,6 +518,7 @@ func (p *Pacer) Settle(now, sent time.Duration, k verdict.Kind) (moved string, r
 	if !k.Accepted() {
 		return "", false
 	}
+	p.ra.answered(sent, false)
 	if moved = p.fb.accept(now, sent, p.lim != nil, p.quota.view()); moved == "" {
 		return "", false
 	}

@@ -1,0 +1,88 @@
+package pace
+
+import (
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/sluice-go/sluice/internal/headers"
+)
+
+// TestOverlongWait: a Retry-After longer than the stated reset and its
+// grain waits for the reset and its grain; one within them, or a quota
+// with no reset, waits for the Retry-After.
+func TestOverlongWait(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		ra   time.Duration
+		q    headers.Quota
+		want time.Duration
+	}{
+		{"reset to the second, a minute's Retry-After", time.Minute, headers.Quota{Remaining: 0, Reset: 2 * time.Second, Coarse: true, Instant: true}, 3 * time.Second},
+		{"reset to the millisecond", time.Minute, headers.Quota{Remaining: 0, Reset: 2 * time.Second}, 2 * time.Second},
+		{"reset passed, to the second", 6 * time.Second, headers.Quota{Remaining: 0, Passed: 400 * time.Millisecond, Coarse: true, Instant: true}, 600 * time.Millisecond},
+		{"reset passed a second ago", 6 * time.Second, headers.Quota{Remaining: 0, Passed: time.Second, Coarse: true, Instant: true}, 6 * time.Second},
+		{"Retry-After within the reset's grain", 3 * time.Second, headers.Quota{Remaining: 0, Reset: 2 * time.Second, Coarse: true}, 3 * time.Second},
+		{"Retry-After before the reset", time.Second, headers.Quota{Remaining: 0, Reset: 30 * time.Second}, time.Second},
+		{"no reset", time.Minute, headers.Quota{Remaining: 0}, time.Minute},
+	} {
+		o := newOverlong()
+		if got := o.wait(10*time.Second, c.ra, c.q); got != c.want {
+			t.Errorf("%s: wait %v, want %v", c.name, got, c.want)
+		}
+	}
+}
+
+// TestOverlongAnswered: the first answer to an attempt sent after a
+// shortened wait ended settles it: an acceptance keeps shortening the next
+// ones, a refusal makes every later Retry-After meant. Answers to attempts
+// sent before the wait ended say nothing.
+func TestOverlongAnswered(t *testing.T) {
+	q := headers.Quota{Remaining: 0, Reset: 2 * time.Second}
+	o := newOverlong()
+	if w := o.wait(0, time.Minute, q); w != 2*time.Second {
+		t.Fatalf("first wait %v", w)
+	}
+	o.answered(time.Second, true) // sent before the wait ended
+	o.answered(2*time.Second, false)
+	if w := o.wait(3*time.Second, time.Minute, q); w != 2*time.Second {
+		t.Fatalf("after an acceptance: wait %v, want the reset's 2s", w)
+	}
+	o.answered(4*time.Second, true) // sent before the wait ended at 5s
+	if w := o.wait(4*time.Second, time.Minute, q); w != 2*time.Second {
+		t.Fatalf("after a refusal of an attempt sent within the wait: wait %v, want 2s", w)
+	}
+	o.answered(6*time.Second, true)
+	if w := o.wait(6*time.Second, time.Minute, q); w != time.Minute {
+		t.Fatalf("after a refusal past the reset: wait %v, want the Retry-After", w)
+	}
+	o.answered(70*time.Second, false)
+	if w := o.wait(70*time.Second, time.Minute, q); w != time.Minute {
+		t.Fatalf("an acceptance after: wait %v, want the Retry-After still", w)
+	}
+}
+
+// TestPacerRetryAfterPastTheReset: a 429 whose quota is exhausted until a
+// reset two seconds away, stated to the second, but whose Retry-After is a
+// minute (go-chi/httprate's whole window) cools the lane until the reset
+// and its grain; when the first attempt sent after that is refused too,
+// the next Retry-After holds in full. A Retry-After with quota left
+// (GitHub's secondary limits) always does.
+func TestPacerRetryAfterPastTheReset(t *testing.T) {
+	refusal := func(sent time.Duration, remaining int64) Reply {
+		return Reply{Status: http.StatusTooManyRequests, Sent: sent, HasRA: true, RetryAfter: time.Minute, HasQuota: true,
+			Quota: headers.Quota{Limit: 300, Remaining: remaining, Reset: 2 * time.Second, Coarse: true, Instant: true, Source: "x-ratelimit"}}
+	}
+	p := New(0, 1, 10*time.Minute, true, 0)
+	if c := p.Observe(time.Second, refusal(time.Second-20*time.Millisecond, 0), 1); c.Cool.Until != 4*time.Second {
+		t.Fatalf("cooled until %v, want 4s: the reset and its grain", c.Cool.Until)
+	}
+	if c := p.Observe(5*time.Second, refusal(4*time.Second, 0), 1); c.Cool.Until != 65*time.Second {
+		t.Fatalf("refused past the reset: cooled until %v, want 65s", c.Cool.Until)
+	}
+
+	p = New(0, 1, 10*time.Minute, true, 0)
+	if c := p.Observe(time.Second, refusal(time.Second-20*time.Millisecond, 5), 1); c.Cool.Until != 61*time.Second {
+		t.Fatalf("quota left: cooled until %v, want the Retry-After's 61s", c.Cool.Until)
+	}
+}
