@@ -14,8 +14,9 @@ import (
 // nothing remaining. The pacer counts it as throttled, cools the lane until
 // the reset, and does not cut the rate (a quota explains it); the lane then
 // settles the attempt as a 429 (see TestGitHub403IsNotAccepted), which
-// counts toward neither the run of accepted responses nor the acceptance
-// rate, where a 200 would count toward both.
+// counts toward neither the run of accepted responses that makes the next
+// 429 one at the edge nor the acceptance rate, where a 200 would count
+// toward both.
 func TestPacerRefusalIsNotAccepted(t *testing.T) {
 	p := New(10, 1, time.Minute, true, 0)
 	now := time.Second
@@ -31,36 +32,91 @@ func TestPacerRefusalIsNotAccepted(t *testing.T) {
 		t.Errorf("throttled %d, rate %v; want 1 and 10", p.Stats().Throttled, p.Rate())
 	}
 	p.Settle(now, now, verdict.Throttled)
-	if p.fb.okRun != 0 || p.Accepted(now) != 0 {
-		t.Errorf("after a refusal: run %d, accepted %d; want 0 and 0", p.fb.okRun, p.Accepted(now))
+	if p.Accepted(now) != 0 {
+		t.Errorf("after a refusal: accepted %d, want 0", p.Accepted(now))
 	}
 	p.Settle(now, now, verdict.Served)
-	if p.fb.okRun != 1 || p.Accepted(now) != 1 {
-		t.Errorf("after an acceptance: run %d, accepted %d; want 1 and 1", p.fb.okRun, p.Accepted(now))
+	if p.Accepted(now) != 1 {
+		t.Errorf("after an acceptance: accepted %d, want 1", p.Accepted(now))
+	}
+
+	// A run of one short of edgeRun acceptances and a refusal settled is
+	// not a run at the edge; edgeRun acceptances are.
+	for _, c := range []struct {
+		served, refused int
+		edge            bool
+	}{{edgeRun - 1, 1, false}, {edgeRun, 0, true}} {
+		p := New(10, 1, time.Minute, true, 0)
+		now := cutAtTheCeiling(t, &p, time.Second)
+		for range c.served {
+			now += 50 * time.Millisecond
+			p.Settle(now, now, verdict.Served)
+		}
+		for range c.refused {
+			now += 50 * time.Millisecond
+			p.Settle(now, now, verdict.Throttled)
+		}
+		if got := atTheEdge(&p, now+50*time.Millisecond); got != c.edge {
+			t.Errorf("%d accepted and %d refused since the cut: the next 429 at the edge %v, want %v",
+				c.served, c.refused, got, c.edge)
+		}
 	}
 }
 
+// cutAtTheCeiling has p, paced at its configured rate, refused at now for
+// an attempt sent then, and returns now.
+func cutAtTheCeiling(t *testing.T, p *Pacer, now time.Duration) time.Duration {
+	t.Helper()
+	r := p.Rate()
+	if c := p.Observe(now, Reply{Status: http.StatusTooManyRequests, Sent: now}, 1); c.Cause != CauseCut || p.Rate() >= r {
+		t.Fatalf("429 at the configured rate %v: cause %q, rate %v; want a cut", r, c.Cause, p.Rate())
+	}
+	return now
+}
+
+// atTheEdge has p refused at now, for an attempt sent then and named no
+// Retry-After, then has the server accept an attempt every 50 ms for 3 s,
+// and reports whether the refusal was read as one at the edge of the
+// server's limit: the lane creeps back toward the pace refused, and is
+// still under it, where a refusal read as a guess's is probed past within
+// a second or two.
+func atTheEdge(p *Pacer, now time.Duration) bool {
+	refused := p.Rate()
+	p.Observe(now, Reply{Status: http.StatusTooManyRequests, Sent: now}, 1)
+	for end := now + 3*time.Second; now < end; {
+		now += 50 * time.Millisecond
+		p.Settle(now, now, verdict.Served)
+	}
+	return p.Rate() < refused
+}
+
 // TestRunCountsAttemptsSentAfterCut: only an attempt sent after the last
-// cut counts toward the run of accepted responses: answers to attempts
-// already on their way say nothing of the new pace. Both count toward the
-// acceptance rate.
+// cut counts toward the run of accepted responses that makes the next 429
+// one at the edge: answers to attempts already on their way say nothing of
+// the new pace. Both count toward the acceptance rate.
 func TestRunCountsAttemptsSentAfterCut(t *testing.T) {
-	p := New(10, 1, time.Minute, true, 0)
-	cut := time.Minute
-	c := p.Observe(cut, Reply{Status: http.StatusTooManyRequests, Sent: cut - time.Millisecond}, 1)
-	if c.Cause != CauseCut || p.fb.failAt != cut || p.Rate() >= 10 {
-		t.Fatalf("429 at the configured rate: cause %q, cut at %v, rate %v; want a cut at %v", c.Cause, p.fb.failAt, p.Rate(), cut)
-	}
-	p.Settle(cut+time.Second, cut-time.Millisecond, verdict.Served)
-	if p.fb.okRun != 0 {
-		t.Errorf("an answer to an attempt sent before the cut counted: run %d", p.fb.okRun)
-	}
-	p.Settle(cut+time.Second, cut+time.Millisecond, verdict.Served)
-	if p.fb.okRun != 1 {
-		t.Errorf("an answer to an attempt sent after the cut: run %d, want 1", p.fb.okRun)
-	}
-	if got := p.Accepted(cut + time.Second); got != 2 {
-		t.Errorf("accepted %d, want 2: both answers count toward the acceptance rate", got)
+	for _, c := range []struct {
+		before int // of the edgeRun answers, those to attempts sent before the cut
+		edge   bool
+	}{{0, true}, {1, false}} {
+		p := New(10, 1, time.Minute, true, 0)
+		cut := cutAtTheCeiling(t, &p, time.Minute)
+		now := cut
+		for i := range edgeRun {
+			now += 50 * time.Millisecond
+			sent := now
+			if i < c.before {
+				sent = cut - time.Millisecond
+			}
+			p.Settle(now, sent, verdict.Served)
+		}
+		if got := p.Accepted(now); got != edgeRun {
+			t.Errorf("accepted %d, want %d: every answer counts toward the acceptance rate", got, edgeRun)
+		}
+		if got := atTheEdge(&p, now+50*time.Millisecond); got != c.edge {
+			t.Errorf("%d answers, %d to attempts sent before the cut: the next 429 at the edge %v, want %v",
+				edgeRun, c.before, got, c.edge)
+		}
 	}
 }
 
