@@ -3,6 +3,7 @@ package pace
 import (
 	"math"
 	"net/http"
+	"slices"
 	"testing"
 	"time"
 
@@ -209,11 +210,21 @@ func TestPacerPending(t *testing.T) {
 	if !p.Pending(0) || p.Pending(100*time.Millisecond) {
 		t.Errorf("a token short: pending %v, a token's time later %v; want true, false", p.Pending(0), p.Pending(100*time.Millisecond))
 	}
-	// A bucket's quota, finer than the second: 5/s, for 2 s.
+	// A bucket's quota, finer than the second: it refills 4.5 a second
+	// (the missing 5, less half a token, over the second to its reset),
+	// holds 10, and paces the lane for the time it takes to fill.
 	q := headers.Quota{Limit: 10, Remaining: 5, Reset: time.Second, Source: "openai"}
 	p.Observe(time.Second, Reply{Status: http.StatusOK, Sent: time.Second, Quota: q, HasQuota: true}, 1)
-	if p.fb.header == 0 || !p.Pending(2*time.Second) || p.Pending(p.fb.headerUntil) {
-		t.Errorf("header rate %v until %v: pending while it holds, not after", p.fb.header, p.fb.headerUntil)
+	rho := 4.5
+	until := time.Second + time.Duration(10/rho*float64(time.Second))
+	if want := rho * (1 + 4.0/10); math.Abs(p.Rate()-want) > 1e-9 {
+		t.Fatalf("header rate %v, want %v", p.Rate(), want)
+	}
+	// The lane's bucket is full again by then: what is pending is the
+	// header rate.
+	if !p.Pending(2*time.Second) || !p.Pending(until-time.Millisecond) || p.Pending(until) {
+		t.Errorf("header rate until %v: pending at 2s %v, just before %v, at its end %v; want true, true, false",
+			until, p.Pending(2*time.Second), p.Pending(until-time.Millisecond), p.Pending(until))
 	}
 }
 
@@ -241,7 +252,9 @@ func TestPacerTakeAndRefund(t *testing.T) {
 }
 
 // TestPacerShare: a Leaser's share paces the lane with its own bucket:
-// nothing before the first grant, then the lower of the two rates.
+// nothing before the first grant, then the lower of the two rates. A share
+// set to a larger burst holds no more yet; a take the lane's bucket refuses
+// leaves the share as it was, and a refund gives a token back to both.
 func TestPacerShare(t *testing.T) {
 	p := New(100, 1, time.Minute, true, 0)
 	if p.Sharing() {
@@ -258,16 +271,33 @@ func TestPacerShare(t *testing.T) {
 	if d := p.TokenDelay(0); d != 100*time.Millisecond {
 		t.Errorf("next token in %v, want the share's 100ms", d)
 	}
-	// A larger burst does not fill the share; a take the lane's bucket
-	// refuses leaves the share as it was.
-	p.SetShare(time.Second, 1000, 5)
-	p.lim.drain(time.Second)
-	if p.Take(time.Second, false) || p.Held(time.Second) != 0 || p.share.tokensAt(time.Second) != 1 {
-		t.Errorf("the lane's bucket refused: share holds %v, want 1", p.share.tokensAt(time.Second))
+	// Set to 1/s and a burst of 5 holding its one token: one grant, and
+	// the next a second later, not at the lane's next token.
+	now := time.Second
+	p.SetShare(now, 1, 5)
+	if !p.Take(now, false) || p.Take(now+10*time.Millisecond, false) {
+		t.Error("a share set to a burst of 5 holding one token: want one grant, then none at the lane's next token")
 	}
-	p.Refund(time.Second, true, p.Granted())
-	if p.lim.tokensAt(time.Second) != 1 || p.share.tokensAt(time.Second) != 2 {
-		t.Errorf("refund: bucket %v, share %v; want 1 and 2", p.lim.tokensAt(time.Second), p.share.tokensAt(time.Second))
+	if d := p.TokenDelay(now); d != time.Second {
+		t.Errorf("next token in %v, want the share's 1s", d)
+	}
+	// Five seconds on, the share is full (5) and the lane's bucket holds
+	// one. A second take at once is refused by the lane's bucket, and the
+	// first is given back: the share holds 5 again, and the lane is
+	// granted one a token's time (10 ms) until it has spent them.
+	now = 6 * time.Second
+	if !p.Take(now, false) || p.Take(now, false) {
+		t.Fatal("want one grant, then the lane's bucket empty")
+	}
+	p.Refund(now, true, p.Granted())
+	var granted []int // the grants, in tokens' time of the lane
+	for i := range 10 {
+		if p.Take(now+time.Duration(i)*10*time.Millisecond, false) {
+			granted = append(granted, i)
+		}
+	}
+	if !slices.Equal(granted, []int{0, 1, 2, 3, 4}) {
+		t.Errorf("after the refund, grants at tokens %v of the lane; want 0-4, one at once and the share's 5 spent", granted)
 	}
 }
 
