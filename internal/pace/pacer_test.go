@@ -342,13 +342,15 @@ func TestPacerFirstEstimateOnFirstAcceptance(t *testing.T) {
 	if want := 1 - throttleMargin; moved != CauseCut || !p.Paced() || math.Abs(p.Rate()-want) > 1e-9 {
 		t.Fatalf("first acceptance after the 429: moved %q, paced %v, rate %v; want paced at %v", moved, p.Paced(), p.Rate(), want)
 	}
-	if !p.fb.probing {
-		t.Error("the first estimate is not probed upward")
+	// Later acceptances do not estimate again: they let the rate climb.
+	if moved, _ := p.Settle(30*time.Millisecond, 0, verdict.Served); moved != CauseRecovery {
+		t.Errorf("a later acceptance: moved %q, want %q", moved, CauseRecovery)
 	}
-	// Later acceptances do not estimate again.
-	p.Settle(30*time.Millisecond, 0, verdict.Served)
-	if p.fb.failAt != 20*time.Millisecond {
-		t.Errorf("cut again at %v", p.fb.failAt)
+	// The first estimate is probed upward: a second after the cooldown,
+	// the rate is firstProbe times as high, not a fifth.
+	p.Settle(2*time.Second+time.Millisecond, time.Second, verdict.Served)
+	if want := firstProbe * (1 - throttleMargin); p.Rate() < 0.99*want {
+		t.Errorf("a second after the cooldown: rate %v, want about %v", p.Rate(), want)
 	}
 }
 
@@ -404,19 +406,13 @@ func TestPacerCutsToCountedRefill(t *testing.T) {
 	if c.Cause != CauseCut {
 		t.Fatalf("429: %+v, want a cut", c)
 	}
-	if p.fb.fail < 45 || p.fb.fail > 56 {
-		t.Errorf("failed rate %v, want the refill counted, about 50", p.fb.fail)
-	}
-	if p.Rate() > 0.9*p.fb.fail*1.001 {
-		t.Errorf("rate %v, want at most 0.9 x %v", p.Rate(), p.fb.fail)
+	if r := p.Rate(); r < throttleCutKnown*45 || r > throttleCutKnown*56 {
+		t.Errorf("rate %v, want %v of the refill counted, about 50", r, throttleCutKnown)
 	}
 	// Counted over 180 ms to a refusal, the refill is rough: a window's
 	// first fill spent fast reads the same. The lane probes up from it
-	// rather than creeping for minutes (before: a sliding window at 2R
-	// held at 0.18 of R, nothing refused).
-	if !p.fb.probing || p.fb.edge {
-		t.Errorf("probing %v, edge %v after a cut to a rough count; want a probe, not an edge", p.fb.probing, p.fb.edge)
-	}
+	// rather than creeping for minutes from an edge (a sliding window at
+	// 2R held at 0.18 of R, nothing refused).
 	before := p.Rate()
 	p.Settle(at+2*time.Second, at+1500*time.Millisecond, verdict.Served)
 	if p.Rate() < 2*before {
@@ -449,27 +445,31 @@ func TestPacerFollowsARecountedRefill(t *testing.T) {
 	accept(20, 1200*time.Millisecond, 30)
 	p.Observe(now, Reply{Status: http.StatusTooManyRequests, Sent: now, HasRA: true, RetryAfter: time.Second,
 		HasQuota: true, Quota: q(0)}, 1)
-	if f := p.fb.fail; f < 19 || f > 21 || !p.fb.counted {
-		t.Fatalf("429: failed rate %v (counted %v), want the refill counted, 20", f, p.fb.counted)
+	// The failed rate is the refill counted, 20/s, and the last quota
+	// showed tokens to spare: the lane paces a step over it.
+	if r := p.Rate(); r < 19*(1+recountStep) || r > 21*(1+recountStep) {
+		t.Fatalf("429: rate %v, want a step over the refill counted, %v", r, 20*(1+recountStep))
 	}
 	now += time.Second // the cooldown
 	accept(20, 100*time.Millisecond, 30)
 	// A step over the failed rate, not the quotas' whole pace (31.6/s):
 	// a window's carry spent as a burst after each cooldown is refused.
 	if want := 20 * (1 + recountStep); math.Abs(p.Rate()-want) > 1e-6 {
-		t.Errorf("29 tokens to spare: rate %v, want a step over the failed rate %v (throttle %v, quotas' pace %v)",
-			p.Rate(), want, p.fb.throttle, p.fb.header)
+		t.Errorf("29 tokens to spare: rate %v, want a step over the failed rate, %v", p.Rate(), want)
 	}
-	// The window's count falls by what the faster pace holds, then counts it.
+	// The window's count falls by what the faster pace holds, then counts
+	// it: the failed rate is 30/s, and the lane paces a step over it.
 	accept(30, 2200*time.Millisecond, 20)
-	if f := p.fb.fail; f < 29 || f > 31 {
-		t.Errorf("counted 30/s with tokens to spare: failed rate %v, want 30", f)
+	failed := p.Rate() / (1 + recountStep)
+	if failed < 29 || failed > 31 {
+		t.Errorf("counted 30/s with tokens to spare: rate %v, want a step over 30/s, %v", p.Rate(), 30*(1+recountStep))
 	}
+	// With no token to spare, the step goes: the lane paces at the plateau
+	// under the failed rate (creeping up from it), not at the count.
 	accept(30, 100*time.Millisecond, 1)
-	if p.fb.spare || p.Rate() < 0.97*30 {
-		t.Errorf("no token to spare: rate %v (spare %v), want the plateau under 30", p.Rate(), p.fb.spare)
+	if r := p.Rate(); r < (1-throttleMargin)*failed || r > (1-throttleMargin/2)*failed {
+		t.Errorf("no token to spare: rate %v, want the plateau under %v, %v", r, failed, (1-throttleMargin)*failed)
 	}
-
 }
 
 // TestPacerPacesASlidingWindowAtItsLimit: once the quotas show a sliding
