@@ -486,9 +486,9 @@ func TestPacerPacesASlidingWindowAtItsLimit(t *testing.T) {
 	for _, c := range []struct {
 		name string
 		// cut makes the pacer's first cut, and returns when it ended.
-		cut func(p *Pacer) time.Duration
+		cut func(t *testing.T, p *Pacer) time.Duration
 	}{
-		{"a cut before it was told apart", func(p *Pacer) time.Duration {
+		{"a cut before it was told apart", func(t *testing.T, p *Pacer) time.Duration {
 			// The first window: remaining falls from 40 to 20 while 24
 			// are sent over 0.84 s, then a refusal, before the window's
 			// instant came.
@@ -499,39 +499,57 @@ func TestPacerPacesASlidingWindowAtItsLimit(t *testing.T) {
 				p.Observe(at, Reply{Status: http.StatusOK, Sent: now, HasQuota: true, Quota: sliding(at, int64(40-i*20/24))}, 1)
 				now += 35 * time.Millisecond
 			}
-			p.Observe(now, Reply{Status: http.StatusTooManyRequests, Sent: now, HasRA: true, RetryAfter: time.Second,
+			// A window told sliding would explain its exhausted count: no
+			// cut.
+			c := p.Observe(now, Reply{Status: http.StatusTooManyRequests, Sent: now, HasRA: true, RetryAfter: time.Second,
 				HasQuota: true, Quota: sliding(now, 0)}, 1)
-			if p.fb.throttle == 0 || p.quota.kind == kindSliding {
-				t.Fatalf("429: throttle %v, kind %v; want a cut before the window is told apart", p.fb.throttle, p.quota.kind)
+			if c.Cause != CauseCut {
+				t.Fatalf("429: cause %q; want a cut before the window is told apart", c.Cause)
 			}
 			return now
 		}},
-		{"an edge cut", func(p *Pacer) time.Duration {
-			// A refusal at 17/s after a run the server took.
+		{"an edge cut", func(t *testing.T, p *Pacer) time.Duration {
+			// The lane comes down to the limit by refusals at the edge,
+			// each after a run the server took, to one under 20/s.
 			now := 2 * time.Second
-			p.fb.okRun = edgeRun
-			p.fb.cut(now, refusal{sent: now, pace: 17})
-			p.applyRate(now)
-			if !p.fb.edge || p.fb.throttle > 17 || p.Rate() > 17 {
-				t.Fatalf("429: throttle %v (edge %v), want an edge cut under 17", p.fb.throttle, p.fb.edge)
+			for p.Rate() >= 20 {
+				if c := p.Observe(now, Reply{Status: http.StatusTooManyRequests, Sent: now}, 1); c.Cause != CauseCut {
+					t.Fatalf("429 at %v: %+v, want a cut", now, c)
+				}
+				for range edgeRun + 5 {
+					now += 50 * time.Millisecond
+					p.Settle(now, now, verdict.Served)
+				}
 			}
-			return now
+			// Its creep would hold the lane under 20/s for minutes.
+			if !atTheEdge(p, now) || p.Rate() >= 20 {
+				t.Fatalf("rate %v; want an edge cut under 20/s", p.Rate())
+			}
+			return now + 3*time.Second
 		}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			p := New(100, 1, time.Minute, true, 0)
-			now := c.cut(&p) + time.Second // the cooldown
+			now := c.cut(t, &p) + time.Second // the cooldown
 			step := time.Second / 20
 			for end := now + 3500*time.Millisecond; now < end; now += step {
 				at := now + 20*time.Millisecond
 				p.Settle(at, now, verdict.Served)
 				p.Observe(at, Reply{Status: http.StatusOK, Sent: now, HasQuota: true, Quota: sliding(at, 20)}, 1)
 			}
-			if p.quota.kind != kindSliding || p.quota.window != time.Second {
-				t.Fatalf("kind %v, window %v; want a sliding window of 1s", p.quota.kind, p.quota.window)
+			// Told a sliding window of 1 s (see TestQuotaKinds), the lane
+			// paces at its limit less two, over the window, whatever the
+			// cut before it said.
+			if math.Abs(p.Rate()-48) > 1e-9 {
+				t.Errorf("rate %v, want the window's 48/s", p.Rate())
 			}
-			if p.fb.throttle != 0 || math.Abs(p.Rate()-48) > 1e-9 {
-				t.Errorf("rate %v (throttle %v), want the window's 48/s, the cut gone", p.Rate(), p.fb.throttle)
+			// The cut is gone: once the window's pace lapses (an answer
+			// with no quota, a window later), the lane paces at its
+			// configured rate.
+			now += 2 * time.Second
+			p.Settle(now, now, verdict.Served)
+			if p.Rate() != 100 {
+				t.Errorf("with no quota for a window: rate %v, want the configured 100/s, the cut gone", p.Rate())
 			}
 		})
 	}
@@ -592,10 +610,7 @@ func TestPacerSpacesGrantsFromWrites(t *testing.T) {
 	}
 	cut := func(local bool) *Pacer {
 		p := New(50, 1, time.Minute, local, 0)
-		p.Observe(time.Second, Reply{Status: http.StatusTooManyRequests, Sent: time.Second}, 1)
-		if p.fb.fail == 0 {
-			t.Fatal("a 429 at the configured rate made no cut")
-		}
+		cutAtTheCeiling(t, &p, time.Second)
 		return &p
 	}
 
@@ -678,9 +693,11 @@ func TestPacerCutsAtTheKeptPace(t *testing.T) {
 			}
 			at += c.every
 		}
+		// A refusal at the edge cuts to throttleCutKnown of the pace that
+		// failed.
 		p.Observe(at, Reply{Status: http.StatusTooManyRequests, Sent: at - c.every}, 1)
-		if p.fb.fail < c.min || p.fb.fail > c.max {
-			t.Errorf("%s: failed rate %.2f, want %v-%v", c.name, p.fb.fail, c.min, c.max)
+		if failed := p.Rate() / throttleCutKnown; failed < c.min || failed > c.max {
+			t.Errorf("%s: rate %.2f, the failed rate %.2f; want %v-%v", c.name, p.Rate(), failed, c.min, c.max)
 		}
 	}
 }
@@ -695,14 +712,35 @@ func TestPacerStrictPlateau(t *testing.T) {
 	// limit they state: a limit of 50 with nothing ever remaining is a
 	// rate (redis_rate's), and the server is strict.
 	for _, c := range []struct {
-		limit, held int64
-		want        float64
-	}{{0, 0, 49}, {1, 0, 49}, {50, 0, 49}, {2, 1, 0}, {50, 49, 0}} {
-		p := New(100, 1, time.Minute, true, 0)
-		p.fb.fail, p.fb.margin = 50, 0.02
-		p.quota.limit, p.quota.held = c.limit, c.held
-		if got := p.strictPlateau(); got != c.want {
-			t.Errorf("limit %d, %d seen remaining: plateau %v, want %v", c.limit, c.held, got, c.want)
+		limit, held int64 // the quota stated; limit 0: none
+		strict      bool
+	}{{0, 0, true}, {1, 0, true}, {50, 0, true}, {2, 1, false}, {50, 49, false}} {
+		// Refused at 50/s, the lane's plateau is 49/s, and it paces there
+		// once the ramp is over.
+		p := New(50, 1, time.Minute, true, 0)
+		now := cutAtTheCeiling(t, &p, time.Second)
+		if c.limit > 0 {
+			p.Observe(now, Reply{Status: http.StatusOK, Sent: now, HasQuota: true,
+				Quota: headers.Quota{Limit: c.limit, Remaining: c.held, Reset: time.Second, Coarse: true, Source: "x-ratelimit"}}, 1)
+		}
+		now += throttleRamp + time.Second
+		p.Settle(now, now, verdict.Served)
+		if want := (1 - throttleMargin) * 50; math.Abs(p.Rate()-want) > 1e-9 {
+			t.Fatalf("limit %d, %d seen remaining: rate %v, want the plateau %v", c.limit, c.held, p.Rate(), want)
+		}
+		// A grant on time, then one whose dispatcher woke half a token
+		// late: a strict server's next grant is a whole token after the
+		// late one, else a token after the one it was due at.
+		one := TokenTime(p.Rate())
+		if !p.Take(now, false) || !p.Take(now+one+one/2, true) {
+			t.Fatalf("limit %d, %d seen remaining: no grant on time", c.limit, c.held)
+		}
+		want := one / 2
+		if c.strict {
+			want = one
+		}
+		if d := p.TokenDelay(now + one + one/2); (d - want).Abs() > time.Microsecond {
+			t.Errorf("limit %d, %d seen remaining: next grant %v after the late one, want %v", c.limit, c.held, d, want)
 		}
 	}
 }
