@@ -354,33 +354,6 @@ func TestPacerFirstEstimateOnFirstAcceptance(t *testing.T) {
 	}
 }
 
-// TestPacerProbeCrossingIsTheEdge: a lane probing up from a guess that the
-// server took until a 429 crossed the limit just then: the failed rate is
-// the middle of the last two paces' step, whatever the run's length, and the
-// lane creeps from under it rather than probing on.
-func TestPacerProbeCrossingIsTheEdge(t *testing.T) {
-	var f feedback = newFeedback(0, 0)
-	f.throttle, f.fail, f.probing, f.okRun, f.failAt = 50, 20, true, 3, 0
-	f.cut(time.Second, refusal{sent: time.Second, pace: 50, ra: time.Second})
-	want := 50 * math.Pow(firstProbe, -0.5/50)
-	if math.Abs(f.fail-want) > 1e-9 || !f.edge || f.probing || f.creep == 0 {
-		t.Errorf("fail %v edge %v probing %v creep %v; want fail %v at the edge, creeping", f.fail, f.edge, f.probing, f.creep, want)
-	}
-	if f.throttle >= want || f.throttle < 0.85*want {
-		t.Errorf("throttle %v, want a cut under %v", f.throttle, want)
-	}
-
-	// The refused request was sent 20 ms before its answer: the probe
-	// crossed at the pace then, 2.8% under the pace at the answer.
-	f = newFeedback(0, 0)
-	f.throttle, f.fail, f.probing, f.okRun, f.failAt, f.cutTo = 50, 20, true, 3, 0, 20
-	f.cut(time.Second, refusal{sent: time.Second - 20*time.Millisecond, pace: 50, ra: time.Second})
-	then := 50 * math.Pow(firstProbe, -0.02)
-	if want := then * math.Pow(firstProbe, -0.5/then); math.Abs(f.fail-want) > 1e-9 {
-		t.Errorf("refused 20 ms after it was sent: fail %v, want %v, half a token under the pace then (%v)", f.fail, want, then)
-	}
-}
-
 // TestPacerCutsToCountedRefill: a bucket with a burst takes a pace over its
 // rate until the burst is gone, a run that reads as the edge. A refusal
 // that ends a count of its quotas cuts to the refill rate counted, not to
