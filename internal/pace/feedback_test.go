@@ -48,11 +48,11 @@ func TestFeedbackCutsToGrantsSinceCut(t *testing.T) {
 	}
 }
 
-// TestFeedbackProbeCrossingIsTheEdge: a lane probing up from a guess that the
+// TestPacerProbeCrossingIsTheEdge: a lane probing up from a guess that the
 // server took until a 429 crossed the limit just then: the failed rate is
 // the middle of the last two paces' step, whatever the run's length, and the
 // lane creeps from under it rather than probing on.
-func TestFeedbackProbeCrossingIsTheEdge(t *testing.T) {
+func TestPacerProbeCrossingIsTheEdge(t *testing.T) {
 	var f feedback = newFeedback(0, 0)
 	f.throttle, f.fail, f.probing, f.okRun, f.failAt = 50, 20, true, 3, 0
 	f.cut(time.Second, refusal{sent: time.Second, pace: 50, ra: time.Second})
@@ -93,7 +93,7 @@ func TestFeedbackCutsToTheCountedRefill(t *testing.T) {
 	}
 }
 
-// TestPacerCountsGrantsToTheRefused: the grants a lane counts since its
+// TestPacerCutsToGrantsSinceCut: the grants a lane counts since its
 // last cut, at a refusal, are those up to the refused attempt's: later ones
 // were sent after it. The count is exact while the refused grant is among
 // the last few held, and estimated from the pace since when it is not. An
@@ -101,7 +101,7 @@ func TestFeedbackCutsToTheCountedRefill(t *testing.T) {
 // second, its grants each accepted: the server took about 52/s since, and
 // the refusal cuts to the plateau under that (see
 // TestFeedbackCutsToGrantsSinceCut).
-func TestPacerCountsGrantsToTheRefused(t *testing.T) {
+func TestPacerCutsToGrantsSinceCut(t *testing.T) {
 	for _, c := range []struct {
 		later int     // grants after the refused one
 		slack float64 // in grants: the count is estimated

@@ -347,7 +347,7 @@ func TestPacerFirstEstimateOnFirstAcceptance(t *testing.T) {
 		t.Errorf("a later acceptance: moved %q, want %q", moved, CauseRecovery)
 	}
 	// The first estimate is probed upward: a second after the cooldown,
-	// the rate is firstProbe times as high, not a fifth.
+	// the rate is firstProbe times as high, not a fifth higher.
 	p.Settle(2*time.Second+time.Millisecond, time.Second, verdict.Served)
 	if want := firstProbe * (1 - throttleMargin); p.Rate() < 0.99*want {
 		t.Errorf("a second after the cooldown: rate %v, want about %v", p.Rate(), want)
