@@ -9,13 +9,13 @@ import (
 	"github.com/sluice-go/sluice/internal/verdict"
 )
 
-// TestPacerCutsToGrantsSinceCut: a lane cut at 1 s to 25/s probes up and
+// TestFeedbackCutsToGrantsSinceCut: a lane cut at 1 s to 25/s probes up and
 // is refused at 120/s 1.14 s later, having been granted 58 attempts since
 // the cut: the server took at most 58 / 1.14 s, and that is the rate that
 // failed, not the pace; the lane goes to the plateau under it and creeps
 // up over seconds. A cooldown since the cut, a count under the rate
 // the cut set, or a pace under 1.5 times the count leave the pace's rule.
-func TestPacerCutsToGrantsSinceCut(t *testing.T) {
+func TestFeedbackCutsToGrantsSinceCut(t *testing.T) {
 	cut := func(pace float64, grants int, cool bool) feedback {
 		f := newFeedback(0, 0)
 		f.throttle, f.fail, f.cutTo, f.failAt, f.probing, f.okRun = pace, 25, 25, time.Second, true, 12
@@ -46,18 +46,94 @@ func TestPacerCutsToGrantsSinceCut(t *testing.T) {
 			t.Errorf("%s: fail %.1f, want the pace's rule (about %.0f)", c.name, f.fail, c.pace)
 		}
 	}
+}
 
-	// The grants counted are those up to the refused attempt's: later ones
-	// were sent after it.
-	p := New(50, 1, time.Minute, true, 0)
-	for i := range 10 {
-		p.used(time.Duration(i) * 20 * time.Millisecond)
+// TestPacerProbeCrossingIsTheEdge: a lane probing up from a guess that the
+// server took until a 429 crossed the limit just then: the failed rate is
+// the middle of the last two paces' step, whatever the run's length, and the
+// lane creeps from under it rather than probing on.
+func TestPacerProbeCrossingIsTheEdge(t *testing.T) {
+	var f feedback = newFeedback(0, 0)
+	f.throttle, f.fail, f.probing, f.okRun, f.failAt = 50, 20, true, 3, 0
+	f.cut(time.Second, refusal{sent: time.Second, pace: 50, ra: time.Second})
+	want := 50 * math.Pow(firstProbe, -0.5/50)
+	if math.Abs(f.fail-want) > 1e-9 || !f.edge || f.probing || f.creep == 0 {
+		t.Errorf("fail %v edge %v probing %v creep %v; want fail %v at the edge, creeping", f.fail, f.edge, f.probing, f.creep, want)
 	}
-	if n := p.grantsTo(200*time.Millisecond, 140*time.Millisecond); n != 8 {
-		t.Errorf("grants up to the 8th: %d", n)
+	if f.throttle >= want || f.throttle < 0.85*want {
+		t.Errorf("throttle %v, want a cut under %v", f.throttle, want)
 	}
-	if n := p.grantsTo(200*time.Millisecond, 60*time.Millisecond); n != 3 {
-		t.Errorf("grants up to one no longer held, 140 ms before now at 50/s: %d, want 10 - 7", n)
+
+	// The refused request was sent 20 ms before its answer: the probe
+	// crossed at the pace then, 2.8% under the pace at the answer.
+	f = newFeedback(0, 0)
+	f.throttle, f.fail, f.probing, f.okRun, f.failAt, f.cutTo = 50, 20, true, 3, 0, 20
+	f.cut(time.Second, refusal{sent: time.Second - 20*time.Millisecond, pace: 50, ra: time.Second})
+	then := 50 * math.Pow(firstProbe, -0.02)
+	if want := then * math.Pow(firstProbe, -0.5/then); math.Abs(f.fail-want) > 1e-9 {
+		t.Errorf("refused 20 ms after it was sent: fail %v, want %v, half a token under the pace then (%v)", f.fail, want, then)
+	}
+}
+
+// TestFeedbackCutsToTheCountedRefill: a refusal of a pace over the refill
+// rate counted from the quotas cuts to that rate, whatever the run before:
+// at the edge, creeping for minutes, when it was counted over a second or
+// more; as a guess, probed upward, when a refusal ended its count sooner
+// (a window's first fill, spent fast, reads the same).
+func TestFeedbackCutsToTheCountedRefill(t *testing.T) {
+	for _, rough := range []bool{false, true} {
+		f := newFeedback(100, 0)
+		f.cut(time.Second, refusal{sent: time.Second, pace: 100, refill: 50, rough: rough})
+		if f.fail != 50 || f.rate(time.Second) != throttleCutKnown*50 || !f.counted {
+			t.Errorf("rough %v: failed rate %v, rate %v, counted %v; want 50, %v, true", rough, f.fail, f.rate(time.Second), f.counted, throttleCutKnown*50)
+		}
+		if f.edge == rough || f.probing != rough || (f.creep == edgeCreep) == rough {
+			t.Errorf("rough %v: edge %v, probing %v, creep %v; want a guess probed upward if rough, else an edge", rough, f.edge, f.probing, f.creep)
+		}
+	}
+}
+
+// TestPacerCutsToGrantsSinceCut: the grants a lane counts since its
+// last cut, at a refusal, are those up to the refused attempt's: later ones
+// were sent after it. The count is exact while the refused grant is among
+// the last few held, and estimated from the pace since when it is not. An
+// unpaced lane's first estimate, 24.5/s, probes up to 100/s over about a
+// second, its grants each accepted: the server took about 52/s since, and
+// the refusal cuts to the plateau under that (see
+// TestFeedbackCutsToGrantsSinceCut).
+func TestPacerCutsToGrantsSinceCut(t *testing.T) {
+	for _, c := range []struct {
+		later int     // grants after the refused one
+		slack float64 // in grants: the count is estimated
+	}{{0, 0}, {2, 0}, {6, 1}} {
+		p := New(0, 1, time.Minute, true, 0)
+		for i := range 25 {
+			sent := time.Duration(i) * 40 * time.Millisecond
+			p.Settle(sent+20*time.Millisecond, sent, verdict.Served)
+		}
+		cut := time.Second
+		if ch := p.Observe(cut, Reply{Status: http.StatusTooManyRequests, Sent: cut}, 1); ch.Cause != CauseCut || p.Rate() != 24.5 {
+			t.Fatalf("the first 429: %+v, rate %v; want a first estimate of 24.5/s", ch, p.Rate())
+		}
+		var grants []time.Duration
+		now := cut
+		for p.Rate() < 100 {
+			now += p.TokenDelay(now)
+			if !p.Take(now, false) {
+				t.Fatalf("no token at %v", now)
+			}
+			grants = append(grants, now)
+			p.Settle(now, now, verdict.Served)
+		}
+		n := len(grants) - c.later // the refused attempt's grant, counted from 1
+		sent := grants[n-1]
+		p.Observe(now+time.Millisecond, Reply{Status: http.StatusTooManyRequests, Sent: sent}, 1)
+		dt := (sent - cut).Seconds()
+		lo, hi := (float64(n)-c.slack)/dt, (float64(n)+c.slack)/dt
+		if r := p.Rate() / (1 - throttleMargin); r < lo-1e-9 || r > hi+1e-9 {
+			t.Errorf("refused grant %d of %d since the cut, %v after it: rate %.2f, the failed rate %.2f; want %.2f-%.2f",
+				n, len(grants), sent-cut, p.Rate(), r, lo, hi)
+		}
 	}
 }
 
@@ -80,9 +156,10 @@ func TestPacerFirstEstimateCountsInFlight(t *testing.T) {
 		}
 		at := 1200 * time.Millisecond
 		p.Observe(at, Reply{Status: http.StatusTooManyRequests, Sent: at}, c.inFlight)
-		if math.Abs(p.fb.fail-c.want) > 1e-9 || p.Rate() <= 0 || p.Rate() > c.want {
-			t.Errorf("%d in flight: first estimate %.2f, pace %.2f; want %.2f and a pace at most that",
-				c.inFlight, p.fb.fail, p.Rate(), c.want)
+		// The first estimate is probed upward from the margin under it.
+		if want := (1 - throttleMargin) * c.want; math.Abs(p.Rate()-want) > 1e-9 {
+			t.Errorf("%d in flight: pace %.2f; want %.2f, the margin under the first estimate %.2f",
+				c.inFlight, p.Rate(), want, c.want)
 		}
 	}
 }

@@ -3,6 +3,7 @@ package pace
 import (
 	"math"
 	"net/http"
+	"slices"
 	"testing"
 	"time"
 
@@ -14,8 +15,9 @@ import (
 // nothing remaining. The pacer counts it as throttled, cools the lane until
 // the reset, and does not cut the rate (a quota explains it); the lane then
 // settles the attempt as a 429 (see TestGitHub403IsNotAccepted), which
-// counts toward neither the run of accepted responses nor the acceptance
-// rate, where a 200 would count toward both.
+// counts toward neither the run of accepted responses that makes the next
+// 429 one at the edge nor the acceptance rate, where a 200 would count
+// toward both.
 func TestPacerRefusalIsNotAccepted(t *testing.T) {
 	p := New(10, 1, time.Minute, true, 0)
 	now := time.Second
@@ -31,36 +33,91 @@ func TestPacerRefusalIsNotAccepted(t *testing.T) {
 		t.Errorf("throttled %d, rate %v; want 1 and 10", p.Stats().Throttled, p.Rate())
 	}
 	p.Settle(now, now, verdict.Throttled)
-	if p.fb.okRun != 0 || p.Accepted(now) != 0 {
-		t.Errorf("after a refusal: run %d, accepted %d; want 0 and 0", p.fb.okRun, p.Accepted(now))
+	if p.Accepted(now) != 0 {
+		t.Errorf("after a refusal: accepted %d, want 0", p.Accepted(now))
 	}
 	p.Settle(now, now, verdict.Served)
-	if p.fb.okRun != 1 || p.Accepted(now) != 1 {
-		t.Errorf("after an acceptance: run %d, accepted %d; want 1 and 1", p.fb.okRun, p.Accepted(now))
+	if p.Accepted(now) != 1 {
+		t.Errorf("after an acceptance: accepted %d, want 1", p.Accepted(now))
+	}
+
+	// A run of one short of edgeRun acceptances and a refusal settled is
+	// not a run at the edge; edgeRun acceptances are.
+	for _, c := range []struct {
+		served, refused int
+		edge            bool
+	}{{edgeRun - 1, 1, false}, {edgeRun, 0, true}} {
+		p := New(10, 1, time.Minute, true, 0)
+		now := cutAtTheCeiling(t, &p, time.Second)
+		for range c.served {
+			now += 50 * time.Millisecond
+			p.Settle(now, now, verdict.Served)
+		}
+		for range c.refused {
+			now += 50 * time.Millisecond
+			p.Settle(now, now, verdict.Throttled)
+		}
+		if got := atTheEdge(&p, now+50*time.Millisecond); got != c.edge {
+			t.Errorf("%d accepted and %d refused since the cut: the next 429 at the edge %v, want %v",
+				c.served, c.refused, got, c.edge)
+		}
 	}
 }
 
+// cutAtTheCeiling has p, paced at its configured rate, refused at now for
+// an attempt sent then, and returns now.
+func cutAtTheCeiling(t *testing.T, p *Pacer, now time.Duration) time.Duration {
+	t.Helper()
+	r := p.Rate()
+	if c := p.Observe(now, Reply{Status: http.StatusTooManyRequests, Sent: now}, 1); c.Cause != CauseCut || p.Rate() >= r {
+		t.Fatalf("429 at the configured rate %v: cause %q, rate %v; want a cut", r, c.Cause, p.Rate())
+	}
+	return now
+}
+
+// atTheEdge has p refused at now, for an attempt sent then and named no
+// Retry-After, then has the server accept an attempt every 50 ms for 3 s,
+// and reports whether the refusal was read as one at the edge of the
+// server's limit: the lane creeps back toward the pace refused, and is
+// still under it, where a refusal read as a guess's is probed past within
+// a second or two.
+func atTheEdge(p *Pacer, now time.Duration) bool {
+	refused := p.Rate()
+	p.Observe(now, Reply{Status: http.StatusTooManyRequests, Sent: now}, 1)
+	for end := now + 3*time.Second; now < end; {
+		now += 50 * time.Millisecond
+		p.Settle(now, now, verdict.Served)
+	}
+	return p.Rate() < refused
+}
+
 // TestRunCountsAttemptsSentAfterCut: only an attempt sent after the last
-// cut counts toward the run of accepted responses: answers to attempts
-// already on their way say nothing of the new pace. Both count toward the
-// acceptance rate.
+// cut counts toward the run of accepted responses that makes the next 429
+// one at the edge: answers to attempts already on their way say nothing of
+// the new pace. Both count toward the acceptance rate.
 func TestRunCountsAttemptsSentAfterCut(t *testing.T) {
-	p := New(10, 1, time.Minute, true, 0)
-	cut := time.Minute
-	c := p.Observe(cut, Reply{Status: http.StatusTooManyRequests, Sent: cut - time.Millisecond}, 1)
-	if c.Cause != CauseCut || p.fb.failAt != cut || p.Rate() >= 10 {
-		t.Fatalf("429 at the configured rate: cause %q, cut at %v, rate %v; want a cut at %v", c.Cause, p.fb.failAt, p.Rate(), cut)
-	}
-	p.Settle(cut+time.Second, cut-time.Millisecond, verdict.Served)
-	if p.fb.okRun != 0 {
-		t.Errorf("an answer to an attempt sent before the cut counted: run %d", p.fb.okRun)
-	}
-	p.Settle(cut+time.Second, cut+time.Millisecond, verdict.Served)
-	if p.fb.okRun != 1 {
-		t.Errorf("an answer to an attempt sent after the cut: run %d, want 1", p.fb.okRun)
-	}
-	if got := p.Accepted(cut + time.Second); got != 2 {
-		t.Errorf("accepted %d, want 2: both answers count toward the acceptance rate", got)
+	for _, c := range []struct {
+		before int // of the edgeRun answers, those to attempts sent before the cut
+		edge   bool
+	}{{0, true}, {1, false}} {
+		p := New(10, 1, time.Minute, true, 0)
+		cut := cutAtTheCeiling(t, &p, time.Minute)
+		now := cut
+		for i := range edgeRun {
+			now += 50 * time.Millisecond
+			sent := now
+			if i < c.before {
+				sent = cut - time.Millisecond
+			}
+			p.Settle(now, sent, verdict.Served)
+		}
+		if got := p.Accepted(now); got != edgeRun {
+			t.Errorf("accepted %d, want %d: every answer counts toward the acceptance rate", got, edgeRun)
+		}
+		if got := atTheEdge(&p, now+50*time.Millisecond); got != c.edge {
+			t.Errorf("%d answers, %d to attempts sent before the cut: the next 429 at the edge %v, want %v",
+				edgeRun, c.before, got, c.edge)
+		}
 	}
 }
 
@@ -153,11 +210,21 @@ func TestPacerPending(t *testing.T) {
 	if !p.Pending(0) || p.Pending(100*time.Millisecond) {
 		t.Errorf("a token short: pending %v, a token's time later %v; want true, false", p.Pending(0), p.Pending(100*time.Millisecond))
 	}
-	// A bucket's quota, finer than the second: 5/s, for 2 s.
+	// A bucket's quota, finer than the second: it refills 4.5 a second
+	// (the missing 5, less half a token, over the second to its reset),
+	// holds 10, and paces the lane for the time it takes to fill.
 	q := headers.Quota{Limit: 10, Remaining: 5, Reset: time.Second, Source: "openai"}
 	p.Observe(time.Second, Reply{Status: http.StatusOK, Sent: time.Second, Quota: q, HasQuota: true}, 1)
-	if p.fb.header == 0 || !p.Pending(2*time.Second) || p.Pending(p.fb.headerUntil) {
-		t.Errorf("header rate %v until %v: pending while it holds, not after", p.fb.header, p.fb.headerUntil)
+	rho := 4.5
+	until := time.Second + time.Duration(10/rho*float64(time.Second))
+	if want := rho * (1 + 4.0/10); math.Abs(p.Rate()-want) > 1e-9 {
+		t.Fatalf("header rate %v, want %v", p.Rate(), want)
+	}
+	// The lane's bucket is full again by then: what is pending is the
+	// header rate.
+	if !p.Pending(2*time.Second) || !p.Pending(until-time.Millisecond) || p.Pending(until) {
+		t.Errorf("header rate until %v: pending at 2s %v, just before %v, at its end %v; want true, true, false",
+			until, p.Pending(2*time.Second), p.Pending(until-time.Millisecond), p.Pending(until))
 	}
 }
 
@@ -185,7 +252,9 @@ func TestPacerTakeAndRefund(t *testing.T) {
 }
 
 // TestPacerShare: a Leaser's share paces the lane with its own bucket:
-// nothing before the first grant, then the lower of the two rates.
+// nothing before the first grant, then the lower of the two rates. A share
+// set to a larger burst holds no more yet; a take the lane's bucket refuses
+// leaves the share as it was, and a refund gives a token back to both.
 func TestPacerShare(t *testing.T) {
 	p := New(100, 1, time.Minute, true, 0)
 	if p.Sharing() {
@@ -202,16 +271,33 @@ func TestPacerShare(t *testing.T) {
 	if d := p.TokenDelay(0); d != 100*time.Millisecond {
 		t.Errorf("next token in %v, want the share's 100ms", d)
 	}
-	// A larger burst does not fill the share; a take the lane's bucket
-	// refuses leaves the share as it was.
-	p.SetShare(time.Second, 1000, 5)
-	p.lim.drain(time.Second)
-	if p.Take(time.Second, false) || p.Held(time.Second) != 0 || p.share.tokensAt(time.Second) != 1 {
-		t.Errorf("the lane's bucket refused: share holds %v, want 1", p.share.tokensAt(time.Second))
+	// Set to 1/s and a burst of 5 holding its one token: one grant, and
+	// the next a second later, not at the lane's next token.
+	now := time.Second
+	p.SetShare(now, 1, 5)
+	if !p.Take(now, false) || p.Take(now+10*time.Millisecond, false) {
+		t.Error("a share set to a burst of 5 holding one token: want one grant, then none at the lane's next token")
 	}
-	p.Refund(time.Second, true, p.Granted())
-	if p.lim.tokensAt(time.Second) != 1 || p.share.tokensAt(time.Second) != 2 {
-		t.Errorf("refund: bucket %v, share %v; want 1 and 2", p.lim.tokensAt(time.Second), p.share.tokensAt(time.Second))
+	if d := p.TokenDelay(now); d != time.Second {
+		t.Errorf("next token in %v, want the share's 1s", d)
+	}
+	// Five seconds on, the share is full (5) and the lane's bucket holds
+	// one. A second take at once is refused by the lane's bucket, and the
+	// first is given back: the share holds 5 again, and the lane is
+	// granted one a token's time (10 ms) until it has spent them.
+	now = 6 * time.Second
+	if !p.Take(now, false) || p.Take(now, false) {
+		t.Fatal("want one grant, then the lane's bucket empty")
+	}
+	p.Refund(now, true, p.Granted())
+	var granted []int // the grants, in tokens' time of the lane
+	for i := range 10 {
+		if p.Take(now+time.Duration(i)*10*time.Millisecond, false) {
+			granted = append(granted, i)
+		}
+	}
+	if !slices.Equal(granted, []int{0, 1, 2, 3, 4}) {
+		t.Errorf("after the refund, grants at tokens %v of the lane; want 0-4, one at once and the share's 5 spent", granted)
 	}
 }
 
@@ -256,40 +342,15 @@ func TestPacerFirstEstimateOnFirstAcceptance(t *testing.T) {
 	if want := 1 - throttleMargin; moved != CauseCut || !p.Paced() || math.Abs(p.Rate()-want) > 1e-9 {
 		t.Fatalf("first acceptance after the 429: moved %q, paced %v, rate %v; want paced at %v", moved, p.Paced(), p.Rate(), want)
 	}
-	if !p.fb.probing {
-		t.Error("the first estimate is not probed upward")
+	// Later acceptances do not estimate again: they let the rate climb.
+	if moved, _ := p.Settle(30*time.Millisecond, 0, verdict.Served); moved != CauseRecovery {
+		t.Errorf("a later acceptance: moved %q, want %q", moved, CauseRecovery)
 	}
-	// Later acceptances do not estimate again.
-	p.Settle(30*time.Millisecond, 0, verdict.Served)
-	if p.fb.failAt != 20*time.Millisecond {
-		t.Errorf("cut again at %v", p.fb.failAt)
-	}
-}
-
-// TestPacerProbeCrossingIsTheEdge: a lane probing up from a guess that the
-// server took until a 429 crossed the limit just then: the failed rate is
-// the middle of the last two paces' step, whatever the run's length, and the
-// lane creeps from under it rather than probing on.
-func TestPacerProbeCrossingIsTheEdge(t *testing.T) {
-	var f feedback = newFeedback(0, 0)
-	f.throttle, f.fail, f.probing, f.okRun, f.failAt = 50, 20, true, 3, 0
-	f.cut(time.Second, refusal{sent: time.Second, pace: 50, ra: time.Second})
-	want := 50 * math.Pow(firstProbe, -0.5/50)
-	if math.Abs(f.fail-want) > 1e-9 || !f.edge || f.probing || f.creep == 0 {
-		t.Errorf("fail %v edge %v probing %v creep %v; want fail %v at the edge, creeping", f.fail, f.edge, f.probing, f.creep, want)
-	}
-	if f.throttle >= want || f.throttle < 0.85*want {
-		t.Errorf("throttle %v, want a cut under %v", f.throttle, want)
-	}
-
-	// The refused request was sent 20 ms before its answer: the probe
-	// crossed at the pace then, 2.8% under the pace at the answer.
-	f = newFeedback(0, 0)
-	f.throttle, f.fail, f.probing, f.okRun, f.failAt, f.cutTo = 50, 20, true, 3, 0, 20
-	f.cut(time.Second, refusal{sent: time.Second - 20*time.Millisecond, pace: 50, ra: time.Second})
-	then := 50 * math.Pow(firstProbe, -0.02)
-	if want := then * math.Pow(firstProbe, -0.5/then); math.Abs(f.fail-want) > 1e-9 {
-		t.Errorf("refused 20 ms after it was sent: fail %v, want %v, half a token under the pace then (%v)", f.fail, want, then)
+	// The first estimate is probed upward: a second after the cooldown,
+	// the rate is firstProbe times as high, not a fifth higher.
+	p.Settle(2*time.Second+time.Millisecond, time.Second, verdict.Served)
+	if want := firstProbe * (1 - throttleMargin); p.Rate() < 0.99*want {
+		t.Errorf("a second after the cooldown: rate %v, want about %v", p.Rate(), want)
 	}
 }
 
@@ -318,19 +379,13 @@ func TestPacerCutsToCountedRefill(t *testing.T) {
 	if c.Cause != CauseCut {
 		t.Fatalf("429: %+v, want a cut", c)
 	}
-	if p.fb.fail < 45 || p.fb.fail > 56 {
-		t.Errorf("failed rate %v, want the refill counted, about 50", p.fb.fail)
-	}
-	if p.Rate() > 0.9*p.fb.fail*1.001 {
-		t.Errorf("rate %v, want at most 0.9 x %v", p.Rate(), p.fb.fail)
+	if r := p.Rate(); r < throttleCutKnown*45 || r > throttleCutKnown*56 {
+		t.Errorf("rate %v, want %v of the refill counted, about 50", r, throttleCutKnown)
 	}
 	// Counted over 180 ms to a refusal, the refill is rough: a window's
 	// first fill spent fast reads the same. The lane probes up from it
-	// rather than creeping for minutes (before: a sliding window at 2R
-	// held at 0.18 of R, nothing refused).
-	if !p.fb.probing || p.fb.edge {
-		t.Errorf("probing %v, edge %v after a cut to a rough count; want a probe, not an edge", p.fb.probing, p.fb.edge)
-	}
+	// rather than creeping for minutes from an edge (a sliding window at
+	// 2R held at 0.18 of R, nothing refused).
 	before := p.Rate()
 	p.Settle(at+2*time.Second, at+1500*time.Millisecond, verdict.Served)
 	if p.Rate() < 2*before {
@@ -363,27 +418,31 @@ func TestPacerFollowsARecountedRefill(t *testing.T) {
 	accept(20, 1200*time.Millisecond, 30)
 	p.Observe(now, Reply{Status: http.StatusTooManyRequests, Sent: now, HasRA: true, RetryAfter: time.Second,
 		HasQuota: true, Quota: q(0)}, 1)
-	if f := p.fb.fail; f < 19 || f > 21 || !p.fb.counted {
-		t.Fatalf("429: failed rate %v (counted %v), want the refill counted, 20", f, p.fb.counted)
+	// The failed rate is the refill counted, 20/s, and the last quota
+	// showed tokens to spare: the lane paces a step over it.
+	if r := p.Rate(); r < 19*(1+recountStep) || r > 21*(1+recountStep) {
+		t.Fatalf("429: rate %v, want a step over the refill counted, %v", r, 20*(1+recountStep))
 	}
 	now += time.Second // the cooldown
 	accept(20, 100*time.Millisecond, 30)
 	// A step over the failed rate, not the quotas' whole pace (31.6/s):
 	// a window's carry spent as a burst after each cooldown is refused.
 	if want := 20 * (1 + recountStep); math.Abs(p.Rate()-want) > 1e-6 {
-		t.Errorf("29 tokens to spare: rate %v, want a step over the failed rate %v (throttle %v, quotas' pace %v)",
-			p.Rate(), want, p.fb.throttle, p.fb.header)
+		t.Errorf("29 tokens to spare: rate %v, want a step over the failed rate, %v", p.Rate(), want)
 	}
-	// The window's count falls by what the faster pace holds, then counts it.
+	// The window's count falls by what the faster pace holds, then counts
+	// it: the failed rate is 30/s, and the lane paces a step over it.
 	accept(30, 2200*time.Millisecond, 20)
-	if f := p.fb.fail; f < 29 || f > 31 {
-		t.Errorf("counted 30/s with tokens to spare: failed rate %v, want 30", f)
+	failed := p.Rate() / (1 + recountStep)
+	if failed < 29 || failed > 31 {
+		t.Errorf("counted 30/s with tokens to spare: rate %v, want a step over 30/s, %v", p.Rate(), 30*(1+recountStep))
 	}
+	// With no token to spare, the step goes: the lane paces at the plateau
+	// under the failed rate (creeping up from it), not at the count.
 	accept(30, 100*time.Millisecond, 1)
-	if p.fb.spare || p.Rate() < 0.97*30 {
-		t.Errorf("no token to spare: rate %v (spare %v), want the plateau under 30", p.Rate(), p.fb.spare)
+	if r := p.Rate(); r < (1-throttleMargin)*failed || r > (1-throttleMargin/2)*failed {
+		t.Errorf("no token to spare: rate %v, want the plateau under %v, %v", r, failed, (1-throttleMargin)*failed)
 	}
-
 }
 
 // TestPacerPacesASlidingWindowAtItsLimit: once the quotas show a sliding
@@ -400,9 +459,9 @@ func TestPacerPacesASlidingWindowAtItsLimit(t *testing.T) {
 	for _, c := range []struct {
 		name string
 		// cut makes the pacer's first cut, and returns when it ended.
-		cut func(p *Pacer) time.Duration
+		cut func(t *testing.T, p *Pacer) time.Duration
 	}{
-		{"a cut before it was told apart", func(p *Pacer) time.Duration {
+		{"a cut before it was told apart", func(t *testing.T, p *Pacer) time.Duration {
 			// The first window: remaining falls from 40 to 20 while 24
 			// are sent over 0.84 s, then a refusal, before the window's
 			// instant came.
@@ -413,39 +472,57 @@ func TestPacerPacesASlidingWindowAtItsLimit(t *testing.T) {
 				p.Observe(at, Reply{Status: http.StatusOK, Sent: now, HasQuota: true, Quota: sliding(at, int64(40-i*20/24))}, 1)
 				now += 35 * time.Millisecond
 			}
-			p.Observe(now, Reply{Status: http.StatusTooManyRequests, Sent: now, HasRA: true, RetryAfter: time.Second,
+			// A window told sliding would explain its exhausted count: no
+			// cut.
+			c := p.Observe(now, Reply{Status: http.StatusTooManyRequests, Sent: now, HasRA: true, RetryAfter: time.Second,
 				HasQuota: true, Quota: sliding(now, 0)}, 1)
-			if p.fb.throttle == 0 || p.quota.kind == kindSliding {
-				t.Fatalf("429: throttle %v, kind %v; want a cut before the window is told apart", p.fb.throttle, p.quota.kind)
+			if c.Cause != CauseCut {
+				t.Fatalf("429: cause %q; want a cut before the window is told apart", c.Cause)
 			}
 			return now
 		}},
-		{"an edge cut", func(p *Pacer) time.Duration {
-			// A refusal at 17/s after a run the server took.
+		{"an edge cut", func(t *testing.T, p *Pacer) time.Duration {
+			// The lane comes down to the limit by refusals at the edge,
+			// each after a run the server took, to one under 20/s.
 			now := 2 * time.Second
-			p.fb.okRun = edgeRun
-			p.fb.cut(now, refusal{sent: now, pace: 17})
-			p.applyRate(now)
-			if !p.fb.edge || p.fb.throttle > 17 || p.Rate() > 17 {
-				t.Fatalf("429: throttle %v (edge %v), want an edge cut under 17", p.fb.throttle, p.fb.edge)
+			for p.Rate() >= 20 {
+				if c := p.Observe(now, Reply{Status: http.StatusTooManyRequests, Sent: now}, 1); c.Cause != CauseCut {
+					t.Fatalf("429 at %v: %+v, want a cut", now, c)
+				}
+				for range edgeRun + 5 {
+					now += 50 * time.Millisecond
+					p.Settle(now, now, verdict.Served)
+				}
 			}
-			return now
+			// Its creep would hold the lane under 20/s for minutes.
+			if !atTheEdge(p, now) || p.Rate() >= 20 {
+				t.Fatalf("rate %v; want an edge cut under 20/s", p.Rate())
+			}
+			return now + 3*time.Second
 		}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			p := New(100, 1, time.Minute, true, 0)
-			now := c.cut(&p) + time.Second // the cooldown
+			now := c.cut(t, &p) + time.Second // the cooldown
 			step := time.Second / 20
 			for end := now + 3500*time.Millisecond; now < end; now += step {
 				at := now + 20*time.Millisecond
 				p.Settle(at, now, verdict.Served)
 				p.Observe(at, Reply{Status: http.StatusOK, Sent: now, HasQuota: true, Quota: sliding(at, 20)}, 1)
 			}
-			if p.quota.kind != kindSliding || p.quota.window != time.Second {
-				t.Fatalf("kind %v, window %v; want a sliding window of 1s", p.quota.kind, p.quota.window)
+			// Told a sliding window of 1 s (see TestQuotaKinds), the lane
+			// paces at its limit less two, over the window, whatever the
+			// cut before it said.
+			if math.Abs(p.Rate()-48) > 1e-9 {
+				t.Errorf("rate %v, want the window's 48/s", p.Rate())
 			}
-			if p.fb.throttle != 0 || math.Abs(p.Rate()-48) > 1e-9 {
-				t.Errorf("rate %v (throttle %v), want the window's 48/s, the cut gone", p.Rate(), p.fb.throttle)
+			// The cut is gone: once the window's pace lapses (an answer
+			// with no quota, a window later), the lane paces at its
+			// configured rate.
+			now += 2 * time.Second
+			p.Settle(now, now, verdict.Served)
+			if p.Rate() != 100 {
+				t.Errorf("with no quota for a window: rate %v, want the configured 100/s, the cut gone", p.Rate())
 			}
 		})
 	}
@@ -506,10 +583,7 @@ func TestPacerSpacesGrantsFromWrites(t *testing.T) {
 	}
 	cut := func(local bool) *Pacer {
 		p := New(50, 1, time.Minute, local, 0)
-		p.Observe(time.Second, Reply{Status: http.StatusTooManyRequests, Sent: time.Second}, 1)
-		if p.fb.fail == 0 {
-			t.Fatal("a 429 at the configured rate made no cut")
-		}
+		cutAtTheCeiling(t, &p, time.Second)
 		return &p
 	}
 
@@ -592,9 +666,11 @@ func TestPacerCutsAtTheKeptPace(t *testing.T) {
 			}
 			at += c.every
 		}
+		// A refusal at the edge cuts to throttleCutKnown of the pace that
+		// failed.
 		p.Observe(at, Reply{Status: http.StatusTooManyRequests, Sent: at - c.every}, 1)
-		if p.fb.fail < c.min || p.fb.fail > c.max {
-			t.Errorf("%s: failed rate %.2f, want %v-%v", c.name, p.fb.fail, c.min, c.max)
+		if failed := p.Rate() / throttleCutKnown; failed < c.min || failed > c.max {
+			t.Errorf("%s: rate %.2f, the failed rate %.2f; want %v-%v", c.name, p.Rate(), failed, c.min, c.max)
 		}
 	}
 }
@@ -609,14 +685,35 @@ func TestPacerStrictPlateau(t *testing.T) {
 	// limit they state: a limit of 50 with nothing ever remaining is a
 	// rate (redis_rate's), and the server is strict.
 	for _, c := range []struct {
-		limit, held int64
-		want        float64
-	}{{0, 0, 49}, {1, 0, 49}, {50, 0, 49}, {2, 1, 0}, {50, 49, 0}} {
-		p := New(100, 1, time.Minute, true, 0)
-		p.fb.fail, p.fb.margin = 50, 0.02
-		p.quota.limit, p.quota.held = c.limit, c.held
-		if got := p.strictPlateau(); got != c.want {
-			t.Errorf("limit %d, %d seen remaining: plateau %v, want %v", c.limit, c.held, got, c.want)
+		limit, held int64 // the quota stated; limit 0: none
+		strict      bool
+	}{{0, 0, true}, {1, 0, true}, {50, 0, true}, {2, 1, false}, {50, 49, false}} {
+		// Refused at 50/s, the lane's plateau is 49/s, and it paces there
+		// once the ramp is over.
+		p := New(50, 1, time.Minute, true, 0)
+		now := cutAtTheCeiling(t, &p, time.Second)
+		if c.limit > 0 {
+			p.Observe(now, Reply{Status: http.StatusOK, Sent: now, HasQuota: true,
+				Quota: headers.Quota{Limit: c.limit, Remaining: c.held, Reset: time.Second, Coarse: true, Source: "x-ratelimit"}}, 1)
+		}
+		now += throttleRamp + time.Second
+		p.Settle(now, now, verdict.Served)
+		if want := (1 - throttleMargin) * 50; math.Abs(p.Rate()-want) > 1e-9 {
+			t.Fatalf("limit %d, %d seen remaining: rate %v, want the plateau %v", c.limit, c.held, p.Rate(), want)
+		}
+		// A grant on time, then one whose dispatcher woke half a token
+		// late: a strict server's next grant is a whole token after the
+		// late one, else a token after the one it was due at.
+		one := TokenTime(p.Rate())
+		if !p.Take(now, false) || !p.Take(now+one+one/2, true) {
+			t.Fatalf("limit %d, %d seen remaining: no grant on time", c.limit, c.held)
+		}
+		want := one / 2
+		if c.strict {
+			want = one
+		}
+		if d := p.TokenDelay(now + one + one/2); (d - want).Abs() > time.Microsecond {
+			t.Errorf("limit %d, %d seen remaining: next grant %v after the late one, want %v", c.limit, c.held, d, want)
 		}
 	}
 }

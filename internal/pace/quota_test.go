@@ -267,3 +267,22 @@ func TestQuotaSlidingFromOneStep(t *testing.T) {
 		t.Errorf("counted a refill of %.1f/s", m.counts)
 	}
 }
+
+// TestQuotaStatesBurst: the quotas show a burst when a request left one or
+// more remaining, whatever the limit they state: a limit of 50 with
+// nothing ever remaining is a rate (redis_rate's), not a bucket's size.
+func TestQuotaStatesBurst(t *testing.T) {
+	for _, c := range []struct {
+		limit, remaining int64
+		burst            bool
+	}{{1, 0, false}, {50, 0, false}, {2, 1, true}, {50, 49, true}} {
+		var m quotaModel
+		if m.statesBurst() {
+			t.Fatal("a burst before any quota")
+		}
+		m.observe(time.Second, time.Second, quotaAt("x-ratelimit", c.limit, c.remaining, time.Second, true), 1)
+		if got := m.statesBurst(); got != c.burst {
+			t.Errorf("limit %d, %d remaining: burst %v, want %v", c.limit, c.remaining, got, c.burst)
+		}
+	}
+}
