@@ -22,7 +22,8 @@ import (
 
 // fixedWindow is a window of limit requests per per that refills all at
 // once, its first window starting at the first request: ulule/limiter's
-// memory store (reset the Unix time the window ends, truncated to the
+// memory store (each window starting at the first request after the last
+// one ended, reset the Unix time the window ends, truncated to the
 // second, and no Retry-After) or, with date set, sethvargo/go-limiter's
 // memorystore (reset and Retry-After the window's end as time.RFC1123 in
 // UTC).
@@ -47,6 +48,11 @@ func (w *fixedWindow) Admit(now time.Time, _ *http.Request) upstream.Decision {
 		}
 		for now.Sub(w.start) >= w.per {
 			w.start = w.start.Add(w.per)
+		}
+		if !w.date {
+			// ulule's memory store starts a window at the first
+			// request after the last one expired.
+			w.start = now
 		}
 		w.n = 0
 	}

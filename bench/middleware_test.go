@@ -11,11 +11,12 @@ import (
 )
 
 // TestRealMiddlewareBesidePeers guards sluice against the real middleware
-// at 50/s with a window of a second, on real loopback: every sluice
-// client (at R, with no WithRate, at 2R) beside x/time/rate + 16 slots at
-// R, one run after another in the same test (runs in parallel would share
-// the two cores and distort each other), 5 s runs with the second half
-// measured. The bounds are ratios to the pair with slack for a loaded
+// with a window of a second, at each of realRates, on real loopback:
+// every sluice client (at R, with no WithRate, at 2R) beside x/time/rate
+// + 16 slots at R, one run after another in the same test (runs in
+// parallel would share the two cores and distort each other), with the
+// second half measured: 5 s runs, 8 s at 10/s so that the half holds 40
+// requests. The bounds are ratios to the pair with slack for a loaded
 // runner, never absolute rates: sluice serves at least floor × what the
 // pair serves, and refuses at most 2% of its attempts more than the pair
 // does.
@@ -29,7 +30,15 @@ func TestRealMiddlewareBesidePeers(t *testing.T) {
 	if testing.Short() {
 		t.Skip("real-clock runs")
 	}
-	besidePeers(t, realAt50, 6, 5*time.Second)
+	for _, r := range realRates {
+		t.Run(fmt.Sprintf("%d per second", r), func(t *testing.T) {
+			d := 5 * time.Second
+			if r < 20 {
+				d = 8 * time.Second
+			}
+			besidePeers(t, realAt(r), 6, d)
+		})
+	}
 }
 
 // TestRealMinuteWindowsBesidePeers is TestRealMiddlewareBesidePeers for the
@@ -40,7 +49,11 @@ func TestRealMinuteWindowsBesidePeers(t *testing.T) {
 	if testing.Short() {
 		t.Skip("real-clock runs")
 	}
-	besidePeers(t, realMinuteAt50, 3, 18*time.Second)
+	for _, r := range realRates {
+		t.Run(fmt.Sprintf("%d per second", r), func(t *testing.T) {
+			besidePeers(t, realMinuteAt(r), 3, 18*time.Second)
+		})
+	}
 }
 
 // besidePeers runs the n models whose names match models against each
@@ -83,12 +96,17 @@ func besidePeers(t *testing.T, models string, n int, d time.Duration) {
 	t.Logf("%v runs, second half:\n| server | x/time/rate at R + 16 slots | sluice at R | sluice, no WithRate | sluice at 2R |\n%s", d, table.String())
 }
 
-// realMinuteAt50 selects the real middleware that count in windows, at
-// 50/s with a window of a minute scaled.
-const realMinuteAt50 = `^(go-chi/httprate|sethvargo/go-limiter|ulule/limiter), 300 per 6s \(a minute scaled\)$`
+// realMinuteAt selects the real middleware that count in windows, at r
+// requests a second with a window of a minute scaled.
+func realMinuteAt(r int) string {
+	return fmt.Sprintf(`^(go-chi/httprate|sethvargo/go-limiter|ulule/limiter), %d per %v \(a minute scaled\)$`, r*60/minuteScale, minuteWindow)
+}
 
-// realAt50 selects the real middleware at 50/s with a window of a second.
-const realAt50 = `^(throttled GCRA, MaxBurst 5, 50/s|go-chi/httprate, 50 per 1 s|sethvargo/go-limiter, 50 per 1 s|ulule/limiter "50-S"|didip/tollbooth, 50/s|go-redis/redis_rate PerSecond\(50\))$`
+// realAt selects the real middleware at r requests a second with a window
+// of a second.
+func realAt(r int) string {
+	return fmt.Sprintf(`^(throttled GCRA, MaxBurst 5, %[1]d/s|go-chi/httprate, %[1]d per 1 s|sethvargo/go-limiter, %[1]d per 1 s|ulule/limiter "%[1]d-S"|didip/tollbooth, %[1]d/s|go-redis/redis_rate PerSecond\(%[1]d\))$`, r)
+}
 
 // realGaps are the cells of TestRealMiddlewareBesidePeers where sluice
 // is known to fall short of x/time/rate, by a regexp on the model's name
@@ -119,15 +137,17 @@ func realFloor(m, c string) (floor, refused float64) {
 }
 
 func TestRealGapsMatch(t *testing.T) {
-	ms, cs, err := selectRuns(realAt50, "^sluice")
-	if err != nil {
-		t.Fatal(err)
+	var ms []model
+	var cs []client
+	for _, r := range realRates {
+		for sel, n := range map[string]int{realAt(r): 6, realMinuteAt(r): 3} {
+			m, c, err := selectRuns(sel, "^sluice")
+			if err != nil || len(m) != n {
+				t.Fatalf("%s selects %d models (%v), want %d", sel, len(m), err, n)
+			}
+			ms, cs = append(ms, m...), c
+		}
 	}
-	minute, _, err := selectRuns(realMinuteAt50, "^sluice")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ms = append(ms, minute...)
 	for _, g := range realGaps {
 		n := 0
 		for _, m := range ms {
