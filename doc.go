@@ -25,8 +25,11 @@
 // Retry-After, else until the exhausted quota (requests or tokens) comes
 // back. A Retry-After that outlasts the reset of the quota the refusal
 // exhausted (go-chi/httprate names its whole window) pauses until that
-// reset; should the server refuse the first attempt sent after it, every
-// later Retry-After of the lane holds in full. An overload (529, or 502/503/504 without Retry-After, or a stream
+// reset, and one of a second whose quota is full again within it (a
+// GCRA's wait rounded up, as throttled and redis_rate send it) pauses for
+// one request's share of it; should the server refuse the first attempt
+// sent after such a pause, every later Retry-After of the lane holds in
+// full. An overload (529, or 502/503/504 without Retry-After, or a stream
 // whose first event says so) is no latency sample and cuts the in-flight
 // limit. No other body is looked at. A 429 that no quota explains lowers its pace, and from then
 // on, unless the server's quotas state a burst, the lane also spaces each

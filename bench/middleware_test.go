@@ -118,8 +118,6 @@ var realGaps = []struct {
 	refused       float64 // % of attempts refused beyond the pair's
 	why           string
 }{
-	{"^go-chi/httprate, 300 per 6s", "at 2R", 0.5, 4,
-		"a lane at 2R spends a window's count before the sliding window is told apart, and waits out the whole-window Retry-After of its refusal; 18 s runs measure 0.72 of R with 2% refused"},
 	{"^sethvargo/go-limiter", "no WithRate", 0.5, 2,
 		"a cold lane with no WithRate tells the window apart at a refill it sees; most 5 s runs measure 1.00 of R, one in about ten 0.58, the window not yet told apart in the measured half"},
 }

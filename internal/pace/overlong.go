@@ -34,23 +34,47 @@ const meant = time.Duration(math.MaxInt64)
 func newOverlong() overlong { return overlong{probe: longAgo} }
 
 // wait returns how long after now a refusal that states ra and the quota q,
-// with nothing remaining, pauses the lane: ra, or the time until q's stated
-// reset and its grain when that is shorter. It records the shortened wait's
-// end.
-func (o *overlong) wait(now, ra time.Duration, q headers.Quota) time.Duration {
-	if o.probe == meant || q.Reset <= 0 && q.Passed <= 0 {
+// with nothing remaining, pauses the lane: ra, or less where q says the
+// server takes a request sooner (see sooner). windowed says the quotas
+// were told to be a window's. It records a shortened wait's end.
+func (o *overlong) wait(now, ra time.Duration, q headers.Quota, windowed bool) time.Duration {
+	if o.probe == meant {
 		return ra
 	}
-	until := q.Reset - q.Passed // one of the two is 0
-	if q.Coarse {
-		// Stated to the second, the true reset may be a second later
-		// (a window's end truncated, as httprate's is) or earlier.
-		until += time.Second
-	}
+	until := sooner(ra, q, windowed)
 	if until <= 0 || until >= ra {
 		return ra
 	}
 	o.probe = max(o.probe, now+until)
+	return until
+}
+
+// sooner returns when q says the server takes a request again, if that is
+// before ra, else ra: at its reset and the reset's grain, where ra outlasts
+// that; and, for a Retry-After of one second that the quota, of more than
+// one request and not told to be a window's, says is the time to refill
+// within a second, one request's share of that time. throttled and
+// redis_rate round a GCRA's waits up to the second (Retry-After: 1 and a
+// reset of 1 where the next request is a few milliseconds away); a bucket
+// full again within its reset refills at least limit per reset. A window
+// not yet told, which refills only at its reset, refuses the attempt sent
+// then, and the lane honours every Retry-After after.
+func sooner(ra time.Duration, q headers.Quota, windowed bool) time.Duration {
+	until := ra
+	if q.Reset > 0 || q.Passed > 0 {
+		at := q.Reset - q.Passed // one of the two is 0
+		if q.Coarse {
+			// Stated to the second, the true reset may be a second later
+			// (a window's end truncated, as httprate's is) or earlier.
+			at += time.Second
+		}
+		if at > 0 {
+			until = min(until, at)
+		}
+	}
+	if !windowed && q.Limit > 1 && ra == time.Second && q.Reset > 0 && q.Reset <= ra {
+		until = min(until, q.Reset/time.Duration(q.Limit))
+	}
 	return until
 }
 

@@ -461,7 +461,7 @@ func (p *Pacer) Observe(now time.Duration, r Reply, inFlight int) Change {
 		// refusal waits until one has.
 		c.Cool = p.Cool(now, now+min(r.RetryAfter, p.quota.refusalWait(now, r.Quota)), "retry-after")
 	case r.HasRA && exhausted:
-		c.Cool = p.Cool(now, now+p.ra.wait(now, r.RetryAfter, r.Quota), "retry-after")
+		c.Cool = p.Cool(now, now+p.ra.wait(now, r.RetryAfter, r.Quota, p.quota.windowed()), "retry-after")
 	case r.HasRA:
 		c.Cool = p.Cool(now, now+r.RetryAfter, "retry-after")
 	case tokensOut && r.Tokens.Reset > 0:
