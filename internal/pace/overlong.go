@@ -11,13 +11,14 @@ import (
 // quota the refusal exhausted. go-chi/httprate answers every refusal with
 // a Retry-After of its whole window (a minute, by its documentation's
 // set-up), whatever its count, which falls as the window moves, and its
-// X-RateLimit-Reset states when the current window ends. Where a
-// Retry-After outlasts the stated reset by more than the reset's grain,
-// the lane waits only until the reset and its grain; the first answer to
-// an attempt sent after that says which was meant. An acceptance confirms
-// the reset; a refusal says the server meant its Retry-After (a penalty,
-// or a limit the quota does not describe), and every Retry-After after it
-// is honoured in full.
+// X-RateLimit-Reset states when the current window ends; throttled and
+// redis_rate round a GCRA's wait of milliseconds up to a Retry-After of a
+// second. Where the quota says the server takes a request sooner (see
+// sooner), the lane waits only until then; the first answer to an attempt
+// sent after that says which was meant. An acceptance confirms the quota;
+// a refusal says the server meant its Retry-After (a penalty, or a limit
+// the quota does not describe), and every Retry-After after it is
+// honoured in full.
 //
 // The zero value is not ready: use newOverlong. It holds no lock.
 type overlong struct {
