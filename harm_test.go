@@ -545,3 +545,69 @@ func TestSlidingWindowOfAMinute(t *testing.T) {
 		}
 	}
 }
+
+// penaltyBox is a window of limit requests per per, aligned to the Unix
+// clock, whose server, once a request exceeds a window, refuses everything
+// for penalty and means it: every refusal states Retry-After until the
+// penalty ends, with remaining 0 and the window's end (a Unix time) as its
+// reset, which comes far sooner. It counts what it accepted and refused.
+type penaltyBox struct {
+	limit        int
+	per, penalty time.Duration
+
+	mu                 sync.Mutex
+	start, until       time.Time
+	n                  int
+	accepted, refusals int
+}
+
+func (b *penaltyBox) Rate() float64 { return float64(b.limit) / b.per.Seconds() }
+
+func (b *penaltyBox) Admit(now time.Time, _ *http.Request) upstream.Decision {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if start := now.Truncate(b.per); !start.Equal(b.start) {
+		b.start, b.n = start, 0
+	}
+	ok := !now.Before(b.until) && b.n < b.limit
+	if ok {
+		b.n++
+		b.accepted++
+	} else {
+		b.refusals++
+		if !now.Before(b.until) {
+			b.until = now.Add(b.penalty)
+		}
+	}
+	h := http.Header{}
+	h.Set("X-RateLimit-Limit", strconv.Itoa(b.limit))
+	h.Set("X-RateLimit-Remaining", strconv.Itoa(b.limit-b.n))
+	h.Set("X-RateLimit-Reset", strconv.FormatInt(b.start.Add(b.per).Unix(), 10))
+	if !ok {
+		h.Set("X-RateLimit-Remaining", "0")
+		h.Set("Retry-After", strconv.Itoa(int((b.until.Sub(now)+time.Second-1)/time.Second)))
+	}
+	return upstream.Decision{Accepted: ok, Header: h}
+}
+
+// TestRetryAfterMeant guards the other side of reading a Retry-After
+// against its quota's reset: a server whose Retry-After (a 30 s penalty)
+// outlasts the reset it states (the end of a window of a second) means it.
+// A lane at twice its rate waits for the reset once, is refused for the
+// attempts it sends then, and honours every Retry-After after: over two
+// minutes it is served as much as the same lane with the rate-limit
+// headers stripped (which honours every Retry-After), and is refused at
+// most a pace's worth of attempts more.
+func TestRetryAfterMeant(t *testing.T) {
+	run := func(strip bool) (accepted, refused int) {
+		box := &penaltyBox{limit: 10, per: time.Second, penalty: 30 * time.Second}
+		runHarm(t, box, 4, 0, 0, 300*time.Millisecond, 2*time.Minute, strip, WithRate(20, time.Second))
+		return box.accepted, box.refusals
+	}
+	ra, rr := run(false)
+	sa, sr := run(true)
+	t.Logf("headers read: %d accepted, %d refused; stripped: %d accepted, %d refused", ra, rr, sa, sr)
+	if ra < sa-10 || rr > sr+4 {
+		t.Errorf("headers read: %d accepted, %d refused; stripped: %d accepted, %d refused; want as many accepted, within a window's, and at most 4 more refused", ra, rr, sa, sr)
+	}
+}

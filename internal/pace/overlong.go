@@ -34,20 +34,17 @@ const meant = time.Duration(math.MaxInt64)
 
 func newOverlong() overlong { return overlong{probe: longAgo} }
 
-// wait returns how long after now a refusal that states ra and the quota q,
-// with nothing remaining, pauses the lane: ra, or less where q says the
-// server takes a request sooner (see sooner). windowed says the quotas
-// were told to be a window's. It records a shortened wait's end.
-func (o *overlong) wait(now, ra time.Duration, q headers.Quota, windowed bool) time.Duration {
-	if o.probe == meant {
+// shorten returns how long after now a refusal that states ra pauses the
+// lane, where what the lane knows of the server says it takes a request
+// again after to: to, if it is shorter and no shortened wait was refused,
+// else ra. It records a shortened wait's end.
+func (o *overlong) shorten(now, ra, to time.Duration) time.Duration {
+	if o.probe == meant || to >= ra {
 		return ra
 	}
-	until := sooner(ra, q, windowed)
-	if until <= 0 || until >= ra {
-		return ra
-	}
-	o.probe = max(o.probe, now+until)
-	return until
+	to = max(to, 0)
+	o.probe = max(o.probe, now+to)
+	return to
 }
 
 // sooner returns when q says the server takes a request again, if that is

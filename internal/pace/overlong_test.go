@@ -30,12 +30,12 @@ func TestOverlongWait(t *testing.T) {
 		{"a Retry-After of two seconds", 2 * time.Second, headers.Quota{Limit: 6, Remaining: 0, Reset: time.Second, Coarse: true}, 2 * time.Second},
 	} {
 		o := newOverlong()
-		if got := o.wait(10*time.Second, c.ra, c.q, false); got != c.want {
+		if got := o.shorten(10*time.Second, c.ra, sooner(c.ra, c.q, false)); got != c.want {
 			t.Errorf("%s: wait %v, want %v", c.name, got, c.want)
 		}
 	}
 	o := newOverlong()
-	if got := o.wait(0, time.Second, headers.Quota{Limit: 6, Remaining: 0, Reset: time.Second, Coarse: true}, true); got != time.Second {
+	if got := o.shorten(0, time.Second, sooner(time.Second, headers.Quota{Limit: 6, Remaining: 0, Reset: time.Second, Coarse: true}, true)); got != time.Second {
 		t.Errorf("a window's Retry-After of one second: wait %v, want it whole", got)
 	}
 }
@@ -47,24 +47,24 @@ func TestOverlongWait(t *testing.T) {
 func TestOverlongAnswered(t *testing.T) {
 	q := headers.Quota{Remaining: 0, Reset: 2 * time.Second}
 	o := newOverlong()
-	if w := o.wait(0, time.Minute, q, false); w != 2*time.Second {
+	if w := o.shorten(0, time.Minute, sooner(time.Minute, q, false)); w != 2*time.Second {
 		t.Fatalf("first wait %v", w)
 	}
 	o.answered(time.Second, true) // sent before the wait ended
 	o.answered(2*time.Second, false)
-	if w := o.wait(3*time.Second, time.Minute, q, false); w != 2*time.Second {
+	if w := o.shorten(3*time.Second, time.Minute, sooner(time.Minute, q, false)); w != 2*time.Second {
 		t.Fatalf("after an acceptance: wait %v, want the reset's 2s", w)
 	}
 	o.answered(4*time.Second, true) // sent before the wait ended at 5s
-	if w := o.wait(4*time.Second, time.Minute, q, false); w != 2*time.Second {
+	if w := o.shorten(4*time.Second, time.Minute, sooner(time.Minute, q, false)); w != 2*time.Second {
 		t.Fatalf("after a refusal of an attempt sent within the wait: wait %v, want 2s", w)
 	}
 	o.answered(6*time.Second, true)
-	if w := o.wait(6*time.Second, time.Minute, q, false); w != time.Minute {
+	if w := o.shorten(6*time.Second, time.Minute, sooner(time.Minute, q, false)); w != time.Minute {
 		t.Fatalf("after a refusal past the reset: wait %v, want the Retry-After", w)
 	}
 	o.answered(70*time.Second, false)
-	if w := o.wait(70*time.Second, time.Minute, q, false); w != time.Minute {
+	if w := o.shorten(70*time.Second, time.Minute, sooner(time.Minute, q, false)); w != time.Minute {
 		t.Fatalf("an acceptance after: wait %v, want the Retry-After still", w)
 	}
 }

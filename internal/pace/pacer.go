@@ -455,13 +455,13 @@ func (p *Pacer) Observe(now time.Duration, r Reply, inFlight int) Change {
 		// A window's measured end bounds a Retry-After stated to the
 		// second (sethvargo/go-limiter's is its reset, a date read as the
 		// end of its second): the window refills then.
-		c.Cool = p.Cool(now, now+min(r.RetryAfter, p.quota.refusalWait(now, r.Quota)), "retry-after")
+		c.Cool = p.Cool(now, now+p.ra.shorten(now, r.RetryAfter, p.quota.refusalWait(now, r.Quota)), "retry-after")
 	case r.HasRA && p.quota.wholeWindow(r.RetryAfter):
 		// A sliding window's count falls as requests leave it: its
 		// refusal waits until one has.
 		c.Cool = p.Cool(now, now+min(r.RetryAfter, p.quota.refusalWait(now, r.Quota)), "retry-after")
 	case r.HasRA && exhausted:
-		c.Cool = p.Cool(now, now+p.ra.wait(now, r.RetryAfter, r.Quota, p.quota.windowed()), "retry-after")
+		c.Cool = p.Cool(now, now+p.ra.shorten(now, r.RetryAfter, sooner(r.RetryAfter, r.Quota, p.quota.windowed())), "retry-after")
 	case r.HasRA:
 		c.Cool = p.Cool(now, now+r.RetryAfter, "retry-after")
 	case tokensOut && r.Tokens.Reset > 0:

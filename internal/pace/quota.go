@@ -526,9 +526,12 @@ func (m *quotaModel) seeEdge(now, sent time.Duration, q headers.Quota, accepted 
 // whole window of a sliding window told apart by evidence, to the second:
 // go-chi/httprate states its window's length whatever its count, which
 // falls continuously, and counts no refused request. Honoured, it would
-// stop the lane a whole window (a minute) at each refusal.
+// stop the lane a whole window (a minute) at each refusal. A longer one
+// names something else (a penalty, whose refusals also keep the count
+// from refilling, as a sliding window's does), and is left to overlong.
 func (m *quotaModel) wholeWindow(ra time.Duration) bool {
-	return m.kind == kindSliding && m.evidence && m.window > 0 && ra > 0 && ra >= m.window.Truncate(time.Second)
+	return m.kind == kindSliding && m.evidence && m.window > 0 && ra > 0 &&
+		ra >= m.window.Truncate(time.Second) && ra <= m.window+time.Second
 }
 
 // edgeTold reports whether the server keeps a window that refills at once,
