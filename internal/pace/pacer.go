@@ -45,7 +45,7 @@ type Pacer struct {
 
 	fb    feedback   // what the server said, and the cooldown
 	quota quotaModel // the kind of limit the quotas describe, and their pace
-	ra    overlong   // whether a Retry-After past the quota's reset is meant
+	ra    overlong   // whether a Retry-After the lane shortened is meant
 }
 
 // New returns the pacer of a lane paced at rate (0: not paced until
