@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -15,10 +14,12 @@ import (
 // up to here and nothing more.
 const eventCap = 4096
 
-// deliverSpins is how many times the deliverer yields, finding no event,
-// before it exits: some microseconds, in which a busy lane pushes its next
-// event (see deliver), and which a goroutine that has work takes first.
-const deliverSpins = 32
+// deliverEvery is how long the deliverer waits before it takes the events
+// pushed meanwhile: an event is then appended to a buffer no other
+// processor is reading, and the hand-off to the deliverer is paid once a
+// batch, not once an event. It bounds how late an Observer hears of an
+// event (the runtime's timers may stretch it to about a millisecond).
+const deliverEvery = 200 * time.Microsecond
 
 // events delivers a Transport's events to its Observers, in order, from a
 // goroutine that runs while there are events to deliver and exits when
@@ -26,8 +27,9 @@ const deliverSpins = 32
 // be done with a lane's lock held.
 //
 // Events are appended to one buffer while the deliverer hands out those of
-// the other: it takes the lock once a batch, not once an event, so that
-// the pushes of a busy lane and the deliverer do not take turns at it.
+// the other: it takes the lock once a batch (see deliverEvery), not once an
+// event, so that the pushes of a busy lane and the deliverer do not take
+// turns at it.
 type events struct {
 	obs    []Observer
 	logger *slog.Logger
@@ -72,9 +74,7 @@ func (q *events) push(ctx context.Context, e *Event) {
 		q.dropped.Add(1)
 		return
 	}
-	q.queued = append(q.queued, queuedEvent{})
-	qe := &q.queued[len(q.queued)-1]
-	qe.ctx, qe.e = ctx, *e
+	q.queued = append(q.queued, queuedEvent{ctx, *e})
 	start := !q.running
 	q.running = true
 	q.mu.Unlock()
@@ -83,20 +83,12 @@ func (q *events) push(ctx context.Context, e *Event) {
 	}
 }
 
-// deliver hands the queued events to the Observers, a batch at a time,
-// until none is left.
+// deliver hands the queued events to the Observers, a batch every
+// deliverEvery, until a wait finds none.
 func (q *events) deliver() {
-	for spins := 0; ; {
+	for {
+		time.Sleep(deliverEvery)
 		q.mu.Lock()
-		if len(q.queued) == 0 && spins < deliverSpins {
-			// Events come one or more a request: starting a goroutine,
-			// and waking a processor for it, for each would cost more
-			// than the rest of the request. Yields first catch the next.
-			spins++
-			q.mu.Unlock()
-			runtime.Gosched()
-			continue
-		}
 		if len(q.queued) == 0 {
 			q.running = false
 			if q.idle != nil {
@@ -106,7 +98,6 @@ func (q *events) deliver() {
 			q.mu.Unlock()
 			return
 		}
-		spins = 0
 		batch := q.queued
 		q.queued, q.spare = q.spare[:0], nil
 		q.taken = len(batch)
