@@ -42,7 +42,7 @@
 // rate, spending what it holds beyond that, and "remaining 0" means no
 // burst left, not "stop") or a sliding-window counter (its reset is the end
 // of each fixed window, yet what remains does not refill when it comes; it
-// is paced at its limit per window, less two). A reset rounded to the
+// is paced at its limit per window, less one). A reset rounded to the
 // second never slows a lane below its configured rate.
 //
 // Reading the headers never serves a lane worse than ignoring them: a

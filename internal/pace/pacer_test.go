@@ -511,10 +511,10 @@ func TestPacerPacesASlidingWindowAtItsLimit(t *testing.T) {
 				p.Observe(at, Reply{Status: http.StatusOK, Sent: now, HasQuota: true, Quota: sliding(at, 20)}, 1)
 			}
 			// Told a sliding window of 1 s (see TestQuotaKinds), the lane
-			// paces at its limit less two, over the window, whatever the
+			// paces at its limit less one, over the window, whatever the
 			// cut before it said.
-			if math.Abs(p.Rate()-48) > 1e-9 {
-				t.Errorf("rate %v, want the window's 48/s", p.Rate())
+			if math.Abs(p.Rate()-49) > 1e-9 {
+				t.Errorf("rate %v, want the window's 49/s", p.Rate())
 			}
 			// The cut is gone: once the window's pace lapses (an answer
 			// with no quota, a window later), the lane paces at its

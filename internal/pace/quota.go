@@ -201,11 +201,12 @@ func (m *quotaModel) observe(now, sent time.Duration, q headers.Quota, inFlight 
 	// server yet: count them as used.
 	left := q.Remaining - int64(inFlight-1)
 	if m.kind == kindSliding {
-		// The count is rounded and lags the requests in flight: two are
-		// kept, which also holds the count under the limit when grants
-		// come a little early or late. m.limit, not q's: a quota may omit
-		// it.
-		rate := float64(max(m.limit-2, 1)) / m.window.Seconds()
+		// One request a window is kept: a counter that rounds its
+		// estimate (httprate) takes a steady pace up to half a request
+		// under its limit, and the other half holds the count under it
+		// when grants come some milliseconds early or late. m.limit, not
+		// q's: a quota may omit it.
+		rate := max(float64(m.limit)-1, 1) / m.window.Seconds()
 		return quotaPace{rate: rate, until: now + m.window, told: was != kindSliding}
 	}
 	if m.edgeTold() {

@@ -139,14 +139,14 @@ func TestQuotaPace(t *testing.T) {
 			t.Errorf("%s: %+v, want %+v", c.name, got, c.want)
 		}
 	}
-	// A sliding window takes its limit a window, less two, whatever
+	// A sliding window takes its limit a window, less one, whatever
 	// remains: what remains comes back as the lane's own past sends leave.
 	// A quota that omits the limit keeps the one stated before.
 	sliding := quotaModel{kind: kindSliding, evidence: true, window: time.Second}
 	for _, c := range []struct{ limit, rem int64 }{{50, 0}, {50, 1}, {50, 30}, {-1, 5}} {
 		q := quotaAt("x-ratelimit", c.limit, c.rem, 300*time.Millisecond, true)
 		q.Instant = true
-		if got, want := sliding.observe(now, now, q, 2), (quotaPace{rate: 48, until: now + time.Second}); got != want {
+		if got, want := sliding.observe(now, now, q, 2), (quotaPace{rate: 49, until: now + time.Second}); got != want {
 			t.Errorf("sliding window, limit %d, %d remaining: %+v, want %+v", c.limit, c.rem, got, want)
 		}
 	}

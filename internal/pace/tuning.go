@@ -8,7 +8,7 @@ import "time"
 // Changing one changes what the lane decides: the tests of this package
 // and the lane's (TestLearnFromStrictGCRA, TestServerModels) are what hold
 // them. A share that is the rule itself, as its doc comment states it (half
-// the limit still counted, two tokens kept under a sliding window's limit,
+// the limit still counted, one request kept under a sliding window's limit,
 // an eighth of the limit gained), is written in the rule's code.
 
 // Feedback from 429s: cutting the throttle rate (feedback.cut).
