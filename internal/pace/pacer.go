@@ -499,7 +499,13 @@ func (p *Pacer) pace(now, sent time.Duration, qp quotaPace) CoolChange {
 	var c CoolChange
 	p.fb.heard(now, qp, p.quota.view().refill)
 	if qp.stop > now {
+		// A window refills at once when it ends: its first request then
+		// is not measured against a pace, as a strict GCRA's is, so the
+		// token a cooldown's end holds back (see Take) is not held back
+		// here; held back, it lost half a request a window.
+		cold := p.cold
 		c = p.Cool(now, min(qp.stop, now+p.maxWait), "remaining 0 until the window resets")
+		p.cold = cold
 	}
 	if qp.empty && p.lim != nil && p.local {
 		// The server's bucket was empty when the attempt reached it: its
