@@ -326,10 +326,17 @@ type CoolChange struct {
 	Why      string        // its cause
 }
 
-// Cool extends the cooldown to until, at now, for why.
+// Cool extends the cooldown to until, at now, for why; the first grant
+// after it keeps a token back (see Take).
 func (p *Pacer) Cool(now, until time.Duration, why string) CoolChange {
+	return p.cool(now, until, why, true)
+}
+
+// cool is Cool; cold says whether the first grant after an extended
+// cooldown keeps a token back.
+func (p *Pacer) cool(now, until time.Duration, why string, cold bool) CoolChange {
 	ext, fresh := p.fb.cool(now, until, why)
-	p.cold = p.cold || ext
+	p.cold = p.cold || cold && ext
 	return CoolChange{Extended: ext, Fresh: fresh, Until: p.fb.coolEnd(), Why: p.fb.coolCause()}
 }
 
@@ -500,12 +507,10 @@ func (p *Pacer) pace(now, sent time.Duration, qp quotaPace) CoolChange {
 	p.fb.heard(now, qp, p.quota.view().refill)
 	if qp.stop > now {
 		// A window refills at once when it ends: its first request then
-		// is not measured against a pace, as a strict GCRA's is, so the
-		// token a cooldown's end holds back (see Take) is not held back
-		// here; held back, it lost half a request a window.
-		cold := p.cold
-		c = p.Cool(now, min(qp.stop, now+p.maxWait), "remaining 0 until the window resets")
-		p.cold = cold
+		// is not measured against a pace, as a strict GCRA's is, so no
+		// token is kept back after it (see Take); kept back, it lost half
+		// a request a window.
+		c = p.cool(now, min(qp.stop, now+p.maxWait), "remaining 0 until the window resets", false)
 	}
 	if qp.empty && p.lim != nil && p.local {
 		// The server's bucket was empty when the attempt reached it: its
