@@ -283,6 +283,8 @@ func harmServers() []struct {
 		{"go-limiter window 50 per 1 s, dates", func() upstream.Model { return &fixedWindow{limit: 50, per: time.Second, date: true} }, 32, 0},
 		{"ulule fixed window 10 per 1 s", func() upstream.Model { return &fixedWindow{limit: 10, per: time.Second} }, 32, 0},
 		{"go-limiter window 10 per 1 s, dates", func() upstream.Model { return &fixedWindow{limit: 10, per: time.Second, date: true} }, 32, 0},
+		{"ulule fixed window 10 per 1 s, 2 ms jitter", func() upstream.Model { return &fixedWindow{limit: 10, per: time.Second} }, 32, 2 * time.Millisecond},
+		{"go-limiter window 10 per 1 s, dates, 2 ms jitter", func() upstream.Model { return &fixedWindow{limit: 10, per: time.Second, date: true} }, 32, 2 * time.Millisecond},
 		{"ulule fixed window 300 per 6 s", func() upstream.Model { return &fixedWindow{limit: 300, per: 6 * time.Second} }, 32, 0},
 		{"throttled GCRA 50/s burst 6", func() upstream.Model { return &gcra{rate: 50, burst: 6, style: styleThrottled} }, 32, 0},
 		{"redis_rate GCRA 50/s burst 50", func() upstream.Model { return &gcra{rate: 50, burst: 50, style: styleRedisRate} }, 32, 0},

@@ -21,9 +21,12 @@ import (
 // last attempt the old one answered and the first the new one did, and
 // the new one ends a period after that, at the latest (a window that
 // starts at its first request, as ulule/limiter's do, ends a period after
-// it; one on a fixed grid, as sethvargo/go-limiter's, earlier). The
-// period is the step between the stated instants of two windows in a
-// row.
+// it; one on a fixed grid, as sethvargo/go-limiter's, earlier), give or
+// take the request's transit: the server starts the window when the
+// request arrives. An attempt sent past the measured end and answered by
+// the window before shows by how much; the end measured from then on
+// takes a guard for it (see guardAfter). The period is the step between
+// the stated instants of two windows in a row.
 //
 // It is told a window that refills at once apart at a refill no bucket
 // could make: the answers of one window showed the server gaining little
@@ -66,6 +69,13 @@ type windowEdge struct {
 	// end is when the current window ends, at the latest (see windowEdge);
 	// valid once told.
 	end time.Duration
+	// guard is how much later than a period after its first attempt was
+	// sent a window was found to end: a window that starts when its first
+	// request arrives ends a transit later, and transits vary. It grows
+	// each time an attempt sent after the measured end is answered by the
+	// window before (see guardAfter), and is added to every end measured
+	// after.
+	guard time.Duration
 }
 
 // observe reads q, stated at now by the answer to an attempt sent at sent
@@ -135,7 +145,7 @@ func (e *windowEdge) observe(now, sent time.Duration, q headers.Quota, accepted 
 				e.period = max(time.Second, e.period.Round(time.Second))
 			}
 		}
-		e.end = sent + e.period
+		e.end = sent + e.period + e.guard
 		if !stated {
 			inst = max(inst, now) // a passed instant: the next stated one is later
 		}
@@ -151,9 +161,21 @@ func (e *windowEdge) observe(now, sent time.Duration, q headers.Quota, accepted 
 		e.least, e.leastAt = q.Remaining, sent
 	}
 	if e.told && sent >= e.end {
+		e.guard = guardAfter(e.guard, sent-e.end, e.period)
 		e.end = sent + e.period/edgeGuard
 	}
 	return false
+}
+
+// guardAfter returns the guard (see windowEdge) after an attempt sent late
+// past a window's measured end, which included guard, was answered by that
+// window: the window ended more than guard+late after a period from its
+// first attempt. It takes twice that, at least period/edgeGuardMin, and
+// twice the guard it had, up to period/edgeGuard; it never shrinks, as a
+// transit's spread does not.
+func guardAfter(guard, late, period time.Duration) time.Duration {
+	g := max(2*(guard+late), 2*guard, period/edgeGuardMin)
+	return min(g, period/edgeGuard)
 }
 
 // start makes the window whose stated instant is inst (stated: not yet
