@@ -346,6 +346,23 @@ func TestHeadersDoNoHarm(t *testing.T) {
 	}
 }
 
+// TestColdWindowStart: from a cold lane with no WithRate, against a
+// fixed window of 10 a second that starts at its first request, its reset
+// a Unix time truncated to the second (ulule/limiter), a 20 s run is served
+// at least 0.95 of the rate over the whole run, wherever the run starts in
+// the second. The attempt sent at the first window's truncated reset is
+// refused, the window not over; that refusal says when, not how fast.
+func TestColdWindowStart(t *testing.T) {
+	for phase := 100 * time.Millisecond; phase < time.Second; phase += 200 * time.Millisecond {
+		for run := range 2 {
+			r := runHarm(t, &fixedWindow{limit: 10, per: time.Second}, 32, 0, 1, phase, 20*time.Second, false)
+			if r.whole < 0.95 || r.refused > 0.01 {
+				t.Errorf("run starting %v into a second, #%d: %v; accepted each second %v; want at least 0.95 of the rate over the whole run", phase, run, r, r.perSecond)
+			}
+		}
+	}
+}
+
 // TestColdStrictStart guards the first seconds against a strict server:
 // from a cold lane with no WithRate, a 20 s run against a GCRA of burst
 // 1 that states its rate as its limit (redis_rate's handler) is served at

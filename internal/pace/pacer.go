@@ -446,6 +446,14 @@ func (p *Pacer) Observe(now time.Duration, r Reply, inFlight int) Change {
 	}
 	// The cooldown a refusal brings lets the server's bucket fill again.
 	f.pausedByRefusal()
+	// A refusal with nothing remaining, no Retry-After, and a reset stated
+	// to the second that is now or passed less than a second ago: the stated instant
+	// was truncated (ulule/limiter's Unix time), and the window or bucket
+	// it names resets within the second after it. It says when, not how
+	// fast: the lane tries again a step later, within that second, and
+	// cuts no rate.
+	early := exhausted && !r.HasRA && r.Quota.Coarse && r.Quota.Instant && r.Quota.Reset <= 0 &&
+		r.Quota.Passed < time.Second && !p.quota.edgeTold()
 	if r.HasQuota && p.quota.seeEdge(now, r.Sent, r.Quota, false) {
 		// What the refusals before taught, of a window read as a bucket,
 		// no longer holds.
@@ -475,6 +483,8 @@ func (p *Pacer) Observe(now time.Duration, r Reply, inFlight int) Change {
 		c.Cool = p.Cool(now, now+min(r.Tokens.Reset, p.maxWait), r.Tokens.Resource+" remaining 0")
 	case exhausted && (r.Quota.Reset > 0 || p.quota.edgeTold()):
 		c.Cool = p.Cool(now, now+min(p.quota.refusalWait(now, r.Quota), p.maxWait), "remaining 0")
+	case early:
+		c.Cool = p.Cool(now, min(now+coarseProbe, now-r.Quota.Passed+time.Second), "remaining 0 past a reset to the second")
 	case r.Body.Secondary:
 		// GitHub: wait at least a minute, then longer at each repeat.
 		c.Cool = p.Cool(now, now+f.secondary(p.maxWait), "secondary rate limit")
@@ -486,7 +496,7 @@ func (p *Pacer) Observe(now time.Duration, r Reply, inFlight int) Change {
 	// secondary limits) is a penalty, not a pace.
 	// A GraphQL throttle in a 200 or a 4xx is a 429 in another form.
 	if (r.Status == http.StatusTooManyRequests || r.Body.GraphQL) && !tokensOut && !r.Body.Secondary &&
-		!(exhausted && p.quota.windowed()) {
+		!(exhausted && p.quota.windowed()) && !early {
 		if r.HasQuota {
 			p.quota.refused(r.Sent, r.Quota, inFlight-1)
 		}

@@ -717,3 +717,36 @@ func TestPacerStrictPlateau(t *testing.T) {
 		}
 	}
 }
+
+// TestPacerRefusedAtATruncatedReset follows ulule/limiter's first window
+// from a cold lane: ten answers within 25 ms, then a refusal with nothing
+// remaining and a reset 874 ms on, a Unix time truncated to the second.
+// The attempt sent at that instant is refused too, the window not over:
+// the lane tries again within the second after the instant, a step
+// later, and takes no rate from it (the refusal says when the window
+// ends, not how fast the server takes requests).
+func TestPacerRefusedAtATruncatedReset(t *testing.T) {
+	const inst = 900 * time.Millisecond // the stated reset, on the lane's clock
+	q := func(now time.Duration, left int64) headers.Quota {
+		return headers.Quota{Limit: 10, Remaining: left, Reset: max(0, inst-now), Coarse: true, Instant: true, Source: "x-ratelimit"}
+	}
+	p := New(0, 1, time.Minute, true, 0)
+	for i := range 10 {
+		at := time.Duration(i) * 2 * time.Millisecond
+		c := p.Observe(at+20*time.Millisecond, Reply{Status: http.StatusOK, Sent: at, HasQuota: true, Quota: q(at+20*time.Millisecond, int64(9-i))}, 1)
+		p.Settle(at+20*time.Millisecond, at, c.Kind)
+	}
+	now := 26 * time.Millisecond
+	p.Observe(now, Reply{Status: http.StatusTooManyRequests, Sent: now, HasQuota: true, Quota: q(now, 0)}, 1)
+	if got := p.NotBefore(); got != inst {
+		t.Fatalf("after the first refusal the lane waits until %v, want the stated reset %v", got, inst)
+	}
+	before := p.Rate()
+	c := p.Observe(inst, Reply{Status: http.StatusTooManyRequests, Sent: inst, HasQuota: true, Quota: q(inst, 0)}, 1)
+	if got := p.NotBefore(); got <= inst || got > inst+coarseProbe {
+		t.Errorf("refused at the truncated reset, the lane waits until %v; want after %v, by %v at most", got, inst, inst+coarseProbe)
+	}
+	if c.Cause == CauseCut || p.Rate() < before {
+		t.Errorf("refused at the truncated reset, the rate went from %.2f/s to %.2f/s (cause %q); want it kept", before, p.Rate(), c.Cause)
+	}
+}

@@ -119,6 +119,12 @@ const (
 	// over it: a transit's spread of a millisecond or two on a window of a
 	// second, 0.4% of what the window serves.
 	edgeGuardMin = 256
+	// coarseProbe: after a refusal at a reset stated to the second that has
+	// just passed (a truncated instant), the lane tries again this much
+	// later, until the second after the instant is out: at most four
+	// refusals, and a quarter second lost at most, where waiting out the
+	// second loses half a second on average.
+	coarseProbe = time.Second / 4
 )
 
 // Cooldowns and Retry-After.
