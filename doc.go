@@ -43,7 +43,12 @@
 // burst left, not "stop") or a sliding-window counter (its reset is the end
 // of each fixed window, yet what remains does not refill when it comes; it
 // is paced at its limit per window, less one). A reset rounded to the
-// second never slows a lane below its configured rate.
+// second never slows a lane below its configured rate. A refusal at a
+// reset stated to the second that has just passed (a truncated instant)
+// pauses the lane in steps through the second after it and teaches no
+// rate; a fixed window's end is measured from the refills, with a guard
+// for the transit to the server once an attempt sent after that end was
+// answered by the window.
 //
 // Reading the headers never serves a lane worse than ignoring them: a
 // header may slow a lane only as far as the server's behaviour confirms,
