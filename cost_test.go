@@ -123,12 +123,23 @@ func costRequests(tb testing.TB, g int, lanes bool) []*http.Request {
 }
 
 // costShapes are the ways the paths are driven: one goroutine, and eight
-// on one lane and on eight lanes.
+// on one lane and on eight lanes. max and maxObserved bound sluice's time
+// in TestFastPathCost, without and with a no-op Observer, divided by the
+// hand-made pair's, with room for a loaded machine: the ratios move by a
+// fifth to a third from run to run on two busy cores. Eight goroutines on
+// one lane contend for its lock, which parks them where the pair's three
+// shorter sections on two locks mostly do not (see docs/design.md, "Cost
+// under contention").
 var costShapes = []struct {
-	name  string
-	g     int
-	lanes bool
-}{{"serial", 1, false}, {"8 goroutines, 1 lane", 8, false}, {"8 goroutines, 8 lanes", 8, true}}
+	name             string
+	g                int
+	lanes            bool
+	max, maxObserved float64
+}{
+	{"serial", 1, false, 1.6, 1.8},
+	{"8 goroutines, 1 lane", 8, false, 2.5, 2.7},
+	{"8 goroutines, 8 lanes", 8, true, 1.5, 1.8},
+}
 
 // BenchmarkRoundTrip measures the realistic fast path (see costPaths): a
 // request whose token and slot are free, through an http.Client, with a
@@ -208,20 +219,11 @@ func timeRequests(tb testing.TB, p costPath, reqs []*http.Request, n int) time.D
 	return time.Since(start)
 }
 
-// maxCostRatio bounds sluice's time on the realistic fast path, divided by
-// the hand-made pair's, with room for a loaded machine: the ratios move by
-// a third from run to run on two busy cores. The allocation count, which
-// does not move, is the exact guard.
-const (
-	maxCostRatio         = 2.0
-	maxObservedCostRatio = 2.4
-)
-
 // TestFastPathCost: sluice's realistic fast path (see costPaths) allocates
 // exactly one object more than the bare client (the body wrapper), and
-// costs at most maxCostRatio the hand-made pair in time, from one
-// goroutine and from eight, on one lane and on eight. With -v it prints
-// the table the README's "Cost" section shows.
+// costs at most its shape's bound times the hand-made pair's time (see
+// costShapes), from one goroutine and from eight, on one lane and on
+// eight. With -v it prints the table the README's "Cost" section shows.
 func TestFastPathCost(t *testing.T) {
 	if raceEnabled {
 		t.Skip("timing and allocations under the race detector say nothing of the fast path; .ci/run runs this test without it")
@@ -254,7 +256,7 @@ func TestFastPathCost(t *testing.T) {
 		for try := range 3 {
 			ratios[j] = costRounds(t, paths, costRequests(t, sh.g, sh.lanes), 15, 20000/sh.g)
 			over := ""
-			for i, max := range map[int]float64{costSluice: maxCostRatio, costObserved: maxObservedCostRatio} {
+			for i, max := range map[int]float64{costSluice: sh.max, costObserved: sh.maxObserved} {
 				if r := ratios[j][i]; r > max {
 					over += fmt.Sprintf("; %s: %.2f x the hand-made pair's time, want at most %.2f", paths[i].name, r, max)
 				}
