@@ -170,12 +170,10 @@ func (e *windowEdge) observe(now, sent time.Duration, q headers.Quota, accepted 
 // guardAfter returns the guard (see windowEdge) after an attempt sent late
 // past a window's measured end, which included guard, was answered by that
 // window: the window ended more than guard+late after a period from its
-// first attempt. It takes twice that, at least period/edgeGuardMin, and
-// twice the guard it had, up to period/edgeGuard; it never shrinks, as a
-// transit's spread does not.
+// first attempt. It takes twice that, at least period/edgeGuardMin and at
+// most period/edgeGuard; it never shrinks, as a transit's spread does not.
 func guardAfter(guard, late, period time.Duration) time.Duration {
-	g := max(2*(guard+late), 2*guard, period/edgeGuardMin)
-	return min(g, period/edgeGuard)
+	return min(max(2*(guard+late), period/edgeGuardMin), period/edgeGuard)
 }
 
 // start makes the window whose stated instant is inst (stated: not yet

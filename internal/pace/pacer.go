@@ -446,19 +446,19 @@ func (p *Pacer) Observe(now time.Duration, r Reply, inFlight int) Change {
 	}
 	// The cooldown a refusal brings lets the server's bucket fill again.
 	f.pausedByRefusal()
-	// A refusal with nothing remaining, no Retry-After, and a reset stated
-	// to the second that is now or passed less than a second ago: the
-	// stated instant was truncated (ulule/limiter's Unix time), and the
-	// window or bucket it names resets within the second after it. It
-	// says when, not how fast: the lane tries again a step later, within
-	// that second, and cuts no rate.
-	early := exhausted && !r.HasRA && r.Quota.Coarse && r.Quota.Instant && r.Quota.Reset <= 0 &&
-		r.Quota.Passed < time.Second && !p.quota.edgeTold()
 	if r.HasQuota && p.quota.seeEdge(now, r.Sent, r.Quota, false) {
 		// What the refusals before taught, of a window read as a bucket,
 		// no longer holds.
 		f.forget()
 	}
+	// A refusal with nothing remaining, no Retry-After, and a reset stated
+	// to the second that is now or passed less than a second ago, of a
+	// window whose end is not measured: the stated instant was truncated
+	// (ulule/limiter's Unix time), and the window or bucket it names
+	// resets within the second after it. It says when, not how fast: the
+	// lane tries again a step later, within that second, and cuts no rate.
+	early := exhausted && !r.HasRA && r.Quota.Coarse && r.Quota.Instant && r.Quota.Reset <= 0 &&
+		r.Quota.Passed < time.Second && !p.quota.edgeTold()
 	if r.HasQuota {
 		p.quota.learnRefused(now, r.Quota)
 	}
