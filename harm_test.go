@@ -398,13 +398,13 @@ func TestWindowOffTheSecond(t *testing.T) {
 	for _, w := range []struct {
 		limit int
 		per   time.Duration
-	}{{50, time.Second}, {300, 6 * time.Second}} {
+	}{{50, time.Second}, {300, 6 * time.Second}, {60, 6 * time.Second}} {
 		for _, date := range []bool{false, true} {
 			for _, phase := range []time.Duration{300 * time.Millisecond, 600 * time.Millisecond, 900 * time.Millisecond} {
 				for _, c := range []struct {
 					name string
 					opts []Option
-				}{{"no WithRate", nil}, {"at 2R", []Option{WithRate(100, time.Second)}}} {
+				}{{"no WithRate", nil}, {"at 2R", []Option{WithRate(2*w.limit, w.per)}}} {
 					name := "ulule"
 					if date {
 						name = "go-limiter"

@@ -38,7 +38,11 @@ import (
 // much per second as before, and a sliding window what its count of the
 // window before lets go). A window spent early and
 // refused for its tail gained nothing over the tail; one paced through
-// without a refusal, nothing over the whole window.
+// without a refusal, nothing over the whole window. A window spent in a
+// few milliseconds shows too little of what it gained to compare: it is
+// told apart when the next window's first answer states its reset more
+// than twice as far as a bucket gaining what the server gained since
+// would take to fill (see farReset).
 //
 // A sliding window may show such a refill once: a lane held a window long
 // by a refusal's Retry-After comes back to a count of the window before
@@ -108,11 +112,15 @@ func (e *windowEdge) observe(now, sent time.Duration, q headers.Quota, accepted 
 			// measured finds half the limit or more still counted.
 			e.told, e.wrong = false, true
 		}
-		if gain := q.Remaining - e.least + 1; !e.told && !e.wrong && gain >= 3 && 8*gain >= q.Limit && 4*q.Remaining >= 3*q.Limit && sent > e.leastAt && e.leastAt > e.from {
-			// What the window before gained, per second, beside what the
-			// server gained since its least.
-			before := float64(max(0, e.took-(e.first-e.least))+2) / (e.leastAt - e.from).Seconds()
-			e.told = float64(gain)/(sent-e.leastAt).Seconds() > 2*before
+		if gain := q.Remaining - e.least + 1; !e.told && !e.wrong && gain >= 3 && 8*gain >= q.Limit && 4*q.Remaining >= 3*q.Limit && sent > e.leastAt {
+			// What the server gained per second since the window's least,
+			// beside what the window before gained.
+			rate := float64(gain) / (sent - e.leastAt).Seconds()
+			if e.leastAt > e.from {
+				before := float64(max(0, e.took-(e.first-e.least))+2) / (e.leastAt - e.from).Seconds()
+				e.told = rate > 2*before
+			}
+			e.told = e.told || stated && farReset(q, rate)
 			told = e.told
 		}
 		switch jump := inst - e.cur; {
@@ -165,6 +173,19 @@ func (e *windowEdge) observe(now, sent time.Duration, q headers.Quota, accepted 
 		e.end = sent + e.period/edgeGuard
 	}
 	return false
+}
+
+// farReset reports whether q, stated by the first answer of a window
+// after the server gained rate requests a second, puts its reset further
+// than a bucket could: one that gains that fast is full within a
+// (limit-remaining)/rate, and states that as its reset. A window that
+// refills at once states its end, a period away.
+func farReset(q headers.Quota, rate float64) bool {
+	grain := resetSlack
+	if q.Coarse {
+		grain = time.Second
+	}
+	return (q.Reset - grain).Seconds() > 2*float64(q.Limit-q.Remaining)/rate
 }
 
 // guardAfter returns the guard (see windowEdge) after an attempt sent late

@@ -186,6 +186,62 @@ func TestWindowEdgeTransit(t *testing.T) {
 	}
 }
 
+// TestWindowEdgeFarReset: a lane that spends a window of 60 per 6 s in its
+// first 60 ms (sethvargo/go-limiter's: on a grid from the first request,
+// its reset a date read as the end of its second) and waits for the reset
+// has seen the window gain nothing in a span too short to tell; the next
+// window's first answer, nearly full and stating its reset some 6 s away,
+// tells it apart: a bucket that gained 60 in those 6 s would be full a
+// tenth of a second later, and say so. A bucket of 60 refilling 10 a
+// second, its reset the instant it is full rounded up to the second
+// (redis_rate's), spent and waited for as long or shorter, is not told
+// apart.
+func TestWindowEdgeFarReset(t *testing.T) {
+	const limit, per = 60, 6 * time.Second
+	for _, c := range []struct {
+		name   string
+		bucket bool
+		wait   time.Duration // from the refusal to the next attempt
+	}{
+		{"window", false, 6 * time.Second},
+		{"bucket, full again", true, 7 * time.Second},
+		{"bucket, three quarters full", true, 4600 * time.Millisecond},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var e windowEdge
+			phase := 300 * time.Millisecond
+			quota := func(now time.Duration, n int) headers.Quota {
+				// n requests counted; a date read as the end of its second
+				// for the window, a Unix time rounded up for the bucket.
+				end := (per + phase).Truncate(time.Second) + time.Second // the window's first end as read
+				if now >= per {
+					end += per
+				}
+				if c.bucket {
+					end = (now + phase + time.Duration(n)*per/limit + time.Second - 1).Truncate(time.Second)
+				}
+				return headers.Quota{Limit: limit, Remaining: int64(limit - n), Reset: end - phase - now, Coarse: true, Instant: true, Source: "x-ratelimit"}
+			}
+			now := time.Duration(0)
+			for i := 1; i <= limit; i++ {
+				e.observe(now+20*time.Millisecond, now, quota(now, i), true)
+				now += time.Millisecond
+			}
+			e.observe(now+20*time.Millisecond, now, quota(now, limit), false) // refused
+			now += c.wait
+			n := 1
+			if c.bucket {
+				// What the bucket refilled over the wait, less this request.
+				n = limit - min(limit, int(c.wait*limit/per)) + 1
+			}
+			told := e.observe(now+20*time.Millisecond, now, quota(now, n), true)
+			if told == c.bucket {
+				t.Errorf("told apart: %v, want %v", told, !c.bucket)
+			}
+		})
+	}
+}
+
 // period returns the step e measured from one window to the next.
 func period(e *windowEdge) time.Duration {
 	p, _ := e.statedPeriod()
