@@ -32,6 +32,11 @@ type Pacer struct {
 	// cold: a cooldown was set, and the first grant after it spaces the
 	// next by two tokens' time (see take).
 	cold bool
+	// strict: a sliding window told apart refused an attempt, at its
+	// pace of half a request a window under its limit: its counter does
+	// not round, or the grants came too unevenly for it, and a whole
+	// request a window is kept from then on. In the word of burst.
+	strict bool
 	// grants holds the instants of the last grants, the latest at
 	// (ngrants-1) % len(grants); see kept.
 	grants  [4]time.Duration
@@ -439,13 +444,20 @@ func (p *Pacer) Observe(now time.Duration, r Reply, inFlight int) Change {
 	}
 	if !c.Refused {
 		if r.HasQuota {
-			c.Cool = p.pace(now, r.Sent, p.quota.observe(now, r.Sent, r.Quota, inFlight))
+			qp := p.quota.observe(now, r.Sent, r.Quota, inFlight)
+			if qp.sliding && p.strict {
+				qp.rate = p.quota.slidingRate(1)
+			}
+			c.Cool = p.pace(now, r.Sent, qp)
 		}
 		c.Raised = p.applyRate(now)
 		return c
 	}
 	// The cooldown a refusal brings lets the server's bucket fill again.
 	f.pausedByRefusal()
+	if p.quota.sliding() {
+		p.strict = true // before this refusal's quota is read
+	}
 	if r.HasQuota && p.quota.seeEdge(now, r.Sent, r.Quota, false) {
 		// What the refusals before taught, of a window read as a bucket,
 		// no longer holds.

@@ -447,7 +447,7 @@ func TestPacerFollowsARecountedRefill(t *testing.T) {
 
 // TestPacerPacesASlidingWindowAtItsLimit: once the quotas show a sliding
 // window (a reset stated as the end of each second, replaced when it
-// comes, requests counted), the lane paces at its limit a window less two,
+// comes, requests counted), the lane paces at its limit a window less half,
 // and what refusals taught it before, reading the window as a bucket,
 // goes: a cut at a refusal in its first window, or an edge cut during a
 // climb (0.34 of R at 2R, held by the creep).
@@ -511,10 +511,10 @@ func TestPacerPacesASlidingWindowAtItsLimit(t *testing.T) {
 				p.Observe(at, Reply{Status: http.StatusOK, Sent: now, HasQuota: true, Quota: sliding(at, 20)}, 1)
 			}
 			// Told a sliding window of 1 s (see TestQuotaKinds), the lane
-			// paces at its limit less one, over the window, whatever the
-			// cut before it said.
-			if math.Abs(p.Rate()-49) > 1e-9 {
-				t.Errorf("rate %v, want the window's 49/s", p.Rate())
+			// paces at its limit less half a request, over the window,
+			// whatever the cut before it said.
+			if math.Abs(p.Rate()-(50-slidingSpare)) > 1e-9 {
+				t.Errorf("rate %v, want the window's %v/s", p.Rate(), 50-slidingSpare)
 			}
 			// The cut is gone: once the window's pace lapses (an answer
 			// with no quota, a window later), the lane paces at its
@@ -748,5 +748,49 @@ func TestPacerRefusedAtATruncatedReset(t *testing.T) {
 	}
 	if c.Cause == CauseCut || p.Rate() < before {
 		t.Errorf("refused at the truncated reset, the rate went from %.2f/s to %.2f/s (cause %q); want it kept", before, p.Rate(), c.Cause)
+	}
+}
+
+// TestPacerSlidingWindowRefusedAtItsPace: a lane told a sliding window of
+// 50 a second apart paces at its limit less half a request; a refusal at
+// that pace (a counter that does not round its estimate) keeps a whole
+// request under the limit from then on, and a refusal before the window
+// was told apart does not.
+func TestPacerSlidingWindowRefusedAtItsPace(t *testing.T) {
+	sliding := func(now time.Duration, rem int64) headers.Quota {
+		end := now.Truncate(time.Second) + time.Second
+		return headers.Quota{Limit: 50, Remaining: rem, Reset: end - now, Coarse: true, Instant: true, Source: "x-ratelimit"}
+	}
+	p := New(100, 1, time.Minute, true, 0)
+	serve := func(from, to time.Duration, rem int64) time.Duration {
+		for now := from; now < to; now += time.Second / 20 {
+			at := now + 20*time.Millisecond
+			p.Settle(at, now, verdict.Served)
+			p.Observe(at, Reply{Status: http.StatusOK, Sent: now, HasQuota: true, Quota: sliding(at, rem)}, 1)
+		}
+		return to
+	}
+	refuse := func(now time.Duration) time.Duration {
+		p.Observe(now, Reply{Status: http.StatusTooManyRequests, Sent: now, HasRA: true, RetryAfter: time.Second,
+			HasQuota: true, Quota: sliding(now, 0)}, 1)
+		return now + time.Second
+	}
+	// Remaining falls within the first window and a refusal ends it, as
+	// in TestPacerPacesASlidingWindowAtItsLimit; the windows after tell
+	// it apart.
+	now := time.Duration(0)
+	for i := range 25 {
+		at := now + 20*time.Millisecond
+		p.Settle(at, now, verdict.Served)
+		p.Observe(at, Reply{Status: http.StatusOK, Sent: now, HasQuota: true, Quota: sliding(at, int64(40-i*20/24))}, 1)
+		now += 35 * time.Millisecond
+	}
+	now = serve(refuse(now), now+4500*time.Millisecond, 20)
+	if want := 50 - slidingSpare; math.Abs(p.Rate()-want) > 1e-9 {
+		t.Fatalf("told apart after a refusal before it: rate %v, want %v/s", p.Rate(), want)
+	}
+	serve(refuse(now), now+3*time.Second, 20)
+	if math.Abs(p.Rate()-49) > 1e-9 {
+		t.Errorf("refused at its pace: rate %v, want 49/s", p.Rate())
 	}
 }

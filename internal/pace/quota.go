@@ -160,6 +160,9 @@ type quotaPace struct {
 	// counted from its quotas (see quotaModel.outrun): a pace read from
 	// that count no longer holds.
 	outrun bool
+	// sliding: rate is a sliding window's, which keeps slidingSpare of
+	// a request a window under its limit (see quotaModel.slidingRate).
+	sliding bool
 	// told: this quota told a sliding window apart. What the lane learned
 	// of the rate from refusals before it, reading the window as a bucket
 	// (a count, a climb cut short), no longer holds.
@@ -201,13 +204,7 @@ func (m *quotaModel) observe(now, sent time.Duration, q headers.Quota, inFlight 
 	// server yet: count them as used.
 	left := q.Remaining - int64(inFlight-1)
 	if m.kind == kindSliding {
-		// One request a window is kept: a counter that rounds its
-		// estimate (httprate) takes a steady pace up to half a request
-		// under its limit, and the other half holds the count under it
-		// when grants come some milliseconds early or late. m.limit, not
-		// q's: a quota may omit it.
-		rate := max(float64(m.limit)-1, 1) / m.window.Seconds()
-		return quotaPace{rate: rate, until: now + m.window, told: was != kindSliding}
+		return quotaPace{rate: m.slidingRate(slidingSpare), until: now + m.window, told: was != kindSliding, sliding: true}
 	}
 	if m.edgeTold() {
 		// A window whose end was measured (see windowEdge): what remains
@@ -367,6 +364,18 @@ func (m *quotaModel) refused(now time.Duration, q headers.Quota, inFlight int) {
 		}
 	}
 }
+
+// slidingRate returns the pace of a sliding window told apart that keeps
+// spare requests a window under its limit. A counter that rounds its
+// estimate (httprate) takes a steady pace up to half a request under it
+// (see slidingSpare); one that does not, a whole request under it. m.limit,
+// not a quota's: a quota may omit it.
+func (m *quotaModel) slidingRate(spare float64) float64 {
+	return max(float64(m.limit)-spare, 1) / m.window.Seconds()
+}
+
+// sliding reports whether the quotas told a sliding window apart.
+func (m *quotaModel) sliding() bool { return m.kind == kindSliding }
 
 // learnRefused reads the quota of a refusal seen at now for the kind of
 // limit alone (see learn): a window whose first answers include a

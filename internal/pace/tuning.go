@@ -8,8 +8,8 @@ import "time"
 // Changing one changes what the lane decides: the tests of this package
 // and the lane's (TestLearnFromStrictGCRA, TestServerModels) are what hold
 // them. A share that is the rule itself, as its doc comment states it (half
-// the limit still counted, one request kept under a sliding window's limit,
-// an eighth of the limit gained), is written in the rule's code.
+// the limit still counted, an eighth of the limit gained), is written in
+// the rule's code.
 
 // Feedback from 429s: cutting the throttle rate (feedback.cut).
 const (
@@ -125,6 +125,18 @@ const (
 	// refusals, and a quarter second lost at most, where waiting out the
 	// second loses half a second on average.
 	coarseProbe = time.Second / 4
+)
+
+// Quota kinds: pacing a sliding window (quotaModel.slidingRate).
+const (
+	// slidingSpare is what a lane paced under a sliding window keeps of
+	// a request a window below its limit: a counter that rounds its
+	// estimate takes a steady pace up to half a request under the limit.
+	// The lane goes up to that, with nothing left for the grants'
+	// jitter, a few milliseconds at most on a loopback or most networks;
+	// a refusal at that pace keeps a whole request from then on (see
+	// Pacer.strict).
+	slidingSpare = 0.5
 )
 
 // Cooldowns and Retry-After.
