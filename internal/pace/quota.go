@@ -402,9 +402,12 @@ func (m *quotaModel) learn(now time.Duration, q headers.Quota) {
 		m.run, m.runSeen, m.runReset, m.runLeft, m.runLeast = true, now, reset, q.Remaining, clamp32(q.Remaining)
 		return
 	}
-	if q.Instant && reset < m.runReset-slack {
+	if q.Instant && (reset < m.runReset-slack || m.kind == kindSliding && reset < m.runReset-resetSlack) {
 		// An answer from a window before the run's, out of order: a
-		// refusal is answered at once, before attempts sent earlier.
+		// refusal is answered at once, before attempts sent earlier. A
+		// sliding window's instants are a step apart: one that states
+		// an earlier instant is from a window before, even a second
+		// before where the instants are stated to the second.
 		return
 	}
 	if q.Instant && (reset-m.runReset).Abs() > resetSlack && now < m.runReset-resetSlack {
