@@ -42,7 +42,12 @@
 // rate, spending what it holds beyond that, and "remaining 0" means no
 // burst left, not "stop") or a sliding-window counter (its reset is the end
 // of each fixed window, yet what remains does not refill when it comes; it
-// is paced at its limit per window, less one). A reset rounded to the
+// is paced at its limit per window less half a request, what a counter
+// that rounds its estimate takes, and less a whole one after a refusal at
+// that pace). A fixed window spent in a few milliseconds is told apart
+// from a bucket when the next window's first answer states its reset
+// further than a bucket that refilled as fast would take to fill. A
+// reset rounded to the
 // second never slows a lane below its configured rate. A refusal at a
 // reset stated to the second that has just passed (a truncated instant)
 // pauses the lane in steps through the second after it and teaches no
