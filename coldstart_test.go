@@ -16,7 +16,13 @@ import (
 // soon as the rate and a latency are known, where growing a quarter a
 // window from its unpaced start of 4 served 0.28 of the rate in the first
 // 6 s. (The pace read from the window's headers, not the limit, keeps the
-// run under 0.90: see the quota kinds in docs/design.md.)
+// run under 0.90: see the quota kinds in docs/design.md.) The window's
+// Retry-After (a second, rounded up) outlasts its reset: the lane waits
+// for the reset instead, and its attempt then may come a few milliseconds
+// before the window ends and be refused, which with 20 calls in flight
+// does not make the Retry-After meant. Up to 2% of the first 6 s are
+// refused; not waiting out each second, the lane serves 0.87-0.89 of the rate
+// where it served 0.75.
 func TestColdStartFitsLittle(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		res := load{
@@ -36,8 +42,8 @@ func TestColdStartFitsLittle(t *testing.T) {
 		if got < 0.75 {
 			t.Errorf("first 6 s served at %.2f of the rate, want at least 0.75", got)
 		}
-		if share := float64(res.rejected) / float64(n+res.rejected); share > 0.01 {
-			t.Errorf("%.1f%% refused, want at most 1%%", 100*share)
+		if share := float64(res.rejected) / float64(n+res.rejected); share > 0.02 {
+			t.Errorf("%.1f%% refused, want at most 2%%", 100*share)
 		}
 	})
 }

@@ -16,9 +16,9 @@ import (
 // second. Where the quota says the server takes a request sooner (see
 // sooner), the lane waits only until then; the first answer to an attempt
 // sent after that says which was meant. An acceptance confirms the quota;
-// a refusal says the server meant its Retry-After (a penalty, or a limit
-// the quota does not describe), and every Retry-After after it is
-// honoured in full.
+// a refusal of an attempt that went alone (see Pacer.Observe) says the
+// server meant its Retry-After (a penalty, or a limit the quota does not
+// describe), and every Retry-After after it is honoured in full.
 //
 // The zero value is not ready: use newOverlong. It holds no lock.
 type overlong struct {

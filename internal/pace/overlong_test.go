@@ -93,3 +93,32 @@ func TestPacerRetryAfterPastTheReset(t *testing.T) {
 		t.Fatalf("quota left: cooled until %v, want the Retry-After's 61s", c.Cool.Until)
 	}
 }
+
+// TestPacerRetryAfterProbeNotAlone: a strict GCRA of 100 a second whose
+// refusals state Retry-After: 1 and a quota full within a second (the
+// GCRA's wait of milliseconds rounded up) pauses an unpaced lane for one
+// request's share; at the pause's end the lane sends what its slots allow,
+// and the server refuses the second at once, while the first is still in
+// flight to be accepted. That refusal does not make the Retry-After meant:
+// the next is shortened too. A refusal of an attempt sent after the wait
+// that went alone does.
+func TestPacerRetryAfterProbeNotAlone(t *testing.T) {
+	const ms = time.Millisecond
+	refusal := func(sent time.Duration) Reply {
+		return Reply{Status: http.StatusTooManyRequests, Sent: sent, HasRA: true, RetryAfter: time.Second, HasQuota: true,
+			Quota: headers.Quota{Limit: 100, Remaining: 0, Reset: time.Second, Coarse: true, Source: "x-ratelimit"}}
+	}
+	p := New(0, 1, time.Minute, true, 0)
+	if c := p.Observe(2*ms, refusal(0), 2); c.Cool.Until != 12*ms {
+		t.Fatalf("first refusal: cooled until %v, want 12ms", c.Cool.Until)
+	}
+	if c := p.Observe(13*ms, refusal(12*ms), 2); c.Cool.Until != 23*ms {
+		t.Fatalf("refusal of the second sent at the wait's end: cooled until %v, want 23ms", c.Cool.Until)
+	}
+	if c := p.Observe(25*ms, refusal(23*ms), 2); c.Cool.Until != 35*ms {
+		t.Fatalf("the same at the next wait's end: cooled until %v, want 35ms: the Retry-After not meant", c.Cool.Until)
+	}
+	if c := p.Observe(37*ms, refusal(36*ms), 1); c.Cool.Until != 37*ms+time.Second {
+		t.Errorf("after a refusal of an attempt alone past the wait: cooled until %v, want the Retry-After's %v", c.Cool.Until, 37*ms+time.Second)
+	}
+}

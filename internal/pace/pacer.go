@@ -474,7 +474,11 @@ func (p *Pacer) Observe(now time.Duration, r Reply, inFlight int) Change {
 	if r.HasQuota {
 		p.quota.learnRefused(now, r.Quota)
 	}
-	if c.Throttled {
+	if c.Throttled && inFlight <= 1 {
+		// A refusal says a shortened wait was meant only of an attempt
+		// that went alone: a strict server refuses what follows another
+		// closely, at once, before the other's acceptance comes back
+		// (the slots an unpaced lane fills at a wait's end).
 		p.ra.answered(r.Sent, true)
 	}
 	switch {
