@@ -445,7 +445,9 @@ func (p *Pacer) Observe(now time.Duration, r Reply, inFlight int) Change {
 	if !c.Refused {
 		if r.HasQuota {
 			qp := p.quota.observe(now, r.Sent, r.Quota, inFlight)
-			if qp.sliding && p.strict {
+			if p.strict && p.quota.sliding() {
+				// The quota's pace is the sliding window's, which keeps
+				// half a request (see quotaModel.slidingRate).
 				qp.rate = p.quota.slidingRate(1)
 			}
 			c.Cool = p.pace(now, r.Sent, qp)

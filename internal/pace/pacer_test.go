@@ -445,6 +445,27 @@ func TestPacerFollowsARecountedRefill(t *testing.T) {
 	}
 }
 
+// slidingQuota is a quota of a sliding window of 50 a second whose reset
+// is the end of each second, seen at now with rem remaining.
+func slidingQuota(now time.Duration, rem int64) headers.Quota {
+	end := now.Truncate(time.Second) + time.Second
+	return headers.Quota{Limit: 50, Remaining: rem, Reset: end - now, Coarse: true, Instant: true, Source: "x-ratelimit"}
+}
+
+// slidingFirstWindow feeds p the first window of slidingQuota: remaining
+// falls from 40 to 20 while 24 are sent over 0.84 s, before the window's
+// instant came. It returns when the last was sent.
+func slidingFirstWindow(p *Pacer) time.Duration {
+	now := time.Duration(0)
+	for i := range 25 {
+		at := now + 20*time.Millisecond
+		p.Settle(at, now, verdict.Served)
+		p.Observe(at, Reply{Status: http.StatusOK, Sent: now, HasQuota: true, Quota: slidingQuota(at, int64(40-i*20/24))}, 1)
+		now += 35 * time.Millisecond
+	}
+	return now
+}
+
 // TestPacerPacesASlidingWindowAtItsLimit: once the quotas show a sliding
 // window (a reset stated as the end of each second, replaced when it
 // comes, requests counted), the lane paces at its limit a window less half,
@@ -452,30 +473,19 @@ func TestPacerFollowsARecountedRefill(t *testing.T) {
 // goes: a cut at a refusal in its first window, or an edge cut during a
 // climb (0.34 of R at 2R, held by the creep).
 func TestPacerPacesASlidingWindowAtItsLimit(t *testing.T) {
-	sliding := func(now time.Duration, rem int64) headers.Quota {
-		end := now.Truncate(time.Second) + time.Second
-		return headers.Quota{Limit: 50, Remaining: rem, Reset: end - now, Coarse: true, Instant: true, Source: "x-ratelimit"}
-	}
 	for _, c := range []struct {
 		name string
 		// cut makes the pacer's first cut, and returns when it ended.
 		cut func(t *testing.T, p *Pacer) time.Duration
 	}{
 		{"a cut before it was told apart", func(t *testing.T, p *Pacer) time.Duration {
-			// The first window: remaining falls from 40 to 20 while 24
-			// are sent over 0.84 s, then a refusal, before the window's
+			// The first window, then a refusal, before the window's
 			// instant came.
-			now := time.Duration(0)
-			for i := range 25 {
-				at := now + 20*time.Millisecond
-				p.Settle(at, now, verdict.Served)
-				p.Observe(at, Reply{Status: http.StatusOK, Sent: now, HasQuota: true, Quota: sliding(at, int64(40-i*20/24))}, 1)
-				now += 35 * time.Millisecond
-			}
+			now := slidingFirstWindow(p)
 			// A window told sliding would explain its exhausted count: no
 			// cut.
 			c := p.Observe(now, Reply{Status: http.StatusTooManyRequests, Sent: now, HasRA: true, RetryAfter: time.Second,
-				HasQuota: true, Quota: sliding(now, 0)}, 1)
+				HasQuota: true, Quota: slidingQuota(now, 0)}, 1)
 			if c.Cause != CauseCut {
 				t.Fatalf("429: cause %q; want a cut before the window is told apart", c.Cause)
 			}
@@ -508,7 +518,7 @@ func TestPacerPacesASlidingWindowAtItsLimit(t *testing.T) {
 			for end := now + 3500*time.Millisecond; now < end; now += step {
 				at := now + 20*time.Millisecond
 				p.Settle(at, now, verdict.Served)
-				p.Observe(at, Reply{Status: http.StatusOK, Sent: now, HasQuota: true, Quota: sliding(at, 20)}, 1)
+				p.Observe(at, Reply{Status: http.StatusOK, Sent: now, HasQuota: true, Quota: slidingQuota(at, 20)}, 1)
 			}
 			// Told a sliding window of 1 s (see TestQuotaKinds), the lane
 			// paces at its limit less half a request, over the window,
@@ -757,34 +767,22 @@ func TestPacerRefusedAtATruncatedReset(t *testing.T) {
 // request under the limit from then on, and a refusal before the window
 // was told apart does not.
 func TestPacerSlidingWindowRefusedAtItsPace(t *testing.T) {
-	sliding := func(now time.Duration, rem int64) headers.Quota {
-		end := now.Truncate(time.Second) + time.Second
-		return headers.Quota{Limit: 50, Remaining: rem, Reset: end - now, Coarse: true, Instant: true, Source: "x-ratelimit"}
-	}
 	p := New(100, 1, time.Minute, true, 0)
 	serve := func(from, to time.Duration, rem int64) time.Duration {
 		for now := from; now < to; now += time.Second / 20 {
 			at := now + 20*time.Millisecond
 			p.Settle(at, now, verdict.Served)
-			p.Observe(at, Reply{Status: http.StatusOK, Sent: now, HasQuota: true, Quota: sliding(at, rem)}, 1)
+			p.Observe(at, Reply{Status: http.StatusOK, Sent: now, HasQuota: true, Quota: slidingQuota(at, rem)}, 1)
 		}
 		return to
 	}
 	refuse := func(now time.Duration) time.Duration {
 		p.Observe(now, Reply{Status: http.StatusTooManyRequests, Sent: now, HasRA: true, RetryAfter: time.Second,
-			HasQuota: true, Quota: sliding(now, 0)}, 1)
+			HasQuota: true, Quota: slidingQuota(now, 0)}, 1)
 		return now + time.Second
 	}
-	// Remaining falls within the first window and a refusal ends it, as
-	// in TestPacerPacesASlidingWindowAtItsLimit; the windows after tell
-	// it apart.
-	now := time.Duration(0)
-	for i := range 25 {
-		at := now + 20*time.Millisecond
-		p.Settle(at, now, verdict.Served)
-		p.Observe(at, Reply{Status: http.StatusOK, Sent: now, HasQuota: true, Quota: sliding(at, int64(40-i*20/24))}, 1)
-		now += 35 * time.Millisecond
-	}
+	// A refusal ends the first window; the windows after tell it apart.
+	now := slidingFirstWindow(&p)
 	now = serve(refuse(now), now+4500*time.Millisecond, 20)
 	if want := 50 - slidingSpare; math.Abs(p.Rate()-want) > 1e-9 {
 		t.Fatalf("told apart after a refusal before it: rate %v, want %v/s", p.Rate(), want)

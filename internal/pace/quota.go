@@ -160,9 +160,6 @@ type quotaPace struct {
 	// counted from its quotas (see quotaModel.outrun): a pace read from
 	// that count no longer holds.
 	outrun bool
-	// sliding: rate is a sliding window's, which keeps slidingSpare of
-	// a request a window under its limit (see quotaModel.slidingRate).
-	sliding bool
 	// told: this quota told a sliding window apart. What the lane learned
 	// of the rate from refusals before it, reading the window as a bucket
 	// (a count, a climb cut short), no longer holds.
@@ -204,7 +201,7 @@ func (m *quotaModel) observe(now, sent time.Duration, q headers.Quota, inFlight 
 	// server yet: count them as used.
 	left := q.Remaining - int64(inFlight-1)
 	if m.kind == kindSliding {
-		return quotaPace{rate: m.slidingRate(slidingSpare), until: now + m.window, told: was != kindSliding, sliding: true}
+		return quotaPace{rate: m.slidingRate(slidingSpare), until: now + m.window, told: was != kindSliding}
 	}
 	if m.edgeTold() {
 		// A window whose end was measured (see windowEdge): what remains

@@ -146,7 +146,7 @@ func TestQuotaPace(t *testing.T) {
 	for _, c := range []struct{ limit, rem int64 }{{50, 0}, {50, 1}, {50, 30}, {-1, 5}} {
 		q := quotaAt("x-ratelimit", c.limit, c.rem, 300*time.Millisecond, true)
 		q.Instant = true
-		if got, want := sliding.observe(now, now, q, 2), (quotaPace{rate: 50 - slidingSpare, until: now + time.Second, sliding: true}); got != want {
+		if got, want := sliding.observe(now, now, q, 2), (quotaPace{rate: 50 - slidingSpare, until: now + time.Second}); got != want {
 			t.Errorf("sliding window, limit %d, %d remaining: %+v, want %+v", c.limit, c.rem, got, want)
 		}
 	}
