@@ -79,15 +79,38 @@ type arrival struct {
 	Accepted bool
 }
 
+// The child states times on its monotonic clock, as offsets from origin,
+// never as wall-clock instants: a wall clock stepped during a run (as a
+// virtual machine's may be) would move every arrival out of the span
+// measured. The parent maps them onto its own clock (see remote.sync).
+var origin = time.Now()
+
+// wireArrival is an arrival as the child sends it.
+type wireArrival struct {
+	Since    time.Duration // after origin
+	Accepted bool
+}
+
+// handleClock serves the control endpoints every child has: its arrivals
+// as the parent asks for them, and its clock.
+func handleClock(mux *http.ServeMux, arrivals func() []wireArrival) {
+	mux.HandleFunc("GET /arrivals", func(w http.ResponseWriter, _ *http.Request) {
+		json.NewEncoder(w).Encode(arrivals())
+	})
+	mux.HandleFunc("GET /now", func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprint(w, int64(time.Since(origin)))
+	})
+}
+
 func controlMux(srv *upstream.Server, lim upstream.Model) *http.ServeMux {
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /arrivals", func(w http.ResponseWriter, _ *http.Request) {
+	handleClock(mux, func() []wireArrival {
 		as := srv.Arrivals()
-		out := make([]arrival, len(as))
+		out := make([]wireArrival, len(as))
 		for i, a := range as {
-			out[i] = arrival{At: a.At, Accepted: a.Accepted}
+			out[i] = wireArrival{Since: a.At.Sub(origin), Accepted: a.Accepted}
 		}
-		json.NewEncoder(w).Encode(out)
+		return out
 	})
 	gh, _ := lim.(*upstream.GitHub)
 	mux.HandleFunc("POST /trigger", func(w http.ResponseWriter, r *http.Request) {
@@ -124,6 +147,10 @@ type remote struct {
 	url, ctl string
 	tr       *http.Transport // to url, with connections enough for every caller
 	ctlc     *http.Client
+	// at is the parent's time when the child's clock read since: an
+	// arrival since+x after the child's origin came at at+x-since.
+	at    time.Time
+	since time.Duration
 }
 
 // startRemote starts a child process serving m with the given latency.
@@ -160,7 +187,28 @@ func startRemote(m model, latency time.Duration) (*remote, error) {
 		MaxIdleConnsPerHost: 256,
 	}
 	r.ctlc = &http.Client{Timeout: 30 * time.Second}
+	if err := r.sync(); err != nil {
+		r.close()
+		return nil, err
+	}
 	return r, nil
+}
+
+// sync reads the child's clock, and notes the parent's time at the middle
+// of the read (a loopback round trip: a fraction of a millisecond off).
+func (r *remote) sync() error {
+	t0 := time.Now()
+	resp, err := r.ctlc.Get(r.ctl + "/now")
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	var since int64
+	if _, err := fmt.Fscan(resp.Body, &since); err != nil {
+		return fmt.Errorf("bench server clock: %w", err)
+	}
+	r.at, r.since = t0.Add(time.Since(t0)/2), time.Duration(since)
+	return nil
 }
 
 func (r *remote) arrivals() ([]arrival, error) {
@@ -169,9 +217,13 @@ func (r *remote) arrivals() ([]arrival, error) {
 		return nil, err
 	}
 	defer resp.Body.Close()
-	var as []arrival
-	if err := json.NewDecoder(resp.Body).Decode(&as); err != nil {
+	var ws []wireArrival
+	if err := json.NewDecoder(resp.Body).Decode(&ws); err != nil {
 		return nil, fmt.Errorf("bench server arrivals: %w", err)
+	}
+	as := make([]arrival, len(ws))
+	for i, w := range ws {
+		as[i] = arrival{At: r.at.Add(w.Since - r.since), Accepted: w.Accepted}
 	}
 	return as, nil
 }
@@ -251,9 +303,7 @@ func serveMiddleware(m model, latency time.Duration, in io.Reader, out io.Writer
 	srv := httptest.NewServer(rec)
 	defer srv.Close()
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /arrivals", func(w http.ResponseWriter, _ *http.Request) {
-		json.NewEncoder(w).Encode(rec.arrivals())
-	})
+	handleClock(mux, rec.arrivals)
 	ctl := httptest.NewServer(mux)
 	defer ctl.Close()
 	if _, err := fmt.Fprintf(out, "%s %s\n", srv.URL, ctl.URL); err != nil {
@@ -268,19 +318,19 @@ func serveMiddleware(m model, latency time.Duration, in io.Reader, out io.Writer
 type recorder struct {
 	next http.Handler
 	mu   sync.Mutex
-	as   []arrival
+	as   []wireArrival
 }
 
 func (rec *recorder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	at := time.Now()
+	at := time.Since(origin)
 	sw := &statusWriter{ResponseWriter: w, status: http.StatusOK}
 	rec.next.ServeHTTP(sw, r)
 	rec.mu.Lock()
-	rec.as = append(rec.as, arrival{At: at, Accepted: sw.status == http.StatusOK})
+	rec.as = append(rec.as, wireArrival{Since: at, Accepted: sw.status == http.StatusOK})
 	rec.mu.Unlock()
 }
 
-func (rec *recorder) arrivals() []arrival {
+func (rec *recorder) arrivals() []wireArrival {
 	rec.mu.Lock()
 	defer rec.mu.Unlock()
 	return slices.Clone(rec.as)
