@@ -78,7 +78,8 @@ type windowEdge struct {
 	// request arrives ends a transit later, and transits vary. It grows
 	// each time an attempt sent after the measured end is answered by the
 	// window before (see guardAfter), and is added to every end measured
-	// after.
+	// after; an end takes period/edgeGuardMin at least, so that the spread
+	// of a loopback's transits costs no refusal.
 	guard time.Duration
 }
 
@@ -153,7 +154,7 @@ func (e *windowEdge) observe(now, sent time.Duration, q headers.Quota, accepted 
 				e.period = max(time.Second, e.period.Round(time.Second))
 			}
 		}
-		e.end = sent + e.period + e.guard
+		e.end = sent + e.period + max(e.guard, e.period/edgeGuardMin)
 		if !stated {
 			inst = max(inst, now) // a passed instant: the next stated one is later
 		}

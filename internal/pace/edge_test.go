@@ -142,18 +142,52 @@ func TestWindowEdgeContradicted(t *testing.T) {
 // a transit before the server's does, and half the windows would refuse
 // their first request; the guard learned from the first such refusals
 // keeps the rest from being refused, and costs under 1% of the period.
+// A transit's spread within the least guard (period/edgeGuardMin) is
+// never refused once the window is told apart.
 func TestWindowEdgeTransit(t *testing.T) {
-	const limit, per, gap, latency = 10, time.Second, 100 * time.Millisecond, 20 * time.Millisecond
+	const per = time.Second
+	for _, c := range []struct {
+		spread    time.Duration
+		afterTold bool // no refusal from the window told apart on
+	}{
+		{2 * time.Millisecond, false},
+		{1500 * time.Microsecond, true},
+		{3 * time.Millisecond, false},
+	} {
+		told, late, all, guard := windowTransit(c.spread, per)
+		if told < 0 {
+			t.Errorf("spread %v: never told apart", c.spread)
+			continue
+		}
+		if c.afterTold && told > 0 {
+			t.Errorf("spread %v: %d attempts refused after the window was told apart, with a guard of %v", c.spread, told, guard)
+		}
+		if late > 0 {
+			t.Errorf("spread %v: %d of %d attempts refused after 10 s, with a guard of %v", c.spread, late, all, guard)
+		}
+		if guard > per/100 {
+			t.Errorf("spread %v: guard %v, want at most %v", c.spread, guard, per/100)
+		}
+	}
+}
+
+// windowTransit runs TestWindowEdgeTransit's lane and server for a minute
+// with transits spread over [0, spread), and returns the refusals of
+// attempts sent once the window was told apart, and after 10 s, how many
+// attempts were sent after 10 s, and the guard learned.
+func windowTransit(spread, per time.Duration) (told, late, all int, guard time.Duration) {
+	const limit, gap, latency = 10, 100 * time.Millisecond, 20 * time.Millisecond
 	rng := rand.New(rand.NewPCG(1, 2))
 	var (
-		e               windowEdge
-		start           time.Duration = -1 // the server's window, from its first arrival
-		n, refused, all int
-		next            = 500 * time.Millisecond
+		e     windowEdge
+		start time.Duration = -1 // the server's window, from its first arrival
+		n     int
+		next  = 500 * time.Millisecond
 	)
 	for next < 60*time.Second {
 		sent := next
-		arrived := sent + time.Duration(rng.Int64N(int64(2*time.Millisecond)))
+		wasTold := e.isTold()
+		arrived := sent + time.Duration(rng.Int64N(int64(spread)))
 		if start < 0 || arrived >= start+per {
 			start, n = arrived, 0
 		}
@@ -164,10 +198,13 @@ func TestWindowEdgeTransit(t *testing.T) {
 		now := arrived + latency
 		q := headers.Quota{Limit: limit, Remaining: int64(limit - n), Reset: max(0, (start+per).Truncate(time.Second)-now), Coarse: true, Instant: true, Source: "x-ratelimit"}
 		e.observe(now, sent, q, ok)
+		if !ok && wasTold {
+			told++
+		}
 		if sent > 10*time.Second {
 			all++
 			if !ok {
-				refused++
+				late++
 			}
 		}
 		next = sent + gap
@@ -176,14 +213,9 @@ func TestWindowEdgeTransit(t *testing.T) {
 		}
 	}
 	if !e.isTold() {
-		t.Fatal("never told apart")
+		return -1, -1, all, e.guard
 	}
-	if refused > 0 {
-		t.Errorf("%d of %d attempts refused after 10 s, with a guard of %v", refused, all, e.guard)
-	}
-	if e.guard <= 0 || e.guard > per/100 {
-		t.Errorf("guard %v, want more than 0 and at most %v", e.guard, per/100)
-	}
+	return told, late, all, e.guard
 }
 
 // TestWindowEdgeFarReset: a lane that spends a window of 60 per 6 s in its

@@ -114,10 +114,11 @@ const (
 	// thought the latest (transit between the lane's clock and the
 	// server's). See windowEdge.
 	edgeGuard = 32
-	// edgeGuardMin: the least guard a window's measured end takes once an
-	// attempt sent past it was answered by it (see guardAfter), a period
-	// over it: a transit's spread of a millisecond or two on a window of a
-	// second, 0.4% of what the window serves.
+	// edgeGuardMin: the least guard a window's measured end takes (see
+	// guardAfter), a period over it: a transit's spread of a millisecond
+	// or two on a window of a second (a goroutine woken late between the
+	// grant and the write, on a loaded machine), 0.4% of what the window
+	// serves.
 	edgeGuardMin = 256
 	// coarseProbe: after a refusal at a reset stated to the second that has
 	// just passed (a truncated instant), the lane tries again this much
