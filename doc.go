@@ -52,8 +52,8 @@
 // reset stated to the second that has just passed (a truncated instant)
 // pauses the lane in steps through the second after it and teaches no
 // rate; a fixed window's end is measured from the refills, with a guard
-// for the transit to the server once an attempt sent after that end was
-// answered by the window.
+// for the transit to the server, widened when an attempt sent after that
+// end was answered by the window.
 //
 // Reading the headers never serves a lane worse than ignoring them: a
 // header may slow a lane only as far as the server's behaviour confirms,
