@@ -21,8 +21,8 @@ import (
 // for the reset instead, and its attempt then may come a few milliseconds
 // before the window ends and be refused, which with 20 calls in flight
 // does not make the Retry-After meant. Up to 2% of the first 6 s are
-// refused; not waiting out each second, the lane serves 0.87-0.89 of the rate
-// where it served 0.75.
+// refused; not waiting out each second, the lane serves 0.87-0.89 of the
+// rate, where waiting out each would serve 0.75.
 func TestColdStartFitsLittle(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		res := load{

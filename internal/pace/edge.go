@@ -78,8 +78,9 @@ type windowEdge struct {
 	// request arrives ends a transit later, and transits vary. It grows
 	// each time an attempt sent after the measured end is answered by the
 	// window before (see guardAfter), and is added to every end measured
-	// after; an end takes period/edgeGuardMin at least, so that the spread
-	// of a loopback's transits costs no refusal.
+	// after. It is period/edgeGuardMin at least from the first end
+	// measured, so that the spread of a loopback's transits costs no
+	// refusal.
 	guard time.Duration
 }
 
@@ -154,7 +155,8 @@ func (e *windowEdge) observe(now, sent time.Duration, q headers.Quota, accepted 
 				e.period = max(time.Second, e.period.Round(time.Second))
 			}
 		}
-		e.end = sent + e.period + max(e.guard, e.period/edgeGuardMin)
+		e.guard = max(e.guard, e.period/edgeGuardMin)
+		e.end = sent + e.period + e.guard
 		if !stated {
 			inst = max(inst, now) // a passed instant: the next stated one is later
 		}
@@ -192,10 +194,10 @@ func farReset(q headers.Quota, rate float64) bool {
 // guardAfter returns the guard (see windowEdge) after an attempt sent late
 // past a window's measured end, which included guard, was answered by that
 // window: the window ended more than guard+late after a period from its
-// first attempt. It takes twice that, at least period/edgeGuardMin and at
-// most period/edgeGuard; it never shrinks, as a transit's spread does not.
+// first attempt. It takes twice that, at most period/edgeGuard; it never
+// shrinks, as a transit's spread does not.
 func guardAfter(guard, late, period time.Duration) time.Duration {
-	return min(max(2*(guard+late), period/edgeGuardMin), period/edgeGuard)
+	return min(2*(guard+late), period/edgeGuard)
 }
 
 // start makes the window whose stated instant is inst (stated: not yet

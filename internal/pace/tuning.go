@@ -115,7 +115,7 @@ const (
 	// server's). See windowEdge.
 	edgeGuard = 32
 	// edgeGuardMin: the least guard a window's measured end takes (see
-	// guardAfter), a period over it: a transit's spread of a millisecond
+	// windowEdge.guard), a period over it: a transit's spread of a millisecond
 	// or two on a window of a second (a goroutine woken late between the
 	// grant and the write, on a loaded machine), 0.4% of what the window
 	// serves.
