@@ -708,9 +708,9 @@ func TestSampledLaneStillLearns(t *testing.T) {
 		}
 		wg.Wait()
 		l := tr.lane("api.test")
-		l.mu.Lock()
+		l.lock()
 		accepted := l.pace.Accepted(l.clk.tick())
-		l.mu.Unlock()
+		l.unlock()
 		if accepted != workers*each {
 			t.Errorf("feedback counted %d responses, want %d", accepted, workers*each)
 		}

@@ -43,8 +43,8 @@ func (l *lane) estimateLocked(now time.Duration, p Priority, tn *tenant, ch *cha
 // wait for its grant, as an early refusal estimates it.
 func (l *lane) waitEstimate(p Priority) time.Duration {
 	var tn tenant // a tenant with nothing queued
-	l.mu.Lock()
-	defer l.mu.Unlock()
+	l.lock()
+	defer l.unlock()
 	return l.estimateLocked(l.clk.tick(), p, &tn, nil)
 }
 

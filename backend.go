@@ -191,9 +191,9 @@ func (l *lane) backendDone() {
 // the cooldown is later than the last one shared, so that every process on
 // the key pauses with it. It is called after a response is observed.
 func (l *lane) shareCooldown() {
-	l.mu.Lock()
+	l.lock()
 	d, ok := l.pace.ToShare()
-	l.mu.Unlock()
+	l.unlock()
 	if !ok {
 		return
 	}
@@ -213,7 +213,7 @@ func (l *lane) shareCooldown() {
 // taken the slot (see run) and does not hold mu; r is the lane's rate.
 func (l *lane) takeShared(r float64) {
 	wait, err := l.be.Take(withTaker(l.cfg), l.key, r, l.cfg.burst)
-	l.mu.Lock()
+	l.lock()
 	now := l.clk.tick()
 	switch {
 	case err != nil:
@@ -237,11 +237,11 @@ func (l *lane) takeShared(r float64) {
 		// the limit shrank and their tenants are at the lower cap. The
 		// shared token is spent; the slot and any lease go back.
 		l.slot.put()
-		l.mu.Unlock()
+		l.unlock()
 		l.be.Done(l.key)
 		return
 	}
-	l.mu.Unlock()
+	l.unlock()
 }
 
 // joinLocked joins the lane's Leaser at its first request (see Leaser),
@@ -262,9 +262,9 @@ func (l *lane) joinLocked() {
 
 // demand is what the lane wants of its Leaser; false once the lane is gone.
 func (l *lane) demand() (Demand, bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.closed || l.dead.Load() {
+	l.lock()
+	defer l.unlock()
+	if l.closed || l.isDead() {
 		return Demand{}, false
 	}
 	l.reclaimLocked(false) // what in flight was given up on is not demand
@@ -287,9 +287,9 @@ func (l *lane) demand() (Demand, bool) {
 
 // grant sets the lane's share from its Leaser, and wakes its dispatcher.
 func (l *lane) grant(s Share) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.closed || l.dead.Load() || !l.pace.Sharing() {
+	l.lock()
+	defer l.unlock()
+	if l.closed || l.isDead() || !l.pace.Sharing() {
 		return
 	}
 	now := l.clk.tick()

@@ -12,8 +12,9 @@ import (
 // (see leakToken). body is the one allocation sluice adds to a request that
 // waits for nothing.
 type body struct {
-	rc  io.ReadCloser
-	tok atomic.Pointer[leakToken] // nil once the body is done
+	rc   io.ReadCloser
+	done atomic.Bool // the hold went back, or is going: see finish
+	tok  *leakToken  // nil once the body is done; only finish's winner touches it
 }
 
 // A leakToken is the last resort: a body holds one until it is done, and
@@ -25,19 +26,18 @@ type body struct {
 // pays neither for setting a finalizer (or runtime.AddCleanup, which also
 // allocates twice) nor for clearing one, which take a runtime-wide lock. A
 // token the pool drops is collected with no hold, and its finalizer does
-// nothing.
-type leakToken struct{ h atomic.Pointer[hold] }
+// nothing. h needs no atomic: a finalizer runs after everything that made
+// its object unreachable, the race detector's view included.
+type leakToken struct{ h *hold }
 
 // wrap returns rc wrapped so that h is given back once, when the first of
 // the ways listed at body happens. The caller owns h no more.
 func wrap(rc io.ReadCloser, h *hold) *body {
-	b := &body{rc: rc}
-	tk := h.tok
+	b := &body{rc: rc, tok: h.tok}
 	h.tok = nil
-	tk.h.Store(h)
-	b.tok.Store(tk)
-	h.out.Store(true)
-	if l := h.l; l.watching.Load() {
+	b.tok.h = h
+	h.state.Or(holdOut)
+	if l := h.l; l.watching() {
 		l.watch(h)
 	}
 	return b
@@ -60,14 +60,14 @@ func (b *body) Close() error {
 // finish gives the hold back, if the body is not done yet, and recycles
 // its token.
 func (b *body) finish() {
-	if b.tok.Load() == nil {
-		return // done already: a Close after EOF, as most callers make
-	}
-	tk := b.tok.Swap(nil)
-	if tk == nil {
+	// Read first: a Close after EOF, as most callers make, finds it done.
+	if b.done.Load() || !b.done.CompareAndSwap(false, true) {
 		return
 	}
-	h := tk.h.Swap(nil)
+	tk := b.tok
+	b.tok = nil
+	h := tk.h
+	tk.h = nil
 	h.tok = tk // the owner's: the lane's list and watch never touch it
 	h.Done(h.kind)
 }
@@ -76,12 +76,12 @@ func (b *body) finish() {
 // the slot goes back and the lane warns, once, that a body was not closed.
 // The hold is left to the garbage collector.
 func (tk *leakToken) collected() {
-	h := tk.h.Load()
+	h := tk.h
 	if h == nil {
 		return
 	}
 	l := h.l
-	if l.release(h, h.kind, false, false) && l.leakWarned.CompareAndSwap(false, true) {
+	if l.release(h, h.kind, false, false) && l.flags.Or(laneLeakWarned)&laneLeakWarned == 0 {
 		l.cfg.logger.WarnContext(h.ctx, "sluice: response body not closed; its slot was given back when it was collected (close every response body)",
 			"lane", l.name())
 	}

@@ -36,8 +36,8 @@ func (t *Transport) Close() error {
 // close fails every waiter of the lane with ErrClosed, and every later
 // acquire.
 func (l *lane) close() {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+	l.lock()
+	defer l.unlock()
 	l.closed = true
 	now := l.clk.tick()
 	// Every waiter, those of tenants at their cap included.

@@ -137,7 +137,7 @@ var costShapes = []struct {
 	max, maxObserved float64
 }{
 	{"serial", 1, false, 1.6, 1.8},
-	{"8 goroutines, 1 lane", 8, false, 2.5, 2.7},
+	{"8 goroutines, 1 lane", 8, false, 2.2, 2.4},
 	{"8 goroutines, 8 lanes", 8, true, 1.5, 1.8},
 }
 

@@ -37,16 +37,16 @@ func (l *lane) run(ctx context.Context, own *waiter) {
 	defer timer.Stop()
 	late := false // the last sleep was for a token, and nothing else bound
 	for {
-		l.mu.Lock()
+		l.lock()
 		if l.q.len() == 0 {
 			l.dispatching = false
-			l.watching.Store(false)
-			l.mu.Unlock()
+			l.flags.And(^laneWatching)
+			l.unlock()
 			return
 		}
 		if own != nil && (own.h != nil || own.err != nil || ctx.Err() != nil) {
 			go l.dispatch() // still dispatching: the loop changes goroutine
-			l.mu.Unlock()
+			l.unlock()
 			return
 		}
 		tick := l.clk.tick()
@@ -57,20 +57,20 @@ func (l *lane) run(ctx context.Context, own *waiter) {
 		if servable && l.perToken && l.slot.free() && tick >= l.pace.NotBefore() {
 			l.slot.take() // held for the token the Backend may give
 			r := l.currentRateLocked()
-			l.mu.Unlock()
+			l.unlock()
 			l.takeShared(r)
 			continue
 		}
 		if servable && !l.perToken && l.tryTakeLocked(tick, late, next.charge) {
 			l.grantLocked(tick, l.q.pop(l.slot.limit), nil)
-			l.mu.Unlock()
+			l.unlock()
 			continue
 		}
 		// A slot or a tenant's turn held by a response its caller gave up
 		// on comes back now, and the others are watched from here on (see
 		// reclaimLocked).
-		if (!servable || !l.slot.free()) && !l.watching.Load() && len(l.held) > 0 && l.reclaimLocked(true) {
-			l.mu.Unlock()
+		if (!servable || !l.slot.free()) && !l.watching() && len(l.held) > 0 && l.reclaimLocked(true) {
+			l.unlock()
 			continue
 		}
 		// Sleep until the cooldown ends or the token is due. When the
@@ -90,7 +90,7 @@ func (l *lane) run(ctx context.Context, own *waiter) {
 			late = l.pace.PaceRate() > 0
 		}
 		precise := late && d < timerGrain && pace.TokenTime(l.pace.PaceRate()) < preciseLag
-		l.mu.Unlock()
+		l.unlock()
 
 		switch {
 		case d < 0:

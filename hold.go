@@ -32,19 +32,43 @@ type hold struct {
 	kind          verdict.Kind // the response's, once it came
 	nth           int          // the pacer's count of grants just after this one (see pace.Pacer.Refund)
 
-	// out: the caller has the response's body, which gives the hold back
-	// (see body). Only then may the lane give it back when the context
-	// ends: before, the attempt is still the base's.
-	out atomic.Bool
+	// state holds the flags below. Only the path that sets holdGiven
+	// gives the slot back: the owner's Done, often without the lane's
+	// lock (see lane.release), or the lane for a context that ended.
+	state atomic.Uint32
 
 	// Under the lane's lock.
-	done bool        // the slot went back
-	idx  int         // its index in the lane's held, while not done
+	idx  int         // its index in the lane's held, until it is settled
 	stop func() bool // stops the context watch (see lane.reclaimLocked); nil if none
+	next *hold       // the next hold in the lane's returned list
 
 	// Kept while the hold is recycled.
 	ended func()     // h.ctxEnded, bound once per hold
 	tok   *leakToken // its body's leak token, while no body has it (see wrap)
+}
+
+// The flags of hold.state.
+const (
+	// holdOut: the caller has the response's body, which gives the hold
+	// back (see body). Only then may the lane give it back when the
+	// context ends: before, the attempt is still the base's.
+	holdOut     uint32 = 1 << iota
+	holdWatched        // its context is watched: stop is set
+	holdGiven          // its slot's return is claimed
+)
+
+// claim claims h's return for the caller, and reports false if another
+// path has it already.
+func (h *hold) claim() bool {
+	for {
+		s := h.state.Load()
+		if s&holdGiven != 0 {
+			return false
+		}
+		if h.state.CompareAndSwap(s, s|holdGiven) {
+			return true
+		}
+	}
 }
 
 // holds recycles holds, each with its leak token: a request takes and puts
@@ -73,15 +97,22 @@ func (h *hold) recycle() {
 // holdLocked hands out a hold on l's token and slot, which the caller has
 // taken, granted at at to an attempt of ctx, and puts it on the lane's list.
 func (l *lane) holdLocked(ctx context.Context, tn *tenant, ch *charge, at, wait time.Duration) *hold {
-	return l.fillLocked(holds.Get().(*hold), ctx, tn, ch, at, wait)
+	return l.fillLocked(l.newHold(ctx, ch), tn, at, wait)
 }
 
-// fillLocked is holdLocked with a hold h from the pool, taken before the
-// lock so that the lock is held for less.
-func (l *lane) fillLocked(h *hold, ctx context.Context, tn *tenant, ch *charge, at, wait time.Duration) *hold {
-	h.l, h.ctx, h.tn, h.ch = l, ctx, tn, ch
-	h.done = false
-	h.out.Store(false)
+// newHold takes a hold from the pool for an attempt of ctx charged ch,
+// and sets what needs no lock.
+func (l *lane) newHold(ctx context.Context, ch *charge) *hold {
+	h := holds.Get().(*hold)
+	h.l, h.ctx, h.ch = l, ctx, ch
+	h.state.Store(0)
+	return h
+}
+
+// fillLocked is holdLocked with a hold from newHold, which may be taken
+// before the lock so that the lock is held for less.
+func (l *lane) fillLocked(h *hold, tn *tenant, at, wait time.Duration) *hold {
+	h.tn = tn
 	h.start, h.at, h.wait = at, at, wait
 	h.nth = l.pace.Granted()
 	h.timed, h.spaced, h.look = l.timeNextLocked(at), l.pace.Spaces(), l.lookLocked(tn.level)
@@ -90,13 +121,9 @@ func (l *lane) fillLocked(h *hold, ctx context.Context, tn *tenant, ch *charge, 
 	return h
 }
 
-// unholdLocked marks h given back and takes it off the lane's list. It
-// reports false if it already was.
-func (l *lane) unholdLocked(h *hold) bool {
-	if h.done {
-		return false
-	}
-	h.done = true
+// unholdLocked takes h, whose return its caller claimed, off the lane's
+// list.
+func (l *lane) unholdLocked(h *hold) {
 	last := len(l.held) - 1
 	if h.idx != last {
 		m := l.held[last]
@@ -104,7 +131,6 @@ func (l *lane) unholdLocked(h *hold) bool {
 	}
 	l.held[last] = nil
 	l.held = l.held[:last]
-	return true
 }
 
 // Done gives back the slot of an attempt that was sent and is finished as k
@@ -142,13 +168,13 @@ func (h *hold) ctxEnded() { h.l.release(h, h.kind, false, false) }
 func (l *lane) reclaimLocked(watch bool) bool {
 	released := false
 	if watch {
-		l.watching.Store(true) // before out is read: see wrap
+		l.flags.Or(laneWatching) // before out is read: see wrap
 	}
 	for i := len(l.held) - 1; i >= 0; i-- {
 		// Backwards: releaseLocked moves the last hold to h's index.
 		h := l.held[i]
-		if h.out.Load() && h.ctx.Done() != nil {
-			if h.ctx.Err() != nil {
+		if h.state.Load()&(holdOut|holdGiven) == holdOut && h.ctx.Done() != nil {
+			if h.ctx.Err() != nil && h.claim() {
 				l.releaseLocked(h, h.kind, false, 0)
 				l.backendDone()
 				released = true
@@ -163,15 +189,20 @@ func (l *lane) reclaimLocked(watch bool) bool {
 // watch arms h's context watch, for a lane whose dispatcher needs the slots
 // back (see wrap).
 func (l *lane) watch(h *hold) {
-	l.mu.Lock()
+	l.lock()
 	h.watchLocked()
-	l.mu.Unlock()
+	l.unlock()
 }
 
 // watchLocked arms h's context watch if h is not given back nor watched yet
-// and its context can end. The lane's lock is held.
+// and its context can end. The lane's lock is held. The flag is set first,
+// so that an owner that finds none may give h back without the lock.
 func (h *hold) watchLocked() {
-	if !h.done && h.stop == nil && h.ctx.Done() != nil {
+	if h.ctx.Done() == nil {
+		return
+	}
+	s := h.state.Load()
+	if s&(holdWatched|holdGiven) == 0 && h.state.CompareAndSwap(s, s|holdWatched) {
 		h.stop = context.AfterFunc(h.ctx, h.ended)
 	}
 }

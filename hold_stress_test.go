@@ -116,14 +116,14 @@ func checkHeld(t *testing.T, tr *Transport) {
 	deadline := time.Now().Add(2 * time.Second)
 	for {
 		runtime.GC()
-		l.mu.Lock()
+		l.lock()
 		l.reclaimLocked(false)
 		inUse, held, q := l.slot.inUse, len(l.held), l.q.len()
 		tin := 0
 		for p := range l.q.levels {
 			l.q.levels[p].each(func(tn *tenant) { tin += tn.inFlight })
 		}
-		l.mu.Unlock()
+		l.unlock()
 		if inUse == 0 && held == 0 && q == 0 && tin == 0 {
 			return
 		}
@@ -137,11 +137,60 @@ func checkHeld(t *testing.T, tr *Transport) {
 	}
 }
 
-// TestHoldStress: every way a response can end gives its slot back once.
+// TestHoldStress: every way a response can end gives its slot back once,
+// on a lane that times every attempt and on one that times few (whose
+// owners give most slots back without the lock: see lane.listReturned).
 func TestHoldStress(t *testing.T) {
 	for range 3 {
 		tr := stressHolds(t, WithConcurrency(2, 2), WithTenantShare(Normal, 0.5))
 		checkHeld(t, tr)
+		tr = stressHolds(t, WithConcurrency(2, 2), WithRate(1e6, time.Second), WithBurst(1000))
+		checkHeld(t, tr)
+	}
+}
+
+// TestReturnedSettled: holds given back without the lock (see
+// lane.listReturned) are settled by the time the lock is free, with no
+// later lock to settle them, and each wakes the waiters its slot serves:
+// eight goroutines on a lane of one or two slots, paced too fast to time
+// every attempt, all finish, and the idle lane lists nothing, with every
+// slot free. Ten rounds each: a hold left listed shows in some.
+func TestReturnedSettled(t *testing.T) {
+	for i := range 20 {
+		slots := 1 + i%2
+		tr := mustNew(t, replyBase{}, WithConcurrency(slots, slots), WithRate(1e6, time.Second), WithBurst(1000))
+		reqs := costRequests(t, 8, false)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			var wg sync.WaitGroup
+			for _, req := range reqs {
+				wg.Go(func() {
+					for range 2000 {
+						resp, err := tr.RoundTrip(req)
+						if err != nil {
+							t.Error(err)
+							return
+						}
+						io.Copy(io.Discard, resp.Body)
+						resp.Body.Close()
+					}
+				})
+			}
+			wg.Wait()
+		}()
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			t.Fatalf("%d slots: requests still waiting after 30 s: a slot given back woke nobody", slots)
+		}
+		l := tr.lane("api.test")
+		l.mu.Lock() // not lock: that would settle what is listed
+		listed, inUse := l.returned.Load() != nil, l.slot.inUse
+		l.mu.Unlock()
+		if listed || inUse != 0 {
+			t.Errorf("%d slots: idle lane: holds still listed %v, slots in use %d", slots, listed, inUse)
+		}
 	}
 }
 

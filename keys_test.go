@@ -140,7 +140,7 @@ func TestForgottenLaneIsNotUsed(t *testing.T) {
 		}
 		resp.Body.Close()
 		l := tr.lane("k")
-		if l == old || l.dead.Load() {
+		if l == old || l.isDead() {
 			t.Fatal("the forgotten lane is still the key's lane")
 		}
 		if tr.hot.Load() == old {

@@ -41,16 +41,14 @@ type lane struct {
 	// lane's clock, and (untimed, below) the grants since.
 	timedAt time.Duration
 
-	// dead: the lane was forgotten (see forget). Set under mu, never
-	// cleared; read without it by lookups, which then make a new lane.
-	dead       atomic.Bool
-	leakWarned atomic.Bool   // a response body was collected unclosed; see leakToken
-	quiet      atomic.Uint32 // responses in a row with no rate-limit header; see reads
-	// watching: a dispatcher needs the slots back (see reclaimLocked); a
-	// response that goes out meanwhile is watched at once (see wrap).
-	watching atomic.Bool
-	// The flags below sit with the four-byte ones above in one word: the
-	// lane is within a size class of growing a quarter (TestLaneHeap).
+	flags atomic.Uint32 // laneDead, laneWatching, laneLeakWarned
+	quiet atomic.Uint32 // responses in a row with no rate-limit header; see reads
+	// returned lists the holds given back without the lock, newest first,
+	// linked by next, until the lock's next holder settles them (see
+	// listReturned).
+	returned atomic.Pointer[hold]
+	// The flags below sit in one word, and the atomic ones in another:
+	// the lane is within a size class of growing a seventh (TestLaneHeap).
 	closed      bool // see Transport.Close: every acquire fails
 	dispatching bool // a dispatcher goroutine is running
 	stalled     bool // it waits for a kick: no waiter's tenant is under its cap
@@ -77,6 +75,26 @@ type lane struct {
 	refused *[numLevels][numReasons]uint64 // early refusals; nil before the first
 	budget  retryBudget                    // see retry.go
 }
+
+// The bits of lane.flags.
+const (
+	// laneDead: the lane was forgotten (see forget). Set under mu, never
+	// cleared; read without it by lookups, which then make a new lane.
+	laneDead uint32 = 1 << iota
+	// laneWatching: a dispatcher needs the slots back (see reclaimLocked);
+	// a response that goes out meanwhile is watched at once (see wrap).
+	laneWatching
+	// laneLeakWarned: a response body was collected unclosed; see
+	// leakToken.
+	laneLeakWarned
+)
+
+// isDead reports whether the lane was forgotten (see laneDead).
+func (l *lane) isDead() bool { return l.flags.Load()&laneDead != 0 }
+
+// watching reports whether its dispatcher needs the slots back (see
+// laneWatching).
+func (l *lane) watching() bool { return l.flags.Load()&laneWatching != 0 }
 
 type levelCounters struct {
 	granted   uint64
@@ -164,18 +182,20 @@ func (l *lane) acquire(ctx context.Context, p Priority, enq time.Duration, free 
 	if !free {
 		var rej *RejectedError
 		if ch, rej = l.chargeOf(ctx, p); rej != nil {
-			l.mu.Lock()
+			l.lock()
 			l.countRefusedLocked(p, ReasonCost)
-			l.mu.Unlock()
+			l.unlock()
 			return nil, enq, rej
 		}
 	}
 	id := TenantFrom(ctx)
-	h := holds.Get().(*hold) // before the lock: see fillLocked
+	h := l.newHold(ctx, ch) // before the lock: see fillLocked
+	// The returned holds are settled only if the grant needs their slots:
+	// the lock is held for less.
 	l.mu.Lock()
 	if err := l.usableLocked(); err != nil {
-		l.mu.Unlock()
-		holds.Put(h)
+		l.unlock()
+		h.recycle()
 		return nil, enq, err
 	}
 	// The clock is read under the lock: a reading taken before it would
@@ -191,24 +211,29 @@ func (l *lane) acquire(ctx context.Context, p Priority, enq time.Duration, free 
 		l.joinLocked()
 	}
 	tn := l.q.levels[p].tenant(id)
-	if l.tryGrantLocked(h, ctx, p, tn, ch, now, first) {
-		l.mu.Unlock()
+	granted := l.tryGrantLocked(h, p, tn, now, first)
+	if !granted && l.returned.Load() != nil {
+		recycleAll(l.settleReturnedLocked())
+		granted = l.tryGrantLocked(h, p, tn, now, first)
+	}
+	if granted {
+		l.unlock()
 		return h, enq, nil
 	}
 	w, err := l.enqueueLocked(ctx, p, tn, ch, enq, now, first, after)
 	if err != nil {
-		l.mu.Unlock()
-		holds.Put(h)
+		l.unlock()
+		h.recycle()
 		return nil, enq, err
 	}
-	holds.Put(h) // the dispatcher takes one for the grant (nothing else holds h)
+	h.recycle() // the dispatcher takes one for the grant (nothing else holds h)
 	return l.await(ctx, w)
 }
 
 // usableLocked returns the error of an acquire on a lane that can grant
 // nothing: forgotten or closed.
 func (l *lane) usableLocked() error {
-	if l.dead.Load() {
+	if l.isDead() {
 		return errLaneGone
 	}
 	if l.closed {
@@ -222,16 +247,16 @@ func (l *lane) usableLocked() error {
 // filling h, or reports false. Taking tokens from a Backend, every token
 // is a call to it, which must not be made under mu: the dispatcher makes
 // it.
-func (l *lane) tryGrantLocked(h *hold, ctx context.Context, p Priority, tn *tenant, ch *charge, now time.Duration, first bool) bool {
+func (l *lane) tryGrantLocked(h *hold, p Priority, tn *tenant, now time.Duration, first bool) bool {
 	lv := &l.q.levels[p]
-	if l.perToken || l.q.len() > 0 || tn.inFlight >= lv.capOf(l.slot.limit) || !l.tryTakeLocked(now, false, ch) {
+	if l.perToken || l.q.len() > 0 || tn.inFlight >= lv.capOf(l.slot.limit) || !l.tryTakeLocked(now, false, h.ch) {
 		return false
 	}
 	lv.started(tn, l.slot.limit)
 	l.grantedLocked(now, p, first, 0)
 	// The grant time is the send time, give or take the few nanoseconds
 	// until the caller sends: no clock read is needed.
-	l.fillLocked(h, ctx, tn, ch, now, 0)
+	l.fillLocked(h, tn, now, 0)
 	return true
 }
 
@@ -278,7 +303,7 @@ func (l *lane) enqueueLocked(ctx context.Context, p Priority, tn *tenant, ch *ch
 // await waits, with the lock held on entry and released, until w is granted
 // or failed, or its context ends.
 func (l *lane) await(ctx context.Context, w *waiter) (*hold, time.Duration, error) {
-	l.mu.Unlock()
+	l.unlock()
 	if w.dispatches {
 		// This goroutine runs the dispatcher's loop until its own waiter
 		// is served, and hands the loop on if others still wait. A caller
@@ -294,7 +319,7 @@ func (l *lane) await(ctx context.Context, w *waiter) (*hold, time.Duration, erro
 		return w.h, w.enq, nil
 	case <-ctx.Done():
 	}
-	l.mu.Lock()
+	l.lock()
 	var dropped *hold
 	switch {
 	case w.h != nil:
@@ -303,7 +328,7 @@ func (l *lane) await(ctx context.Context, w *waiter) (*hold, time.Duration, erro
 		// caller sees its context's error and sends nothing.
 		dropped = w.h
 	case w.err != nil:
-		l.mu.Unlock()
+		l.unlock()
 		return nil, w.enq, w.err // the lane failed it first; it was not cancelled
 	default:
 		l.q.remove(w)
@@ -313,7 +338,7 @@ func (l *lane) await(ctx context.Context, w *waiter) (*hold, time.Duration, erro
 		l.wakeLocked()
 	}
 	l.levels[w.level].cancelled++
-	l.mu.Unlock()
+	l.unlock()
 	if dropped != nil {
 		dropped.Drop()
 	}
@@ -331,9 +356,9 @@ func (l *lane) forget(idle time.Duration) bool {
 	if idle <= 0 {
 		return false
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.dead.Load() {
+	l.lock()
+	defer l.unlock()
+	if l.isDead() {
 		return true
 	}
 	d := l.clk.read()
@@ -344,7 +369,7 @@ func (l *lane) forget(idle time.Duration) bool {
 	if !l.budgets.full(d) {
 		return false
 	}
-	l.dead.Store(true)
+	l.flags.Or(laneDead)
 	return true
 }
 
@@ -369,7 +394,7 @@ func (l *lane) grantedLocked(now time.Duration, p Priority, first bool, wait tim
 // sent. A Backend's token is not given back (a shared budget cannot take
 // one back safely once others may have been refused for it); its lease is.
 func (l *lane) refund(h *hold) {
-	l.mu.Lock()
+	l.lock()
 	if testHookRefund != nil {
 		testHookRefund(l, h.at)
 	}
@@ -380,7 +405,7 @@ func (l *lane) refund(h *hold) {
 	l.slot.put()
 	l.q.levels[h.tn.level].finished(h.tn, l.slot.limit)
 	l.wakeLocked()
-	l.mu.Unlock()
+	l.unlock()
 	l.backendDone()
 	h.recycle() // never out: no watch
 }
@@ -411,16 +436,16 @@ func (l *lane) dropCharge(ch *charge) {
 }
 
 func (l *lane) dropChargeLocking(ch *charge) {
-	l.mu.Lock()
+	l.lock()
 	l.budgets.answered(ch)
-	l.mu.Unlock()
+	l.unlock()
 }
 
 // adjust charges the budget named name, if the lane has it, the difference
 // between an attempt's estimated and actual cost (see Report).
 func (l *lane) adjust(name string, estimate, actual float64) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+	l.lock()
+	defer l.unlock()
 	if i := l.budgets.index(name); i >= 0 {
 		l.budgets.adjust(i, l.clk.tick(), estimate, actual)
 	}
@@ -437,14 +462,22 @@ func (l *lane) release(h *hold, k verdict.Kind, sample, owner bool) (released bo
 	if sample {
 		d = l.clk.read()
 	}
-	l.mu.Lock()
+	if !l.mu.TryLock() {
+		// The common case never waits for the lock: an owner done with a
+		// served response that is neither timed nor watched lists its
+		// hold as returned (see listReturned).
+		if owner && !sample && k == verdict.Served && !l.perToken && l.listReturned(h) {
+			return true
+		}
+		l.mu.Lock()
+	}
 	stop := h.stop
 	h.stop = nil
-	released = !h.done
+	released = h.claim()
 	if released {
 		l.releaseLocked(h, k, sample, d)
 	}
-	l.mu.Unlock()
+	l.unlock()
 	if released {
 		l.backendDone()
 	}
@@ -456,6 +489,80 @@ func (l *lane) release(h *hold, k verdict.Kind, sample, owner bool) (released bo
 		h.recycle()
 	}
 	return released
+}
+
+// listReturned lists h, whose owner is done with it, as returned, unless
+// its context is watched or its slot given back already, and reports
+// whether it did. The first on an empty list settles the list if the lock
+// is free; if not, the lock's holder settles it before it lets go (see
+// unlock). A hold listed behind others is settled with them. Under
+// contention a release then parks no goroutine, and one lock settles many.
+func (l *lane) listReturned(h *hold) bool {
+	s := h.state.Load()
+	if s&^holdOut != 0 || !h.state.CompareAndSwap(s, s|holdGiven) {
+		return false
+	}
+	var first bool // h is alone on the list; once listed, h is not ours
+	for {
+		next := l.returned.Load()
+		h.next, first = next, next == nil
+		if l.returned.CompareAndSwap(next, h) {
+			break
+		}
+	}
+	if first && l.mu.TryLock() {
+		list := l.settleReturnedLocked()
+		l.unlock()
+		recycleAll(list)
+	}
+	return true
+}
+
+// lock locks the lane and settles the holds given back while it was not
+// held (see release), so that the holder sees every slot given back.
+func (l *lane) lock() {
+	l.mu.Lock()
+	if l.returned.Load() != nil {
+		recycleAll(l.settleReturnedLocked())
+	}
+}
+
+// unlock unlocks the lane, and settles the holds listed as returned while
+// it was held, unless another goroutine has taken the lock again: that one
+// then does. An owner that lists a hold and finds the lock held relies on
+// this: its listing came before the holder's check, so no hold stays
+// listed once the lock is free.
+func (l *lane) unlock() {
+	l.mu.Unlock()
+	for l.returned.Load() != nil && l.mu.TryLock() {
+		list := l.settleReturnedLocked()
+		l.mu.Unlock()
+		recycleAll(list)
+	}
+}
+
+// settleReturnedLocked gives back the slots of the holds on the returned
+// list, and returns the list: their owners are done with them and nothing
+// watches them, so the caller recycles them (see recycleAll), after it
+// unlocks if it can. The order does not matter: each is counted as
+// answered at the lane's latest reading.
+func (l *lane) settleReturnedLocked() *hold {
+	list := l.returned.Swap(nil)
+	for h := list; h != nil; h = h.next {
+		l.releaseLocked(h, verdict.Served, false, 0)
+	}
+	return list
+}
+
+// recycleAll recycles the holds of a list that settleReturnedLocked
+// returned.
+func recycleAll(list *hold) {
+	for h := list; h != nil; {
+		next := h.next
+		h.next = nil
+		h.recycle()
+		h = next
+	}
 }
 
 // overloadedLocked takes an overload at now of an attempt sent at sent,
@@ -525,8 +632,8 @@ func (l *lane) observe(ctx context.Context, resp *http.Response, sent time.Durat
 		}
 	}
 
-	l.mu.Lock()
-	defer l.mu.Unlock()
+	l.lock()
+	defer l.unlock()
 	now := l.clk.tick()
 	if l.budgets.observe(now, sent, &left, ch, body.Points) {
 		r.BudgetOut = true // a budget had less left than the attempt cost
@@ -586,9 +693,9 @@ func (l *lane) traceWrite(req *http.Request, at time.Duration) *http.Request {
 func (l *lane) wrote(at time.Duration) {
 	// Read before the lock: a wait for it is not the request's lateness.
 	now := l.clk.read()
-	l.mu.Lock()
+	l.lock()
 	l.pace.Wrote(now, at)
-	l.mu.Unlock()
+	l.unlock()
 }
 
 // settleLocked counts for the lane's pace an attempt sent at sent that finished
@@ -655,8 +762,8 @@ func (l *lane) limitMovedLocked(ch limitChange) {
 // overload: the in-flight limit is cut). The attempt's slot may be back
 // already: only the lane's pace and limit learn.
 func (l *lane) streamFailed(ctx context.Context, k verdict.Kind, sent time.Duration, p Priority) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+	l.lock()
+	defer l.unlock()
 	now := l.clk.tick()
 	switch k {
 	case verdict.Throttled:

@@ -16,8 +16,8 @@ func (l *lane) setLimitLocked(n int) { l.limitMovedLocked(l.slot.set(n)) }
 // pinLimit sets l's in-flight limit to n and pins the limiter's bounds
 // there, so that no sample moves it while the test looks.
 func pinLimit(l *lane, n int) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+	l.lock()
+	defer l.unlock()
 	l.limitMovedLocked(l.slot.pin(n))
 }
 
@@ -297,8 +297,8 @@ func BenchmarkControllerOnDone(b *testing.B) {
 			tr := mustNew(b, nopBase{}, bc.opts...)
 			l := tr.lane("k")
 			now := time.Duration(0)
-			l.mu.Lock()
-			defer l.mu.Unlock()
+			l.lock()
+			defer l.unlock()
 			for range 10 {
 				l.slot.take()
 			}

@@ -54,8 +54,8 @@ func newRetryBudget() retryBudget {
 // allowRetry reports whether the lane's budget allows one more retry, and
 // counts it if so.
 func (l *lane) allowRetry() bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+	l.lock()
+	defer l.unlock()
 	now := l.clk.timeOf(l.clk.tick())
 	b := &l.budget
 	limit := l.cfg.retryRatio*float64(b.firsts.Sum(now)) + float64(l.cfg.retryMin)

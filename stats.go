@@ -106,7 +106,7 @@ func (t *Transport) Stats() Stats {
 	// of bytes, a pointer eight, and a key never changes.
 	ls := make([]*lane, 0, max(t.nLanes.Load(), 0))
 	t.lanes.Range(func(_, v any) bool {
-		if l := v.(*lane); !l.dead.Load() {
+		if l := v.(*lane); !l.isDead() {
 			ls = append(ls, l)
 		}
 		return true
@@ -150,8 +150,8 @@ func (t *Transport) laneStats(l *lane) LaneStats {
 }
 
 func (l *lane) stats() LaneStats {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+	l.lock()
+	defer l.unlock()
 	l.reclaimLocked(false)
 	tick := l.clk.tick()
 	host, sub := splitKey(l.key)

@@ -131,7 +131,7 @@ func (rs *routes) lookup(r, path string, now time.Time) (string, *lane) {
 	}
 	f.at = now
 	rs.byPath[r] = f
-	if f.sub != nil && f.sub.dead.Load() {
+	if f.sub != nil && f.sub.isDead() {
 		return name, nil
 	}
 	return name, f.sub
@@ -339,7 +339,7 @@ func (t *Transport) sublimitOf(l *lane, req *http.Request) (sub *lane, caller bo
 func (t *Transport) subLane(l *lane, name string) *lane {
 	key := l.key + subSep + name
 	if v, ok := t.lanes.Load(key); ok {
-		if s := v.(*lane); !s.dead.Load() {
+		if s := v.(*lane); !s.isDead() {
 			return s
 		}
 	}
@@ -388,9 +388,9 @@ func isNamed(sub *lane, name string, bucket bool, path string) bool {
 // waits for nothing if ctx's deadline comes first: the grant that follows
 // refuses such a request at once.
 func (l *lane) coolWait(ctx context.Context) error {
-	l.mu.Lock()
+	l.lock()
 	until, now := l.pace.Cooldown(), l.clk.tick()
-	l.mu.Unlock()
+	l.unlock()
 	if until <= now {
 		return nil // the cooldown's zero value is far in the past: no subtraction
 	}

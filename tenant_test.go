@@ -397,9 +397,9 @@ func TestTenantCapFollowsLimitUp(t *testing.T) {
 		base := &fakeBase{latency: time.Hour}
 		tr := mustNew(t, base, WithConcurrency(1, 20), WithTenantShare(Normal, 0.5))
 		l := tr.lane("api.test")
-		l.mu.Lock()
+		l.lock()
 		l.setLimitLocked(2) // a cap of 1
-		l.mu.Unlock()
+		l.unlock()
 		ctx, cancel := context.WithCancel(WithTenant(t.Context(), "a"))
 		defer cancel()
 		for range 2 {
@@ -409,9 +409,9 @@ func TestTenantCapFollowsLimitUp(t *testing.T) {
 		if n := len(base.times()); n != 1 {
 			t.Fatalf("%d sent under a cap of 1, want 1", n)
 		}
-		l.mu.Lock()
+		l.lock()
 		l.setLimitLocked(10) // a cap of 5
-		l.mu.Unlock()
+		l.unlock()
 		synctest.Wait()
 		if n := len(base.times()); n != 2 {
 			t.Errorf("%d sent after the cap grew to 5, want 2", n)

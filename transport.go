@@ -113,7 +113,7 @@ func (t *Transport) lane(key string) *lane {
 		return l
 	}
 	if v, ok := t.lanes.Load(key); ok {
-		if l := v.(*lane); !l.dead.Load() {
+		if l := v.(*lane); !l.isDead() {
 			return l
 		}
 	}
@@ -134,7 +134,7 @@ func (t *Transport) laneSlow(key string, cfg *config) *lane {
 		v, ok := t.lanes.Load(key)
 		if ok {
 			old := v.(*lane)
-			if !old.dead.Load() {
+			if !old.isDead() {
 				return old
 			}
 			l := newLane(key, cfg)
@@ -170,7 +170,7 @@ func (t *Transport) added(l *lane) {
 // find returns the live lane for key, or nil: it creates none.
 func (t *Transport) find(key string) *lane {
 	if v, ok := t.lanes.Load(key); ok {
-		if l := v.(*lane); !l.dead.Load() {
+		if l := v.(*lane); !l.isDead() {
 			return l
 		}
 	}
@@ -542,9 +542,9 @@ func (t *Transport) fanoutLimit() int {
 		if l.cfg.sub {
 			return true // its host's limit bounds it
 		}
-		l.mu.Lock()
+		l.lock()
 		n += l.slot.limit
-		l.mu.Unlock()
+		l.unlock()
 		return true
 	})
 	if n == 0 {

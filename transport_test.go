@@ -442,9 +442,9 @@ func TestIdleTransportRunsNoGoroutine(t *testing.T) {
 		wg.Wait()
 		synctest.Wait()
 		l := tr.lane("api.test")
-		l.mu.Lock()
+		l.lock()
 		running := l.dispatching
-		l.mu.Unlock()
+		l.unlock()
 		if running {
 			t.Error("dispatcher still running on an idle lane")
 		}
@@ -496,7 +496,7 @@ func TestGrantWinsRaceWithCancel(t *testing.T) {
 				errc <- err
 			}()
 			synctest.Wait() // queued, blocked in select; its dispatcher sleeps an hour
-			l.mu.Lock()
+			l.lock()
 			now := l.clk.tick()
 			l.pace.Refund(now, true, l.pace.Granted()) // as if the hour's token had come
 			if !l.tryTakeLocked(now, false, nil) {
@@ -510,7 +510,7 @@ func TestGrantWinsRaceWithCancel(t *testing.T) {
 				cancel() // the waiter wakes and blocks on l.mu
 				l.grantLocked(now, w, nil)
 			}
-			l.mu.Unlock()
+			l.unlock()
 			if err := <-errc; err == nil {
 				outcomes[0]++
 				h.Drop() // what attempt does on finding ctx done after the grant
@@ -562,12 +562,12 @@ func TestNeverOverRateRealClock(t *testing.T) {
 				} else {
 					runtime.Gosched()
 				}
-				l.mu.Lock()
+				l.lock()
 				if now := l.clk.tick(); l.tryTakeLocked(now, false, nil) {
 					mine = append(mine, now)
 					l.slot.put()
 				}
-				l.mu.Unlock()
+				l.unlock()
 			}
 			mu.Lock()
 			for _, d := range mine {
@@ -614,8 +614,8 @@ func TestTransportTracesWritesOnceRefused(t *testing.T) {
 	floor := func() time.Duration {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, srv.URL, nil)
 		l := tr.lane(tr.cfg.key(req))
-		l.mu.Lock()
-		defer l.mu.Unlock()
+		l.lock()
+		defer l.unlock()
 		return l.pace.LagFloor()
 	}
 	for i := 1; i <= 3; i++ {
