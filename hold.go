@@ -40,7 +40,10 @@ type hold struct {
 	// Under the lane's lock.
 	idx  int         // its index in the lane's held, until it is settled
 	stop func() bool // stops the context watch (see lane.reclaimLocked); nil if none
-	next *hold       // the next hold in the lane's returned list
+
+	// The next hold on the lane's returned list: set by the owner before
+	// it lists the hold, then read by the holder of the lane's lock.
+	next *hold
 
 	// Kept while the hold is recycled.
 	ended func()     // h.ctxEnded, bound once per hold

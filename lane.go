@@ -22,7 +22,8 @@ import (
 // the only code that calls across parts. Everything in it is guarded by mu,
 // which is never held across a wait: waiting happens on channels and timers
 // after mu is released. Methods whose names end in Locked are called with mu
-// held; the others take it themselves.
+// held; the others take it themselves, through lock and unlock, which also
+// settle the holds given back without it (see listReturned).
 //
 // The path of a request that waits for nothing keeps its times on the lane's
 // clock (see clock): offsets from the lane's creation, which compare and
