@@ -20,7 +20,8 @@ import (
 // 0 sends Interactive calls at 40/s, the others Batch calls as fast as they
 // are let, together above the rate. The Interactive process must be served
 // at its demand, the fleet must keep within rate x T + burst + procs x
-// shareSlack in every window T, and the Batch processes share the rest.
+// shareSlack and the hop's slack in every window T (see checkBound), and
+// the Batch processes share the rest.
 func TestSharesProcesses(t *testing.T) {
 	for _, n := range []int{4, 16} {
 		t.Run(strconv.Itoa(n), func(t *testing.T) { sharesProcesses(t, n) })
