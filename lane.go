@@ -191,8 +191,9 @@ func (l *lane) acquire(ctx context.Context, p Priority, enq time.Duration, free 
 	}
 	id := TenantFrom(ctx)
 	h := l.newHold(ctx, ch) // before the lock: see fillLocked
-	// The returned holds are settled only if the grant needs their slots:
-	// the lock is held for less.
+	// The returned holds are settled only if the grant needs their slots,
+	// and otherwise once the lock is let go (see unlock): the lock is held
+	// for less on the path that waits for nothing.
 	l.mu.Lock()
 	if err := l.usableLocked(); err != nil {
 		l.unlock()
@@ -511,10 +512,8 @@ func (l *lane) listReturned(h *hold) bool {
 			break
 		}
 	}
-	if first && l.mu.TryLock() {
-		list := l.settleReturnedLocked()
-		l.unlock()
-		recycleAll(list)
+	if first {
+		l.settleIfFree()
 	}
 	return true
 }
@@ -535,6 +534,12 @@ func (l *lane) lock() {
 // listed once the lock is free.
 func (l *lane) unlock() {
 	l.mu.Unlock()
+	l.settleIfFree()
+}
+
+// settleIfFree settles the returned list while it is not empty and the
+// lock is free, and recycles its holds once the lock is let go.
+func (l *lane) settleIfFree() {
 	for l.returned.Load() != nil && l.mu.TryLock() {
 		list := l.settleReturnedLocked()
 		l.mu.Unlock()
