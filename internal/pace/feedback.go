@@ -247,6 +247,7 @@ func (f *feedback) cut(now time.Duration, r refusal) {
 		kept = min(kept, r.kept)
 	}
 	rf, cut, edge := current, throttleCut, false
+	jitter := false  // refused at the plateau after a run there (see below)
 	guess := false   // rf is a rough refill count: probe up from it
 	stated := false  // rf is the first estimate, from what the quotas state
 	counted := false // rf is the refill count (see recount)
@@ -263,6 +264,20 @@ func (f *feedback) cut(now time.Duration, r refusal) {
 		if s := r.stated; s > rf && !r.burst && (rf > 0 || f.acceptedAt(now) > 0) {
 			rf, stated = s, true
 		}
+	case f.edge && f.okRun >= jitterRun && !r.burst && f.margin < maxMargin && current <= f.fail*(1+same) &&
+		(f.sustained || current >= f.plateau()*(1-same)):
+		// Refused under the last edge, at the plateau or creeping from
+		// it (or on the way back to it, where the last cut came after a
+		// run too), after a run long enough that such refusals are 1% of
+		// the attempts at most, by quotas that show no burst (a strict
+		// server judges each request's spacing):
+		// the requests' jitter in transit crossed the margin, not the
+		// pace the limit. The failed rate stands, and the margin widens
+		// (see jitterWidens); the spacing of the few grants before the
+		// refusal (see Pacer.kept) is that jitter, not the limit, and
+		// cutting to it would cost the run's rate for minutes to save a
+		// refusal.
+		rf, cut, edge, jitter = f.fail, 1, true, true
 	case acc+thr >= ratioTrusted && share < edgeShare:
 		// Answers enough to show the server refusing much of the pace
 		// (many were in flight): the lane is well over, whatever came
@@ -304,6 +319,11 @@ func (f *feedback) cut(now time.Duration, r refusal) {
 	f.firstRA = -1
 	plateau := f.plateau()
 	switch {
+	case jitter:
+		if f.jitterWidens(current) {
+			f.margin = min(2*f.margin, maxMargin)
+		}
+		f.creep = edgeCreep
 	case edge && f.edge && rf > plateau*(1+same) && rf <= f.fail*(1+same):
 		// Failed again while creeping back: creep more slowly.
 		f.creep = min(2*f.creep, maxCreep)
@@ -328,6 +348,39 @@ func (f *feedback) cut(now time.Duration, r refusal) {
 	f.fail, f.failAt, f.grown, f.cutGrants = rf, now, now, int32(r.grants)
 	f.throttle = max(f.floor(), min(cut, 1-f.margin)*rf)
 	f.cutTo = f.throttle
+}
+
+// jitterWidens reports whether a refusal of the pace current, which the
+// transit's jitter explains (see cut), widens the margin: if refusals
+// that far apart cost more than the margin would. A refusal
+// costs its attempt and the cooldown it set, at the pace; a margin costs
+// its share of every request since the last refusal.
+func (f *feedback) jitterWidens(current float64) bool {
+	return f.refusalCost(current) > float64(f.okRun)*f.margin
+}
+
+// refusalCost returns what the latest refusal cost a lane at pace, in
+// requests: the refused attempt, and its cooldown at the pace.
+func (f *feedback) refusalCost(pace float64) float64 {
+	if f.coolTo <= f.coolFrom {
+		return 1
+	}
+	return 1 + (f.coolTo-f.coolFrom).Seconds()*pace
+}
+
+// narrow halves a margin widened by refusals at the plateau (see cut)
+// while the run the server took since the last cut is long enough that a
+// refusal per run would cost less than the narrower margin: the jitter
+// comes in spells, and a margin widened in one would otherwise hold for
+// the minutes of its creep.
+func (f *feedback) narrow() {
+	if f.margin <= throttleMargin || !f.edge || f.probing {
+		return
+	}
+	lost := f.refusalCost(f.throttle)
+	for f.margin > throttleMargin && f.okRun >= jitterRun && float64(f.okRun)*f.margin/2 > lost {
+		f.margin = max(throttleMargin, f.margin/2)
+	}
 }
 
 // sinceCut returns the most the server can have accepted per second
@@ -382,6 +435,7 @@ func (f *feedback) grow(now time.Duration) {
 	if dt <= 0 {
 		return
 	}
+	f.narrow()
 	plateau := f.plateau()
 	switch {
 	case f.throttle < plateau && !f.probing:

@@ -163,3 +163,88 @@ func TestPacerFirstEstimateCountsInFlight(t *testing.T) {
 		}
 	}
 }
+
+// TestFeedbackJitterKeepsTheFailedRate: a lane cut at its ceiling of
+// 100/s climbs back to the plateau under it, and the server takes that
+// pace for 5 s. A refusal then, its grants' spacing (kept) 90/s, is the
+// transit's jitter, not a limit under the plateau: the failed rate stands.
+// The margin widens only where refusals that far apart cost more than it
+// would (a cooldown of a second; not one of 10 ms), and narrows again
+// after a run long enough to pay for a refusal. Where the quotas show a
+// burst, the refusal is the bucket's, and the pace the grants kept is cut
+// to. Refusals that go on after short runs widen the margin to its most,
+// then cut the failed rate down again.
+func TestFeedbackJitterKeepsTheFailedRate(t *testing.T) {
+	// atPlateau returns a lane cut at 1 s at its ceiling, then served a
+	// request every 10 ms for run, and when the run ended.
+	atPlateau := func(run time.Duration) (feedback, time.Duration) {
+		f := newFeedback(100, 0)
+		f.cut(time.Second, refusal{sent: time.Second, pace: 100})
+		now := time.Second
+		for end := now + run; now < end; {
+			now += 10 * time.Millisecond
+			f.accept(now, now, true, quotaView{})
+		}
+		return f, now
+	}
+	for _, c := range []struct {
+		name   string
+		cool   time.Duration
+		burst  bool
+		fail   float64
+		margin float64
+	}{
+		{"a cooldown of 10 ms", 10 * time.Millisecond, false, 100, throttleMargin},
+		{"a cooldown of 1 s", time.Second, false, 100, 2 * throttleMargin},
+		{"quotas that show a burst", 10 * time.Millisecond, true, 90, throttleMargin},
+	} {
+		f, now := atPlateau(5 * time.Second)
+		pace := f.rate(now)
+		if math.Abs(pace-f.plateau()) > 0.01*pace || f.fail != 100 {
+			t.Fatalf("%s: after the run, pace %.2f, failed rate %.2f; want the plateau %.2f under 100", c.name, pace, f.fail, f.plateau())
+		}
+		f.cool(now, now+c.cool, "retry-after")
+		f.cut(now, refusal{sent: now, pace: pace, kept: 90, burst: c.burst})
+		if math.Abs(f.fail-c.fail) > 1e-9 || f.margin != c.margin {
+			t.Errorf("%s: failed rate %.2f, margin %.2f; want %.2f and %.2f", c.name, f.fail, f.margin, c.fail, c.margin)
+		}
+		if want := (1 - c.margin) * c.fail; c.fail == 100 && math.Abs(f.rate(now)-want) > 1e-9 {
+			t.Errorf("%s: pace %.2f, want the plateau %.2f", c.name, f.rate(now), want)
+		}
+		if c.margin == throttleMargin {
+			continue
+		}
+		// A widened margin narrows once a refusal per run would have
+		// cost less than the narrower one: a second's cooldown at 96/s
+		// and the attempt, 97 requests, over a run of 4,850 or more at
+		// the narrower margin's 2%.
+		for n := 1; n <= 6000; n++ {
+			now += 10 * time.Millisecond
+			f.accept(now, now, true, quotaView{})
+			if narrowed := f.margin == throttleMargin; narrowed != (n >= 4850) && (n < 4800 || n > 4900) {
+				t.Fatalf("%s: margin %.2f after a run of %d; want it narrowed after about 4,850", c.name, f.margin, n)
+			}
+		}
+		if r := f.rate(now); r < 0.98*100 {
+			t.Errorf("%s: pace %.2f a minute after the margin narrowed; want back to the plateau %.2f", c.name, r, 0.98*100.0)
+		}
+	}
+
+	// Refused after every run of edgeRun at the plateau: the margin
+	// widens at each, to its most, and the failed rate then comes down.
+	f, now := atPlateau(3 * time.Second)
+	for range 12 {
+		pace := f.rate(now)
+		f.cool(now, now+10*time.Millisecond, "retry-after")
+		f.cut(now, refusal{sent: now, pace: pace, kept: pace})
+		for range edgeRun {
+			now += 50 * time.Millisecond
+			f.accept(now, now, true, quotaView{})
+		}
+		now += 3 * time.Second // the ramp back to the plateau
+		f.grow(now)
+	}
+	if f.margin != maxMargin || f.fail > 80 {
+		t.Errorf("refused after every run of %d: margin %.2f, failed rate %.2f; want %.2f and the rate cut under 80", edgeRun, f.margin, f.fail, maxMargin)
+	}
+}

@@ -34,6 +34,11 @@ const (
 	// edgeRun is the acceptances since the last cut that make a 429 an
 	// edge 429: a run the server took says the lane is at its limit.
 	edgeRun = 10
+	// jitterRun is the acceptances since the last cut that make a 429 at
+	// the plateau a strict server's jitter rather than its limit (see
+	// feedback.cut): refusals that far apart are 1% of the attempts at
+	// most, the share a lane may be refused.
+	jitterRun = 100
 	// overshoot: a pace this far over what the server took since the last
 	// cut overshot it, and that count is its rate (see feedback.sinceCut).
 	overshoot = 1.5
