@@ -270,13 +270,12 @@ func (f *feedback) cut(now time.Duration, r refusal) {
 		// it (or on the way back to it, where the last cut came after a
 		// run too), after a run long enough that such refusals are 1% of
 		// the attempts at most, by quotas that show no burst (a strict
-		// server judges each request's spacing):
-		// the requests' jitter in transit crossed the margin, not the
-		// pace the limit. The failed rate stands, and the margin widens
-		// (see jitterWidens); the spacing of the few grants before the
-		// refusal (see Pacer.kept) is that jitter, not the limit, and
-		// cutting to it would cost the run's rate for minutes to save a
-		// refusal.
+		// server judges each request's spacing): the requests' jitter in
+		// transit crossed the margin, not the pace the limit. The failed
+		// rate stands, and the margin may widen (see jitterWidens); the
+		// spacing of the few grants before the refusal (see Pacer.kept)
+		// is that jitter, not the limit, and cutting to it would cost the
+		// run's rate for minutes to save a refusal.
 		rf, cut, edge, jitter = f.fail, 1, true, true
 	case acc+thr >= ratioTrusted && share < edgeShare:
 		// Answers enough to show the server refusing much of the pace
@@ -352,9 +351,9 @@ func (f *feedback) cut(now time.Duration, r refusal) {
 
 // jitterWidens reports whether a refusal of the pace current, which the
 // transit's jitter explains (see cut), widens the margin: if refusals
-// that far apart cost more than the margin would. A refusal
-// costs its attempt and the cooldown it set, at the pace; a margin costs
-// its share of every request since the last refusal.
+// that far apart cost more than the margin would. A refusal costs its
+// attempt and the cooldown it set, at the pace; a margin costs its share
+// of every request since the last refusal.
 func (f *feedback) jitterWidens(current float64) bool {
 	return f.refusalCost(current) > float64(f.okRun)*f.margin
 }
