@@ -230,8 +230,9 @@ func TestFeedbackJitterKeepsTheFailedRate(t *testing.T) {
 		}
 	}
 
-	// Refused after every run of edgeRun at the plateau: the margin
-	// widens at each, to its most, and the failed rate then comes down.
+	// Refused after every run of edgeRun, short of jitterRun: each is
+	// cut as any edge 429, so the margin widens to its most and the
+	// failed rate comes down.
 	f, now := atPlateau(3 * time.Second)
 	for range 12 {
 		pace := f.rate(now)
