@@ -183,7 +183,7 @@ type BudgetShare struct {
 // Backend.Done).
 func (l *lane) backendDone() {
 	if l.perToken {
-		go l.be.Done(l.key)
+		go l.be().Done(l.key)
 	}
 }
 
@@ -201,7 +201,7 @@ func (l *lane) shareCooldown() {
 	// plus monotonic time; a Backend may use the wall reading (other
 	// processes only have that), so rebase it on time.Now's.
 	until := time.Now().Add(d - l.clk.read())
-	if err := l.be.Cool(context.Background(), l.key, until); err != nil {
+	if err := l.be().Cool(context.Background(), l.key, until); err != nil {
 		l.cfg.logger.Warn("sluice: backend could not share a cooldown", "lane", l.name(), "until", until, "err", err)
 	}
 }
@@ -212,7 +212,7 @@ func (l *lane) shareCooldown() {
 // higher level that arrives during the call gets the token. The caller has
 // taken the slot (see run) and does not hold mu; r is the lane's rate.
 func (l *lane) takeShared(r float64) {
-	wait, err := l.be.Take(withTaker(l.cfg), l.key, r, l.cfg.burst)
+	wait, err := l.be().Take(withTaker(l.cfg), l.key, r, l.cfg.burst)
 	l.lock()
 	now := l.clk.tick()
 	switch {
@@ -238,7 +238,7 @@ func (l *lane) takeShared(r float64) {
 		// shared token is spent; the slot and any lease go back.
 		l.slot.put()
 		l.unlock()
-		l.be.Done(l.key)
+		l.be().Done(l.key)
 		return
 	}
 	l.unlock()
@@ -250,7 +250,7 @@ func (l *lane) takeShared(r float64) {
 // function from within Join.
 func (l *lane) joinLocked() {
 	l.join = false
-	if !l.be.(Leaser).Join(l.key, l.demand, l.grant) {
+	if !l.be().(Leaser).Join(l.key, l.demand, l.grant) {
 		l.perToken = true
 		return
 	}

@@ -40,6 +40,7 @@ func (l *lane) close() {
 	defer l.unlock()
 	l.closed = true
 	now := l.clk.tick()
+	l.revokeLocked(now)
 	// Every waiter, those of tenants at their cap included.
 	var ws []*waiter
 	for p := range l.q.levels {

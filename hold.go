@@ -44,6 +44,9 @@ type hold struct {
 	// The next hold on the lane's returned list: set by the owner before
 	// it lists the hold, then read by the holder of the lane's lock.
 	next *hold
+	// The next prepaid grant handed out before it, until the lane's lock's
+	// next holder settles them (see settleOutLocked).
+	nextOut *hold
 
 	// Kept while the hold is recycled.
 	ended func()     // h.ctxEnded, bound once per hold

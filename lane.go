@@ -38,16 +38,20 @@ type lane struct {
 	slot limiter    // the in-flight slots and their adaptive limit
 	pace pace.Pacer // the bucket, the rate, the cooldown
 
-	// See timeNextLocked: when the last timed grant was made, on the
-	// lane's clock, and (untimed, below) the grants since.
-	timedAt time.Duration
-
 	flags atomic.Uint32 // laneDead, laneWatching, laneLeakWarned
 	quiet atomic.Uint32 // responses in a row with no rate-limit header; see reads
 	// returned lists the holds given back without the lock, newest first,
 	// linked by next, until the lock's next holder settles them (see
 	// listReturned).
 	returned atomic.Pointer[hold]
+	// fast packs, above its low fastBits bits, when the last timed grant
+	// was made, on the lane's clock (see timeNextLocked; untimed, below,
+	// counts the grants since), and in them the prepaid grants left (see
+	// prepaid.go). One word: the lane is within a size class of growing
+	// a seventh (TestLaneHeap). out lists the prepaid grants handed out
+	// and not yet settled, newest first, linked by nextOut.
+	fast atomic.Uint64
+	out  atomic.Pointer[hold]
 	// The flags below sit in one word, and the atomic ones in another:
 	// the lane is within a size class of growing a seventh (TestLaneHeap).
 	closed      bool // see Transport.Close: every acquire fails
@@ -56,18 +60,11 @@ type lane struct {
 	perToken    bool // see be
 	join        bool
 	untimed     uint8 // < sampleEvery
+	prepaid     uint8 // prepaid grants not yet settled nor taken back; < 2 x sampleEvery
 	// kick wakes the dispatcher early; capacity 1. It is made when the
 	// first dispatcher starts, and never changes after: a lane whose
 	// requests never wait does without.
 	kick chan struct{}
-
-	// be, when set, holds the lane's budget (see Backend). perToken: tokens
-	// come from be.Take, the local bucket only keeps the lane's rate, and
-	// the pacer keeps when be said to ask again. Otherwise be is a Leaser
-	// (see Leaser) that the lane joins at its first request (join), and
-	// the lane paces itself locally by both its bucket and the share of
-	// the key's rate the Leaser grants it (see pace.Pacer.Join).
-	be Backend
 
 	budgets budgets // see WithBudget
 	held    []*hold // the holds not yet given back (see hold)
@@ -89,6 +86,16 @@ const (
 	// leakToken.
 	laneLeakWarned
 )
+
+// be returns the Backend that holds the lane's budget, nil if none (see
+// WithBackend). perToken: tokens come from be().Take, the local bucket
+// only keeps the lane's rate, and the pacer keeps when the Backend said to
+// ask again. Otherwise it is a Leaser (see Leaser) that the lane joins at
+// its first request (join), and the lane paces itself locally by both its
+// bucket and the share of the key's rate the Leaser grants it (see
+// pace.Pacer.Join). It is read from the lane's options rather than kept in
+// the lane: a million lanes share it.
+func (l *lane) be() Backend { return l.cfg.backend }
 
 // isDead reports whether the lane was forgotten (see laneDead).
 func (l *lane) isDead() bool { return l.flags.Load()&laneDead != 0 }
@@ -114,7 +121,6 @@ func newLane(key string, cfg *config) *lane {
 		cfg: cfg,
 		clk: newClock(),
 		q:   waitQueue{aging: cfg.aging, lowShare: cfg.lowShare},
-		be:  cfg.backend,
 	}
 	if _, ok := cfg.backend.(Leaser); ok {
 		l.join = true
@@ -162,9 +168,10 @@ const (
 // paced at 5,000/s that sees a request a minute times every one, so none
 // is counted at a reading a minute old.
 func (l *lane) timeNextLocked(now time.Duration) bool {
-	if l.pace.Rate() < sampleAbove || now-l.timedAt >= sampleGap || l.untimed+1 >= sampleEvery {
+	if l.pace.Rate() < sampleAbove || now-l.timedAtLocked() >= sampleGap || l.untimed+1 >= sampleEvery {
 		// Including rate 0: an unpaced lane sizes itself by latency alone.
-		l.untimed, l.timedAt = 0, now
+		l.untimed = 0
+		l.setTimedAtLocked(now)
 		return true
 	}
 	l.untimed++
@@ -179,6 +186,11 @@ func (l *lane) timeNextLocked(now time.Duration) bool {
 // attempt will wait for elsewhere once granted here (its host's lane, for
 // a sub-limit), which an early refusal counts. On error nothing is held.
 func (l *lane) acquire(ctx context.Context, p Priority, enq time.Duration, free bool, after time.Duration) (*hold, time.Duration, error) {
+	if enq == firstAttempt && l.fast.Load()&fastMask != 0 {
+		if h := l.takePrepaid(ctx, p); h != nil {
+			return h, h.at, nil
+		}
+	}
 	var ch *charge
 	if !free {
 		var rej *RejectedError
@@ -195,6 +207,7 @@ func (l *lane) acquire(ctx context.Context, p Priority, enq time.Duration, free 
 	// and otherwise once the lock is let go (see unlock): the lock is held
 	// for less on the path that waits for nothing.
 	l.mu.Lock()
+	l.settleOutLocked()
 	if err := l.usableLocked(); err != nil {
 		l.unlock()
 		h.recycle()
@@ -214,8 +227,9 @@ func (l *lane) acquire(ctx context.Context, p Priority, enq time.Duration, free 
 	}
 	tn := l.q.levels[p].tenant(id)
 	granted := l.tryGrantLocked(h, p, tn, now, first)
-	if !granted && l.returned.Load() != nil {
+	if !granted && (l.returned.Load() != nil || l.prepaid > 0) {
 		recycleAll(l.settleReturnedLocked())
+		l.revokeLocked(now) // nobody is to wait while prepaid grants are left
 		granted = l.tryGrantLocked(h, p, tn, now, first)
 	}
 	if granted {
@@ -258,7 +272,12 @@ func (l *lane) tryGrantLocked(h *hold, p Priority, tn *tenant, now time.Duration
 	l.grantedLocked(now, p, first, 0)
 	// The grant time is the send time, give or take the few nanoseconds
 	// until the caller sends: no clock read is needed.
+	prev := l.timedAtLocked()
 	l.fillLocked(h, tn, now, 0)
+	if h.timed && l.prepayLocked(now, prev) {
+		// The prepaid grants' responses are not looked at: this one is.
+		h.look = true
+	}
 	return true
 }
 
@@ -364,6 +383,7 @@ func (l *lane) forget(idle time.Duration) bool {
 		return true
 	}
 	d := l.clk.read()
+	l.revokeLocked(max(d, l.clk.last)) // without moving the last-use stamp
 	l.reclaimLocked(false)
 	if d-l.clk.last < idle || l.q.len() > 0 || l.slot.inUse > 0 || l.dispatching || l.pace.Pending(d) {
 		return false
@@ -464,15 +484,22 @@ func (l *lane) release(h *hold, k verdict.Kind, sample, owner bool) (released bo
 	if sample {
 		d = l.clk.read()
 	}
+	listable := owner && !sample && k == verdict.Served && !l.perToken
+	if listable && l.fast.Load()&fastMask != 0 && l.listReturned(h, true) {
+		// While grants are prepaid nobody waits for a slot: the hold is
+		// settled with the lane's next lock (see prepaid.go).
+		return true
+	}
 	if !l.mu.TryLock() {
 		// The common case never waits for the lock: an owner done with a
 		// served response that is neither timed nor watched lists its
 		// hold as returned (see listReturned).
-		if owner && !sample && k == verdict.Served && !l.perToken && l.listReturned(h) {
+		if listable && l.listReturned(h, false) {
 			return true
 		}
 		l.mu.Lock()
 	}
+	l.settleOutLocked()
 	stop := h.stop
 	h.stop = nil
 	released = h.claim()
@@ -499,7 +526,13 @@ func (l *lane) release(h *hold, k verdict.Kind, sample, owner bool) (released bo
 // is free; if not, the lock's holder settles it before it lets go (see
 // unlock). A hold listed behind others is settled with them. Under
 // contention a release then parks no goroutine, and one lock settles many.
-func (l *lane) listReturned(h *hold) bool {
+//
+// lazy: grants are prepaid, and the list is left to the lock's next
+// holder, unless they were taken back meanwhile. A revoke comes before
+// its holder unlocks and settles the list: if the load of fast below
+// comes before the revoke, so does the listing, which that holder then
+// finds; if after, the owner settles.
+func (l *lane) listReturned(h *hold, lazy bool) bool {
 	s := h.state.Load()
 	if s&^holdOut != 0 || !h.state.CompareAndSwap(s, s|holdGiven) {
 		return false
@@ -512,7 +545,10 @@ func (l *lane) listReturned(h *hold) bool {
 			break
 		}
 	}
-	if first {
+	if lazy && l.fast.Load()&fastMask != 0 {
+		return true
+	}
+	if first || lazy {
 		l.settleIfFree()
 	}
 	return true
@@ -524,6 +560,8 @@ func (l *lane) lock() {
 	l.mu.Lock()
 	if l.returned.Load() != nil {
 		recycleAll(l.settleReturnedLocked())
+	} else {
+		l.settleOutLocked()
 	}
 }
 
@@ -554,6 +592,9 @@ func (l *lane) settleIfFree() {
 // answered at the lane's latest reading.
 func (l *lane) settleReturnedLocked() *hold {
 	list := l.returned.Swap(nil)
+	// After the swap: a prepaid grant on the list was handed out before
+	// it was listed, so the swap below finds it.
+	l.settleOutLocked()
 	for h := list; h != nil; h = h.next {
 		l.releaseLocked(h, verdict.Served, false, 0)
 	}
@@ -576,6 +617,7 @@ func recycleAll(list *hold) {
 // priority p: the in-flight limit is cut and, at its floor, the lane pauses
 // (see limiter.onOverload).
 func (l *lane) overloadedLocked(ctx context.Context, now, sent time.Duration, status int, p Priority) {
+	l.revokeLocked(now)
 	ch := l.slot.onOverload(now, sent)
 	if ev := l.cfg.events; ev != nil {
 		cause := OverloadStatus
@@ -655,6 +697,7 @@ func (l *lane) observe(ctx context.Context, resp *http.Response, sent time.Durat
 // lane's pace (see pace.Pacer.Observe), and acts on what it changed: counts,
 // events, the cooldown, a wake-up for a faster bucket.
 func (l *lane) pacedLocked(ctx context.Context, now time.Duration, r pace.Reply, inFlight int, p Priority) verdict.Kind {
+	l.revokeLocked(now) // what the server said may change the next grant
 	c := l.pace.Observe(now, r, inFlight)
 	if c.Throttled {
 		l.levels[p].throttled++

@@ -74,6 +74,9 @@ func looksAt(resp *http.Response) bool {
 		return false
 	}
 	p := resp.Request.URL.Path
+	if n := len(p); n == 0 || p[n-1] != 'l' && p[n-1] != 'n' {
+		return false // neither suffix below: most paths are ruled out by one byte
+	}
 	if !strings.HasSuffix(p, "/graphql") && !strings.HasSuffix(p, "/graphql.json") {
 		return false
 	}

@@ -154,6 +154,7 @@ func (l *lane) stats() LaneStats {
 	defer l.unlock()
 	l.reclaimLocked(false)
 	tick := l.clk.tick()
+	l.revokeLocked(tick) // prepaid grants are not in flight
 	host, sub := splitKey(l.key)
 	ls := LaneStats{
 		Key:      host,

@@ -469,7 +469,7 @@ func (t *Transport) read(ctx context.Context, l *lane, req *http.Request, resp *
 		sent = on.clk.ticks(l.clk.timeOf(h.at))
 	}
 	k := on.observe(ctx, resp, sent, p, ch, body, quota)
-	if on == l && l.be != nil {
+	if on == l && l.be() != nil {
 		l.shareCooldown()
 	}
 	return k, on, sent

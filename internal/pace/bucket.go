@@ -24,6 +24,9 @@ type bucket struct {
 	burst  float64
 	tokens float64 // at last; may exceed burst until the next advance
 	last   time.Duration
+	// held counts the tokens prepaid and not yet spent (see prepay): the
+	// bucket holds at most burst - held.
+	held float64
 }
 
 func newBucket(rate float64, burst int) *bucket {
@@ -36,7 +39,7 @@ func (b *bucket) advance(now time.Duration) float64 {
 	if d := now - b.last; d > 0 {
 		t += d.Seconds() * b.rate
 	}
-	return min(t, b.burst)
+	return min(t, b.burst-b.held)
 }
 
 // set records that the bucket holds t tokens at now.
@@ -96,6 +99,45 @@ func (b *bucket) refund(now time.Duration) {
 		return
 	}
 	b.set(now, b.advance(now)+1)
+}
+
+// prepay takes up to n whole tokens at now for grants made later, and
+// returns how many it took. Until spend or unprepay counts them back, they
+// count against the bucket's size: the bucket and the prepaid tokens never
+// hold more than burst together, so grants made from them keep within the
+// same bound as grants made at once. The count is kept whatever the rate,
+// which may change meanwhile.
+func (b *bucket) prepay(now time.Duration, n int) int {
+	k := float64(n)
+	if !math.IsInf(b.rate, 1) {
+		t := b.advance(now)
+		if k = min(k, math.Floor(t)); k < 1 {
+			return 0
+		}
+		b.set(now, t-k)
+	}
+	b.held += k
+	return int(k)
+}
+
+// spend counts at now n prepaid tokens as used: the bucket's size is its
+// own again from now on. The bucket is settled at its smaller size first:
+// time that passed while it was full at that size must not fill it
+// further.
+func (b *bucket) spend(now time.Duration, n int) {
+	if !math.IsInf(b.rate, 1) {
+		b.set(now, b.advance(now))
+	}
+	b.held -= float64(n)
+}
+
+// unprepay gives back at now n prepaid tokens that were not used.
+func (b *bucket) unprepay(now time.Duration, n int) {
+	t := b.advance(now)
+	b.held -= float64(n)
+	if !math.IsInf(b.rate, 1) {
+		b.set(now, t+float64(n))
+	}
 }
 
 // drain empties the bucket at now.

@@ -303,3 +303,35 @@ func TestLateLag(t *testing.T) {
 		}
 	}
 }
+
+// TestBucketPrepay: prepaid tokens come out of the bucket and keep its
+// size smaller until they are spent or given back, and time that passed
+// while it was full at the smaller size does not fill it past it.
+func TestBucketPrepay(t *testing.T) {
+	const s = time.Second
+	b := newBucket(10, 5)
+	if got := b.prepay(0, 3); got != 3 {
+		t.Fatalf("prepay(3) from a full bucket of 5: took %d", got)
+	}
+	if got := b.advance(10 * s); got != 2 {
+		t.Fatalf("with 3 prepaid, 10 s later: %v tokens, want 2", got)
+	}
+	b.spend(10*s, 3)
+	if got := b.advance(10 * s); got != 2 {
+		t.Errorf("just after the 3 are spent: %v tokens, want 2 (the wait while full does not count)", got)
+	}
+	if got := b.advance(10*s + 100*time.Millisecond); math.Abs(got-3) > 1e-9 {
+		t.Errorf("100 ms after: %v tokens, want 3", got)
+	}
+	b.set(11*s, 1.5)
+	if got := b.prepay(11*s, 4); got != 1 {
+		t.Errorf("prepay(4) from 1.5 tokens: took %d, want 1", got)
+	}
+	b.unprepay(11*s, 1)
+	if got, held := b.advance(11*s), b.held; math.Abs(got-1.5) > 1e-9 || held != 0 {
+		t.Errorf("given back: %v tokens, %v held; want 1.5 and 0", got, held)
+	}
+	if got := b.prepay(11*s, 0); got != 0 {
+		t.Errorf("prepay(0) took %d", got)
+	}
+}

@@ -246,6 +246,27 @@ func (p *Pacer) Refund(now time.Duration, own bool, nth int) {
 	}
 }
 
+// Prepay takes up to n tokens at now for grants the lane hands out later
+// without its lock, and returns how many it took. It takes none unless
+// the lane's own bucket paces it alone and nothing a server said is in
+// force: no cut, no cooldown, no share, no first grant after a cooldown.
+// The tokens count against the bucket's size until Spend or Unprepay
+// counts them back, so that grants made from them keep within rate x T +
+// burst + 1. They are not counted as grants (see Granted), nor listed
+// among the grants a refusal is read against (see kept).
+func (p *Pacer) Prepay(now time.Duration, n int) int {
+	if n <= 0 || p.lim == nil || !p.local || p.share != nil || p.spread != nil || p.cold || p.fb.hasCut() || !p.Ready(now) {
+		return 0
+	}
+	return p.lim.prepay(now, n)
+}
+
+// Spend counts at now n prepaid tokens as handed out.
+func (p *Pacer) Spend(now time.Duration, n int) { p.lim.spend(now, n) }
+
+// Unprepay gives back at now n prepaid tokens that were not handed out.
+func (p *Pacer) Unprepay(now time.Duration, n int) { p.lim.unprepay(now, n) }
+
 // Granted returns the count of grants the pacer has made; see Refund.
 func (p *Pacer) Granted() int { return p.ngrants }
 

@@ -1,0 +1,160 @@
+package sluice
+
+import (
+	"context"
+	"time"
+)
+
+// Prepaid grants are the path of a busy lane that waits for nothing: the
+// lane takes a few tokens and slots ahead, under its lock, and hands them
+// out without it, one atomic decrement each; the counts they change are
+// brought up to date by the lock's next holder (see settleOutLocked).
+//
+// A lane prepays only when no decision would differ between the moment it
+// prepays and the moment a grant is handed out: nobody waits, the lane
+// paces itself alone, no server has said anything about its limits (see
+// pace.Pacer.Prepay and quietAfter), it grants fast enough that one
+// attempt in sampleEvery is timed anyway, and the request names no tenant,
+// at a level with no tenant cap, and draws on no budget. Anything that
+// could change a decision takes the prepaid grants back first (see
+// revokeLocked): a waiter, a response that says something, an overload,
+// Close, Stats and forget.
+//
+// The prepaid tokens count against the bucket's size until they are
+// handed out and settled, so the hand-off bound holds; the slots count as
+// in flight from the moment they are prepaid.
+
+// testHookPrepay, set only by tests, sees every prepayment, with the
+// lane's lock held.
+var testHookPrepay func(l *lane, n int)
+
+// The low bits of lane.fast count the prepaid grants left.
+const (
+	fastBits = 4
+	fastMask = 1<<fastBits - 1
+)
+
+// timedAtLocked returns when the lane's last timed grant was made.
+func (l *lane) timedAtLocked() time.Duration { return time.Duration(l.fast.Load() >> fastBits) }
+
+// setTimedAtLocked records a timed grant at at; prepaid grants may be
+// handed out meanwhile.
+func (l *lane) setTimedAtLocked(at time.Duration) {
+	for {
+		v := l.fast.Load()
+		if l.fast.CompareAndSwap(v, uint64(at)<<fastBits|v&fastMask) {
+			return
+		}
+	}
+}
+
+// prepayLocked tops up the lane's prepaid grants at now, just after a
+// timed grant at now (prev: the timed grant before it), and reports
+// whether it prepaid any. The lane must have granted the sampleEvery
+// attempts since prev within sampleEvery x sampleGap: it is busy enough
+// that one attempt in sampleEvery is timed anyway, and prepaid grants do
+// not wait long to be handed out.
+func (l *lane) prepayLocked(now, prev time.Duration) bool {
+	if now-prev >= sampleEvery*sampleGap || l.pace.Rate() < sampleAbove || l.perToken || l.join ||
+		!l.budgets.empty() || l.quiet.Load() < quietAfter || l.closed {
+		return false
+	}
+	left := int(l.fast.Load() & fastMask)
+	n := l.pace.Prepay(now, min(sampleEvery-1-left, l.slot.limit-l.slot.inUse))
+	if n == 0 {
+		return false
+	}
+	if testHookPrepay != nil {
+		testHookPrepay(l, n)
+	}
+	l.slot.inUse += n
+	l.prepaid += uint8(n)
+	l.fast.Add(uint64(n)) // left + n < sampleEvery: the count stays in its bits
+	return true
+}
+
+// takePrepaid hands out one of the lane's prepaid grants to an attempt of
+// ctx at level p, if there is one it may have, and returns its hold; nil
+// if none.
+func (l *lane) takePrepaid(ctx context.Context, p Priority) *hold {
+	if l.cfg.tenantShare[p] > 0 || TenantFrom(ctx) != "" {
+		return nil
+	}
+	var v uint64
+	for {
+		v = l.fast.Load()
+		if v&fastMask == 0 {
+			return nil
+		}
+		if l.fast.CompareAndSwap(v, v-1) {
+			break
+		}
+	}
+	h := l.newHold(ctx, nil)
+	h.tn = &l.q.levels[p].anon
+	// A prepaid grant is stamped a nanosecond after the timed grant
+	// before it: an instant no grant the pacer records has, so that a
+	// refusal of it is not read against that grant's spacing (see
+	// pace.Pacer.Prepay).
+	at := time.Duration(v>>fastBits) + 1
+	h.start, h.at, h.wait = at, at, 0
+	h.timed, h.spaced, h.look = false, false, false
+	h.nth = -1 // a prepaid token is not given back (see pace.Pacer.Refund)
+	for {
+		next := l.out.Load()
+		h.nextOut = next
+		if l.out.CompareAndSwap(next, h) {
+			return h
+		}
+	}
+}
+
+// settleOutLocked counts the prepaid grants handed out since it last ran:
+// each is listed among the lane's holds, counted as granted and charged to
+// its tenant, as a grant made under the lock is.
+func (l *lane) settleOutLocked() {
+	if l.out.Load() == nil {
+		return
+	}
+	n := 0
+	for h := l.out.Swap(nil); h != nil; {
+		next := h.nextOut
+		h.nextOut = nil
+		p := h.tn.level
+		l.q.levels[p].started(h.tn, l.slot.limit)
+		l.grantedLocked(h.at, p, true, 0)
+		h.idx = len(l.held)
+		l.held = append(l.held, h)
+		n++
+		h = next
+	}
+	// At a fresh reading: the bucket may fill past its prepaid share only
+	// from the instant they were handed out, which is no later than now.
+	l.pace.Spend(l.clk.tick(), n)
+	l.prepaid -= uint8(n)
+	l.untimed = uint8(min(int(l.untimed)+n, sampleEvery-1))
+}
+
+// revokeLocked takes back at now the prepaid grants not handed out: their
+// tokens go back to the bucket and their slots are free.
+func (l *lane) revokeLocked(now time.Duration) {
+	if l.prepaid == 0 {
+		return
+	}
+	var n int
+	for {
+		v := l.fast.Load()
+		if n = int(v & fastMask); n == 0 {
+			return
+		}
+		if l.fast.CompareAndSwap(v, v&^fastMask) {
+			break
+		}
+	}
+	l.pace.Unprepay(now, n)
+	l.slot.inUse -= n
+	l.prepaid -= uint8(n)
+	if l.q.len() > 0 {
+		l.wakeLocked()
+	}
+}

@@ -1,0 +1,147 @@
+package sluice
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/sluice-go/sluice/internal/upstream"
+)
+
+// countPrepaid counts the lanes' prepayments until the test ends.
+func countPrepaid(t *testing.T) *atomic.Int64 {
+	var n atomic.Int64
+	testHookPrepay = func(*lane, int) { n.Add(1) }
+	t.Cleanup(func() { testHookPrepay = nil })
+	return &n
+}
+
+// TestPrepaidGrantsKeepTheBound: a lane at 5,000/s that runs under its
+// rate hands out prepaid grants, and waves of 200 requests at once, which
+// find its bucket full and grants prepaid besides, still go out within
+// rate x T + burst + 1 in every window T: the prepaid grants count against
+// the bucket's size.
+func TestPrepaidGrantsKeepTheBound(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const (
+			perSec = 5000
+			burst  = 50
+		)
+		prepaid := countPrepaid(t)
+		base := &fakeBase{latency: time.Millisecond}
+		tr := mustNew(t, base, WithRate(perSec, time.Second), WithBurst(burst), WithConcurrency(512, 512))
+		end := time.Now().Add(2 * time.Second)
+		var wg sync.WaitGroup
+		for range 4 { // 800/s between the waves, which leaves grants prepaid
+			wg.Go(func() {
+				for time.Now().Before(end) {
+					get(t.Context(), tr, "")
+					time.Sleep(4 * time.Millisecond)
+				}
+			})
+		}
+		time.Sleep(2500 * time.Microsecond) // the waves come between the callers' instants
+		for time.Now().Before(end) {
+			time.Sleep(100 * time.Millisecond)
+			for range 200 {
+				wg.Go(func() { get(t.Context(), tr, "") })
+			}
+		}
+		wg.Wait()
+		if prepaid.Load() == 0 {
+			t.Fatal("no grant was prepaid: the test measures nothing")
+		}
+		ts := base.times()
+		for _, w := range []time.Duration{0, time.Millisecond, 10 * time.Millisecond, 100 * time.Millisecond, time.Second} {
+			limit := int(perSec*w.Seconds()) + burst + 1
+			if got := upstream.MaxInWindow(ts, w+1); got > limit {
+				t.Errorf("window %v: %d requests, limit %d", w, got, limit)
+			}
+		}
+		s, _ := tr.Stats().Lane("api.test")
+		if s.InFlight != 0 {
+			t.Errorf("in flight after all done: %d", s.InFlight)
+		}
+	})
+}
+
+// TestPrepaidGrantsKeepTheCooldown: a 429 with Retry-After takes back the
+// grants a busy lane prepaid: no request reaches the server after the
+// refusal and before the cooldown it set ends. The refusal comes at each
+// of sampleEvery points of the lane's cycle of prepayments, so that some
+// find grants prepaid and left.
+func TestPrepaidGrantsKeepTheCooldown(t *testing.T) {
+	for k := range sampleEvery {
+		t.Run(fmt.Sprint(k), func(t *testing.T) { keepsTheCooldown(t, int64(2000+k)) })
+	}
+}
+
+func keepsTheCooldown(t *testing.T, nth int64) {
+	synctest.Test(t, func(t *testing.T) {
+		prepaid := countPrepaid(t)
+		var (
+			mu        sync.Mutex
+			refusedAt time.Time
+			until     time.Time
+			n         atomic.Int64
+		)
+		base := &fakeBase{latency: time.Millisecond}
+		base.answer = func(*http.Request) *http.Response {
+			if n.Add(1) == nth {
+				mu.Lock()
+				refusedAt = time.Now()
+				mu.Unlock()
+				return &http.Response{StatusCode: http.StatusTooManyRequests, Header: http.Header{"Retry-After": {"1"}},
+					Body: io.NopCloser(strings.NewReader(""))}
+			}
+			return &http.Response{StatusCode: 200, Header: http.Header{}, Body: io.NopCloser(strings.NewReader("ok\n"))}
+		}
+		tr := mustNew(t, base, WithRate(100_000, time.Second), WithBurst(100), WithRetry(0),
+			WithObserver(ObserverFunc(func(_ context.Context, e Event) {
+				if e.Kind == EventCooldown {
+					mu.Lock()
+					until = e.Until
+					mu.Unlock()
+				}
+			})))
+		end := time.Now().Add(1500 * time.Millisecond)
+		var wg sync.WaitGroup
+		for i := range 20 {
+			wg.Go(func() {
+				// Spread over the millisecond, so that callers come back
+				// at other instants than the refusal's.
+				time.Sleep(time.Duration(i) * 50 * time.Microsecond)
+				for time.Now().Before(end) {
+					get(t.Context(), tr, "")
+					time.Sleep(time.Millisecond)
+				}
+			})
+		}
+		wg.Wait()
+		tr.WaitEvents(t.Context())
+		if prepaid.Load() == 0 {
+			t.Fatal("no grant was prepaid: the test measures nothing")
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if refusedAt.IsZero() || !until.After(refusedAt) {
+			t.Fatalf("refused at %v, cooldown until %v", refusedAt, until)
+		}
+		var early int
+		for _, at := range base.times() {
+			if at.After(refusedAt) && at.Before(until) {
+				early++
+			}
+		}
+		if early > 0 {
+			t.Errorf("%d requests reached the server within the cooldown of %v", early, until.Sub(refusedAt))
+		}
+	})
+}
