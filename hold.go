@@ -38,7 +38,7 @@ type hold struct {
 	state atomic.Uint32
 
 	// Under the lane's lock.
-	idx  int         // its index in the lane's held, until it is settled
+	idx  int         // its index in the lane's held, until it is settled; -1: never held (see settleOutLocked)
 	stop func() bool // stops the context watch (see lane.reclaimLocked); nil if none
 
 	// The next hold on the lane's returned list: set by the owner before
@@ -130,6 +130,9 @@ func (l *lane) fillLocked(h *hold, tn *tenant, at, wait time.Duration) *hold {
 // unholdLocked takes h, whose return its caller claimed, off the lane's
 // list.
 func (l *lane) unholdLocked(h *hold) {
+	if h.idx < 0 {
+		return // a prepaid grant given back before it was settled
+	}
 	last := len(l.held) - 1
 	if h.idx != last {
 		m := l.held[last]

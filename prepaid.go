@@ -109,30 +109,48 @@ func (l *lane) takePrepaid(ctx context.Context, p Priority) *hold {
 	}
 }
 
-// settleOutLocked counts the prepaid grants handed out since it last ran:
-// each is listed among the lane's holds, counted as granted and charged to
-// its tenant, as a grant made under the lock is.
+// settleOutLocked counts the prepaid grants handed out since it last ran,
+// as grants made under the lock are counted, and lists among the lane's
+// holds those not given back already: a hold given back is on the
+// returned list, whose settling follows (see listReturned).
 func (l *lane) settleOutLocked() {
 	if l.out.Load() == nil {
 		return
 	}
-	n := 0
+	var n [numLevels]uint64
+	var at time.Duration
 	for h := l.out.Swap(nil); h != nil; {
 		next := h.nextOut
 		h.nextOut = nil
+		if testHookGrant != nil {
+			testHookGrant(l, h.at)
+		}
 		p := h.tn.level
 		l.q.levels[p].started(h.tn, l.slot.limit)
-		l.grantedLocked(h.at, p, true, 0)
-		h.idx = len(l.held)
-		l.held = append(l.held, h)
-		n++
+		n[p]++
+		at = max(at, h.at)
+		if h.state.Load()&holdGiven != 0 {
+			h.idx = -1
+		} else {
+			h.idx = len(l.held)
+			l.held = append(l.held, h)
+		}
 		h = next
 	}
+	var total uint64
+	for p := range n {
+		if n[p] > 0 {
+			l.levels[p].granted += n[p]
+			l.levels[p].wait.RecordZeros(at, waitPeriod, n[p])
+			total += n[p]
+		}
+	}
+	l.budget.firsts.AddNano(l.clk.epochNS+int64(at), total) // every prepaid grant is a first attempt's
 	// At a fresh reading: the bucket may fill past its prepaid share only
 	// from the instant they were handed out, which is no later than now.
-	l.pace.Spend(l.clk.tick(), n)
-	l.prepaid -= uint8(n)
-	l.untimed = uint8(min(int(l.untimed)+n, sampleEvery-1))
+	l.pace.Spend(l.clk.tick(), int(total))
+	l.prepaid -= uint8(total)
+	l.untimed = uint8(min(uint64(l.untimed)+total, sampleEvery-1))
 }
 
 // revokeLocked takes back at now the prepaid grants not handed out: their

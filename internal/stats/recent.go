@@ -30,6 +30,15 @@ func (r *Recent) RecordZero(now, period time.Duration) {
 	r.cur.zeros++
 }
 
+// RecordZeros is RecordZero n times.
+func (r *Recent) RecordZeros(now, period time.Duration, n uint64) {
+	if now-r.start >= period {
+		r.roll(now, period)
+	}
+	r.cur.total += n
+	r.cur.zeros += n
+}
+
 // roll starts a new period if the current one has ended at now.
 func (r *Recent) roll(now, period time.Duration) {
 	if now-r.start < period {
