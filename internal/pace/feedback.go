@@ -51,6 +51,9 @@ type feedback struct {
 	sustained bool
 	edge      bool // the last cut was at the edge: a 429 after a run the server took
 	probing   bool // the last cut was a lane's first estimate: grow fast until the next
+	// stated: the last cut took the limit the quotas state (see cut),
+	// which a run under it confirms as a run confirms an edge.
+	stated bool
 	// cutGrants is the lane's paced grants when the last cut was made,
 	// modulo 2^32 (see sinceCut); in the bools' padding.
 	cutGrants int32
@@ -264,18 +267,19 @@ func (f *feedback) cut(now time.Duration, r refusal) {
 		if s := r.stated; s > rf && !r.burst && (rf > 0 || f.acceptedAt(now) > 0) {
 			rf, stated = s, true
 		}
-	case f.edge && f.okRun >= jitterRun && !r.burst && f.margin < maxMargin && current <= f.fail*(1+same) &&
+	case (f.edge || f.stated) && f.okRun >= jitterRun && !r.burst && f.margin < maxMargin && current <= f.fail*(1+same) &&
 		(f.sustained || current >= f.plateau()*(1-same)):
-		// Refused under the last edge, at the plateau or creeping from
-		// it (or on the way back to it, where the last cut came after a
-		// run too), after a run long enough that such refusals are 1% of
-		// the attempts at most, by quotas that show no burst (a strict
-		// server judges each request's spacing): the requests' jitter in
-		// transit crossed the margin, not the pace the limit. The failed
-		// rate stands, and the margin may widen (see jitterWidens); the
-		// spacing of the few grants before the refusal (see Pacer.kept)
-		// is that jitter, not the limit, and cutting to it would cost the
-		// run's rate for minutes to save a refusal.
+		// Refused under the last edge (or the limit the quotas state),
+		// at the plateau or creeping from it (or on the way back to it,
+		// where the last cut came after a run too), after a run long
+		// enough that such refusals are 1% of the attempts at most, by
+		// quotas that show no burst (a strict server judges each
+		// request's spacing): the requests' jitter in transit crossed
+		// the margin, not the pace the limit. The failed rate stands,
+		// and the margin may widen (see jitterWidens); the spacing of
+		// the few grants before the refusal (see Pacer.kept) is that
+		// jitter, not the limit, and cutting to it would cost the run's
+		// rate for minutes to save a refusal.
 		rf, cut, edge, jitter = f.fail, 1, true, true
 	case acc+thr >= ratioTrusted && share < edgeShare:
 		// Answers enough to show the server refusing much of the pace
@@ -337,7 +341,7 @@ func (f *feedback) cut(now time.Duration, r refusal) {
 	default:
 		f.margin, f.creep = throttleMargin, 0
 	}
-	f.edge, f.sustained, f.okRun = edge, edge && f.okRun >= edgeRun, 0
+	f.edge, f.stated, f.sustained, f.okRun = edge, stated, edge && f.okRun >= edgeRun, 0
 	// A first estimate, or one from the share of a handful of answers,
 	// is a guess: the lane probes up from it fast (see grow).
 	// A rough count is a guess too: a window's first fill, spent fast,

@@ -174,6 +174,35 @@ func TestPacerFirstEstimateCountsInFlight(t *testing.T) {
 // burst, the refusal is the bucket's, and the pace the grants kept is cut
 // to. Refusals that go on after short runs widen the margin to its most,
 // then cut the failed rate down again.
+// TestFeedbackJitterUnderAStatedLimit: a lane with no rate of its own,
+// whose first refusal took the limit the quotas state (50/s, no burst),
+// and which then ran five seconds at the plateau under it, reads a 429 as
+// the requests' jitter, as at an edge: the stated rate stands, and the
+// pace goes back to the plateau, not to 0.9 of the spacing of the grants
+// before the refusal.
+func TestFeedbackJitterUnderAStatedLimit(t *testing.T) {
+	f := newFeedback(0, 0)
+	now := 100 * time.Millisecond
+	for range 3 {
+		f.accept(now, now, false, quotaView{})
+		now += time.Millisecond
+	}
+	f.cut(now, refusal{sent: now, stated: 50})
+	if f.fail != 50 {
+		t.Fatalf("first refusal, quotas stating 50/s: failed rate %.2f, want 50", f.fail)
+	}
+	pace := f.rate(now)
+	for end := now + 5*time.Second; now < end; {
+		now += time.Duration(float64(time.Second) / pace)
+		f.accept(now, now, true, quotaView{})
+	}
+	f.cool(now, now+10*time.Millisecond, "retry-after")
+	f.cut(now, refusal{sent: now, pace: f.rate(now), kept: 46.5, stated: 50})
+	if f.fail != 50 || math.Abs(f.rate(now)-pace) > 1e-9 {
+		t.Errorf("refused after a run of 5 s at %.2f: failed rate %.2f, pace %.2f; want 50 and %.2f", pace, f.fail, f.rate(now), pace)
+	}
+}
+
 func TestFeedbackJitterKeepsTheFailedRate(t *testing.T) {
 	// atPlateau returns a lane cut at 1 s at its ceiling, then served a
 	// request every 10 ms for run, and when the run ended.
