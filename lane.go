@@ -60,7 +60,6 @@ type lane struct {
 	perToken    bool // see be
 	join        bool
 	untimed     uint8 // < sampleEvery
-	prepaid     uint8 // prepaid grants not yet settled nor taken back; < 2 x sampleEvery
 	// kick wakes the dispatcher early; capacity 1. It is made when the
 	// first dispatcher starts, and never changes after: a lane whose
 	// requests never wait does without.
@@ -227,7 +226,7 @@ func (l *lane) acquire(ctx context.Context, p Priority, enq time.Duration, free 
 	}
 	tn := l.q.levels[p].tenant(id)
 	granted := l.tryGrantLocked(h, p, tn, now, first)
-	if !granted && (l.returned.Load() != nil || l.prepaid > 0) {
+	if !granted && (l.returned.Load() != nil || l.fast.Load()&fastMask != 0) {
 		recycleAll(l.settleReturnedLocked())
 		l.revokeLocked(now) // nobody is to wait while prepaid grants are left
 		granted = l.tryGrantLocked(h, p, tn, now, first)

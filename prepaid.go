@@ -55,8 +55,8 @@ func (l *lane) setTimedAtLocked(at time.Duration) {
 // that one attempt in sampleEvery is timed anyway, and prepaid grants do
 // not wait long to be handed out.
 func (l *lane) prepayLocked(now, prev time.Duration) bool {
-	if now-prev >= sampleEvery*sampleGap || l.pace.Rate() < sampleAbove || l.perToken || l.join ||
-		!l.budgets.empty() || l.quiet.Load() < quietAfter || l.closed {
+	// A Backend's lane (perToken, join) is not local: Prepay refuses it.
+	if now-prev >= sampleEvery*sampleGap || l.pace.Rate() < sampleAbove || !l.budgets.empty() || l.quiet.Load() < quietAfter {
 		return false
 	}
 	left := int(l.fast.Load() & fastMask)
@@ -68,7 +68,6 @@ func (l *lane) prepayLocked(now, prev time.Duration) bool {
 		testHookPrepay(l, n)
 	}
 	l.slot.inUse += n
-	l.prepaid += uint8(n)
 	l.fast.Add(uint64(n)) // left + n < sampleEvery: the count stays in its bits
 	return true
 }
@@ -149,16 +148,12 @@ func (l *lane) settleOutLocked() {
 	// At a fresh reading: the bucket may fill past its prepaid share only
 	// from the instant they were handed out, which is no later than now.
 	l.pace.Spend(l.clk.tick(), int(total))
-	l.prepaid -= uint8(total)
 	l.untimed = uint8(min(uint64(l.untimed)+total, sampleEvery-1))
 }
 
 // revokeLocked takes back at now the prepaid grants not handed out: their
 // tokens go back to the bucket and their slots are free.
 func (l *lane) revokeLocked(now time.Duration) {
-	if l.prepaid == 0 {
-		return
-	}
 	var n int
 	for {
 		v := l.fast.Load()
@@ -171,7 +166,6 @@ func (l *lane) revokeLocked(now time.Duration) {
 	}
 	l.pace.Unprepay(now, n)
 	l.slot.inUse -= n
-	l.prepaid -= uint8(n)
 	if l.q.len() > 0 {
 		l.wakeLocked()
 	}
