@@ -12,6 +12,9 @@ import (
 	"testing/synctest"
 	"time"
 
+	"golang.org/x/sync/semaphore"
+	"golang.org/x/time/rate"
+
 	"github.com/sluice-go/sluice/internal/upstream"
 )
 
@@ -144,4 +147,105 @@ func keepsTheCooldown(t *testing.T, nth int64) {
 			t.Errorf("%d requests reached the server within the cooldown of %v", early, until.Sub(refusedAt))
 		}
 	})
+}
+
+// prepaidLoad drives do with the load of TestPrepaidGrantsKeepTheBound on
+// the real clock for d: four callers in loops a millisecond apart, and a
+// wave of 200 at once every 100 ms.
+func prepaidLoad(do func() error, d time.Duration) {
+	end := time.Now().Add(d)
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			for time.Now().Before(end) {
+				do()
+				time.Sleep(time.Millisecond)
+			}
+		})
+	}
+	for time.Now().Before(end) {
+		time.Sleep(100 * time.Millisecond)
+		for range 200 {
+			wg.Go(func() { do() })
+		}
+	}
+	wg.Wait()
+}
+
+// TestPrepaidGrantsKeepTheBoundRealClock is TestPrepaidGrantsKeepTheBound
+// on the real clock, beside x/time/rate + a semaphore under the same load:
+// the grants a lane hands out, prepaid ones included, keep within rate x T
+// + burst + 1, by the instants they were charged (the arrivals at the base
+// add the scheduler's delays, and are logged for both).
+func TestPrepaidGrantsKeepTheBoundRealClock(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real-clock run of a second")
+	}
+	const (
+		perSec = 5000
+		burst  = 50
+	)
+	prepaid := countPrepaid(t)
+	var mu sync.Mutex
+	granted := map[time.Duration]int{}
+	testHookGrant = func(l *lane, at time.Duration) {
+		mu.Lock()
+		granted[at]++
+		mu.Unlock()
+	}
+	testHookRefund = func(l *lane, at time.Duration) {
+		mu.Lock()
+		granted[at]--
+		mu.Unlock()
+	}
+	defer func() { testHookGrant, testHookRefund = nil, nil }()
+
+	base := &stampBase{}
+	tr := mustNew(t, base, WithRate(perSec, time.Second), WithBurst(burst), WithConcurrency(512, 512))
+	prepaidLoad(func() error { return get(t.Context(), tr, "") }, time.Second)
+	tr.Stats() // settles the prepaid grants handed out last, which the hook then sees
+
+	pairBase := &stampBase{}
+	lim := rate.NewLimiter(perSec, burst)
+	sem := semaphore.NewWeighted(512)
+	prepaidLoad(func() error {
+		if err := lim.Wait(t.Context()); err != nil {
+			return err
+		}
+		if err := sem.Acquire(t.Context(), 1); err != nil {
+			return err
+		}
+		defer sem.Release(1)
+		return get(t.Context(), pairBase, "")
+	}, time.Second)
+
+	if prepaid.Load() == 0 {
+		t.Fatal("no grant was prepaid: the test measures nothing")
+	}
+	l := tr.lane("api.test")
+	mu.Lock()
+	var grants []time.Time
+	for d, n := range granted {
+		for range n {
+			grants = append(grants, l.clk.timeOf(d))
+		}
+	}
+	mu.Unlock()
+	base.mu.Lock()
+	pairBase.mu.Lock()
+	defer base.mu.Unlock()
+	defer pairBase.mu.Unlock()
+	if len(grants) != len(base.at) {
+		t.Fatalf("%d grants, %d arrivals at the base", len(grants), len(base.at))
+	}
+	t.Logf("%d prepayments; sent: sluice %d, x/time/rate + semaphore %d", prepaid.Load(), len(base.at), len(pairBase.at))
+	for _, w := range []time.Duration{0, time.Millisecond, 10 * time.Millisecond, 100 * time.Millisecond} {
+		limit := int(perSec*w.Seconds()) + burst + 1
+		got := upstream.MaxInWindow(grants, w+1)
+		t.Logf("window %v: bound %d; sluice grants %d, arrivals %d; x/time/rate + semaphore arrivals %d",
+			w, limit, got, upstream.MaxInWindow(base.at, w+1), upstream.MaxInWindow(pairBase.at, w+1))
+		if got > limit {
+			t.Errorf("window %v: %d grants, bound rate x T + burst + 1 = %d", w, got, limit)
+		}
+	}
 }
