@@ -281,6 +281,13 @@ func (f *feedback) cut(now time.Duration, r refusal) {
 		// jitter, not the limit, and cutting to it would cost the run's
 		// rate for minutes to save a refusal.
 		rf, cut, edge, jitter = f.fail, 1, true, true
+	case f.okRun >= jitterRun && !r.burst && f.margin < maxMargin && r.stated > 0 && current <= r.stated*(1+same) &&
+		f.acceptedRate(now) >= (1-maxMargin)*current:
+		// The same jitter, after a run that no cut made an edge yet (a
+		// probe that the quotas' limit stopped): the server took the
+		// refused pace, under the limit they state, for as long as the
+		// acceptances are counted over. That pace is the failed rate.
+		rf, cut, edge, jitter = current, 1, true, true
 	case acc+thr >= ratioTrusted && share < edgeShare:
 		// Answers enough to show the server refusing much of the pace
 		// (many were in flight): the lane is well over, whatever came

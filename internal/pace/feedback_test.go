@@ -203,6 +203,52 @@ func TestFeedbackJitterUnderAStatedLimit(t *testing.T) {
 	}
 }
 
+// A lane probing up from a first guess that the quotas' pace stops under
+// their limit runs there, and a refusal after that run is the jitter too:
+// the pace it ran at is the failed rate, and the lane goes back to the
+// plateau under it. A refusal early in the probe, before the server took
+// the pace for long, still cuts to the spacing kept.
+func TestFeedbackJitterAfterAProbe(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		run  time.Duration
+		fail float64 // want; 0: cut under the spacing kept
+	}{
+		{"after a run of 5 s at the quotas' pace", 5 * time.Second, 99},
+		{"before the probe reached it", 300 * time.Millisecond, 0},
+	} {
+		f := newFeedback(0, 0)
+		now := 100 * time.Millisecond
+		for range 3 {
+			f.accept(now, now, false, quotaView{})
+			now += time.Millisecond
+		}
+		f.cut(now, refusal{sent: now})
+		if !f.probing || f.fail <= 0 || f.fail >= 99 {
+			t.Fatalf("%s: first refusal: probing %v, failed rate %.2f; want a probe from a guess under 99", c.name, f.probing, f.fail)
+		}
+		f.heard(now, quotaPace{rate: 99, until: time.Hour}, 0)
+		for end := now + c.run; now < end; {
+			pace := f.rate(now)
+			now += time.Duration(float64(time.Second) / pace)
+			f.accept(now, now, true, quotaView{perSecond: 100})
+			f.grow(now)
+		}
+		pace := f.rate(now)
+		if c.fail > 0 && pace != 99 {
+			t.Fatalf("%s: pace %.2f, want the quotas' 99", c.name, pace)
+		}
+		f.cool(now, now+10*time.Millisecond, "retry-after")
+		f.cut(now, refusal{sent: now, pace: pace, kept: 87, stated: 100})
+		switch {
+		case c.fail > 0 && (f.fail != c.fail || math.Abs(f.rate(now)-(1-throttleMargin)*c.fail) > 1e-9):
+			t.Errorf("%s: failed rate %.2f, pace %.2f; want %.2f and the plateau %.2f", c.name, f.fail, f.rate(now), c.fail, (1-throttleMargin)*c.fail)
+		case c.fail == 0 && f.fail > 87:
+			t.Errorf("%s: failed rate %.2f, want at most the spacing kept, 87", c.name, f.fail)
+		}
+	}
+}
+
 func TestFeedbackJitterKeepsTheFailedRate(t *testing.T) {
 	// atPlateau returns a lane cut at 1 s at its ceiling, then served a
 	// request every 10 ms for run, and when the run ended.
