@@ -425,6 +425,27 @@ func TestWindowOffTheSecond(t *testing.T) {
 	}
 }
 
+// TestWindowTailCount: a lane with no WithRate spends ulule/limiter's
+// window of 1,200 per 6 s (a minute's, scaled) in its first second and is
+// refused for the tail; the answers still on their way then state a few
+// remaining over the seconds to the reset, which count a refill of a
+// request or two a second. That count paces the lane until the reset the
+// quotas state at most, not for the quarter of an hour a bucket refilling
+// so slowly would take to fill: held at it, the lane sent its next
+// window's first request a second or more late, and paced that window
+// over a period a second too long. From every phase of the window against
+// the second, the whole 20 s run is served at least 0.93 of the rate
+// (0.88-0.91 at four phases in ten, held).
+func TestWindowTailCount(t *testing.T) {
+	for phase := time.Duration(0); phase < time.Second; phase += 100 * time.Millisecond {
+		r := runHarm(t, &fixedWindow{limit: 1200, per: 6 * time.Second}, 32, 0, 0, phase, 20*time.Second, false)
+		t.Logf("phase %v: %v; accepted each second: %v", phase, r, r.perSecond)
+		if r.whole < 0.93 || r.refused > 0.01 {
+			t.Errorf("phase %v: %v; want at least 0.93 of the rate over the whole run, at most 1%% refused", phase, r)
+		}
+	}
+}
+
 // TestColdBurstStart guards the first seconds against a GCRA whose quotas
 // show a burst (throttled's: burst 6, X-RateLimit-Reset whole seconds
 // until full, Retry-After: 1), from a cold lane, at 50 and 200/s. With no

@@ -238,6 +238,12 @@ func (m *quotaModel) observe(now, sent time.Duration, q headers.Quota, inFlight 
 	rho, fill := bucketRate(q)
 	if rho == 0 && m.counts > 0 && q.Limit > 0 {
 		rho, fill = m.counts, time.Duration(float64(q.Limit)/m.counts*float64(time.Second))
+		if q.Reset > 0 {
+			// What the quota says holds until its reset at most: a count
+			// taken in a window's tail, before the window is told apart,
+			// is no refill rate past it.
+			fill = min(fill, q.Reset)
+		}
 	}
 	p := quotaPace{empty: left <= 0, outrun: outrun, draining: q.Remaining < m.held}
 	if rho > 0 {

@@ -150,6 +150,16 @@ func TestQuotaPace(t *testing.T) {
 			t.Errorf("sliding window, limit %d, %d remaining: %+v, want %+v", c.limit, c.rem, got, want)
 		}
 	}
+	// A refill rate counted from the quotas paces the lane until their
+	// reset at most, not for the time the count says the bucket takes to
+	// fill: a window's tail, counted before the window is told apart,
+	// refills at its reset (ulule/limiter's 1,200 per 6 s, counted at
+	// 1.3/s, held a lane at that rate for 15 minutes).
+	counted := quotaModel{counts: 1.3}
+	tail := quotaAt("x-ratelimit", 1200, 6, 5*time.Second, true)
+	if got := counted.observe(now, now, tail, 1); got.rate <= 0 || got.until != now+5*time.Second {
+		t.Errorf("refill counted at 1.3/s, 6 remaining, reset in 5 s: %+v, want a rate until the reset", got)
+	}
 	// The last token beyond those in flight is kept, not spare.
 	var m quotaModel
 	for _, c := range []struct {
