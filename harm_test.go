@@ -435,7 +435,7 @@ func TestWindowOffTheSecond(t *testing.T) {
 // window's first request a second or more late, and paced that window
 // over a period a second too long. From every phase of the window against
 // the second, the whole 20 s run is served at least 0.93 of the rate
-// (0.88-0.91 at four phases in ten, held).
+// (0.88-0.92 at four phases in ten, held).
 func TestWindowTailCount(t *testing.T) {
 	for phase := time.Duration(0); phase < time.Second; phase += 100 * time.Millisecond {
 		r := runHarm(t, &fixedWindow{limit: 1200, per: 6 * time.Second}, 32, 0, 0, phase, 20*time.Second, false)

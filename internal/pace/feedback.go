@@ -254,6 +254,11 @@ func (f *feedback) cut(now time.Duration, r refusal) {
 	guess := false   // rf is a rough refill count: probe up from it
 	stated := false  // rf is the first estimate, from what the quotas state
 	counted := false // rf is the refill count (see recount)
+	// A refusal after a run long enough that such refusals are 1% of the
+	// attempts at most, by quotas that show no burst (a strict server
+	// judges each request's spacing), while the margin may still widen:
+	// the transit's jitter, where the pace is one the server took (below).
+	longRun := f.okRun >= jitterRun && !r.burst && f.margin < maxMargin
 	switch {
 	case current == 0:
 		// Not paced yet: the first estimate of the server's limit, from
@@ -267,22 +272,18 @@ func (f *feedback) cut(now time.Duration, r refusal) {
 		if s := r.stated; s > rf && !r.burst && (rf > 0 || f.acceptedAt(now) > 0) {
 			rf, stated = s, true
 		}
-	case (f.edge || f.stated) && f.okRun >= jitterRun && !r.burst && f.margin < maxMargin && current <= f.fail*(1+same) &&
-		(f.sustained || current >= f.plateau()*(1-same)):
+	case longRun && (f.edge || f.stated) && current <= f.fail*(1+same) && (f.sustained || current >= f.plateau()*(1-same)):
 		// Refused under the last edge (or the limit the quotas state),
 		// at the plateau or creeping from it (or on the way back to it,
-		// where the last cut came after a run too), after a run long
-		// enough that such refusals are 1% of the attempts at most, by
-		// quotas that show no burst (a strict server judges each
-		// request's spacing): the requests' jitter in transit crossed
-		// the margin, not the pace the limit. The failed rate stands,
+		// where the last cut came after a run too), after a long run:
+		// the requests' jitter in transit crossed the margin, not the
+		// pace the limit. The failed rate stands,
 		// and the margin may widen (see jitterWidens); the spacing of
 		// the few grants before the refusal (see Pacer.kept) is that
 		// jitter, not the limit, and cutting to it would cost the run's
 		// rate for minutes to save a refusal.
 		rf, cut, edge, jitter = f.fail, 1, true, true
-	case f.okRun >= jitterRun && !r.burst && f.margin < maxMargin && r.stated > 0 && current <= r.stated*(1+same) &&
-		f.acceptedRate(now) >= (1-maxMargin)*current:
+	case longRun && r.stated > 0 && current <= r.stated*(1+same) && f.acceptedRate(now) >= (1-maxMargin)*current:
 		// The same jitter, after a run that no cut made an edge yet (a
 		// probe that the quotas' limit stopped): the server took the
 		// refused pace, under the limit they state, for as long as the
