@@ -523,7 +523,7 @@ func (p *Pacer) Observe(now time.Duration, r Reply, inFlight int) Change {
 	case exhausted && (r.Quota.Reset > 0 || p.quota.edgeTold()):
 		c.Cool = p.Cool(now, now+min(p.quota.refusalWait(now, r.Quota), p.maxWait), "remaining 0")
 	case early:
-		c.Cool = p.Cool(now, min(now+coarseProbe, now-r.Quota.Passed+time.Second), "remaining 0 past a reset to the second")
+		c.Cool = p.Cool(now, coarseRetry(now, r.Quota.Passed), "remaining 0 past a reset to the second")
 	case r.Body.Secondary:
 		// GitHub: wait at least a minute, then longer at each repeat.
 		c.Cool = p.Cool(now, now+f.secondary(p.maxWait), "secondary rate limit")
@@ -650,3 +650,20 @@ func (p *Pacer) LagFloor() time.Duration { return p.lagFloor }
 
 // Rate returns the rate the lane's bucket paces to; 0 if not paced.
 func (p *Pacer) Rate() float64 { return p.rate }
+
+// coarseRetry returns when a lane refused with nothing remaining, passed
+// after a reset stated to the second, tries again: coarseProbe later,
+// within the second after the instant. The last tries go shortly before
+// that second is out, not at its end: a window that starts at its first
+// request (ulule/limiter's) and is opened by a try past the second states
+// an instant a second further on than its period, and the step between
+// the two instants would read as a period a second longer.
+func coarseRetry(now, passed time.Duration) time.Duration {
+	out := now - passed + time.Second
+	for _, last := range [...]time.Duration{out - resetSlack, out - resetSlack/4} {
+		if now < last {
+			return min(now+coarseProbe, last)
+		}
+	}
+	return min(now+coarseProbe, out)
+}

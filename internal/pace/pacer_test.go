@@ -738,7 +738,7 @@ func TestPacerStrictPlateau(t *testing.T) {
 func TestPacerRefusedAtATruncatedReset(t *testing.T) {
 	const inst = 900 * time.Millisecond // the stated reset, on the lane's clock
 	q := func(now time.Duration, left int64) headers.Quota {
-		return headers.Quota{Limit: 10, Remaining: left, Reset: max(0, inst-now), Coarse: true, Instant: true, Source: "x-ratelimit"}
+		return headers.Quota{Limit: 10, Remaining: left, Reset: max(0, inst-now), Passed: max(0, now-inst), Coarse: true, Instant: true, Source: "x-ratelimit"}
 	}
 	p := New(0, 1, time.Minute, true, 0)
 	for i := range 10 {
@@ -758,6 +758,18 @@ func TestPacerRefusedAtATruncatedReset(t *testing.T) {
 	}
 	if c.Cause == CauseCut || p.Rate() < before {
 		t.Errorf("refused at the truncated reset, the rate went from %.2f/s to %.2f/s (cause %q); want it kept", before, p.Rate(), c.Cause)
+	}
+	// Refused through the second after the instant, the lane tries again
+	// close before its end, not only at it: a window that starts at its
+	// first request and is opened by a try past that second states an
+	// instant a second later than its period would.
+	var tries []time.Duration
+	for at := p.NotBefore(); at < inst+time.Second && len(tries) < 10; at = p.NotBefore() {
+		tries = append(tries, at)
+		p.Observe(at, Reply{Status: http.StatusTooManyRequests, Sent: at, HasQuota: true, Quota: q(at, 0)}, 1)
+	}
+	if n := len(tries); n == 0 || n > 6 || tries[n-1] < inst+time.Second-resetSlack {
+		t.Errorf("refused through the second after the instant %v, the lane tried at %v; want at most 6 tries, the last within %v of the second's end", inst, tries, resetSlack)
 	}
 }
 

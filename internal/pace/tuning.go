@@ -127,9 +127,10 @@ const (
 	edgeGuardMin = 256
 	// coarseProbe: after a refusal at a reset stated to the second that has
 	// just passed (a truncated instant), the lane tries again this much
-	// later, until the second after the instant is out: at most four
-	// refusals, and a quarter second lost at most, where waiting out the
-	// second loses half a second on average.
+	// later, until the second after the instant is out, and twice more
+	// shortly before its end (see coarseRetry): at most six refusals, and
+	// a quarter second lost at most, where waiting out the second loses
+	// half a second on average.
 	coarseProbe = time.Second / 4
 )
 
