@@ -82,12 +82,6 @@ type windowEdge struct {
 	// measured, so that the spread of a loopback's transits costs no
 	// refusal.
 	guard time.Duration
-
-	// grantable is how many grants the lane may still make before
-	// grantsEnd, the current window's measured end, as the last answer
-	// counted them (see allow); none is counted past grantsEnd.
-	grantable int64
-	grantsEnd time.Duration
 }
 
 // observe reads q, stated at now by the answer to an attempt sent at sent
@@ -212,23 +206,6 @@ func guardAfter(guard, late, period time.Duration) time.Duration {
 func (e *windowEdge) start(inst time.Duration, stated bool, sent time.Duration, left int64) {
 	e.cur, e.stated, e.from = inst, stated, sent
 	e.first, e.least, e.leastAt, e.took = left, left, sent, 0
-}
-
-// allow records that n grants may go before end, the current window's
-// measured end: what the last answer stated remaining, less the attempts
-// still in flight.
-func (e *windowEdge) allow(n int64, end time.Duration) {
-	e.grantable, e.grantsEnd = n, end
-}
-
-// granted counts a grant made at now, and returns the window's end as
-// when the next may go if it took the last allowed (see allow).
-func (e *windowEdge) granted(now time.Duration) (next time.Duration, held bool) {
-	if now >= e.grantsEnd {
-		return 0, false
-	}
-	e.grantable--
-	return e.grantsEnd, e.grantable <= 0
 }
 
 // until returns how long after now the current window ends; valid once

@@ -267,27 +267,3 @@ func period(e *windowEdge) time.Duration {
 	p, _ := e.statedPeriod()
 	return p
 }
-
-// TestWindowEdgeGranted: once the grants an answer allowed before the
-// window's measured end went, the next waits for that end; past it, and
-// after an answer that allowed none, grants are not counted.
-func TestWindowEdgeGranted(t *testing.T) {
-	var e windowEdge
-	if _, held := e.granted(0); held {
-		t.Fatal("nothing allowed yet: a grant is held back")
-	}
-	e.allow(2, 100*time.Millisecond)
-	if _, held := e.granted(10 * time.Millisecond); held {
-		t.Error("the first of 2 allowed grants held the next back")
-	}
-	if next, held := e.granted(20 * time.Millisecond); !held || next != 100*time.Millisecond {
-		t.Errorf("the second of 2 allowed grants: next at %v (held %v), want held to 100ms", next, held)
-	}
-	if _, held := e.granted(150 * time.Millisecond); held {
-		t.Error("a grant past the window's end was held back")
-	}
-	e.allow(0, 0)
-	if _, held := e.granted(160 * time.Millisecond); held {
-		t.Error("after an answer that allowed none, a grant was held back")
-	}
-}

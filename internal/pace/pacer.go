@@ -118,15 +118,10 @@ func (p *Pacer) Take(now time.Duration, late bool) bool {
 	return true
 }
 
-// used records a grant at now (see kept), and holds the next one back to
-// a window's end when it took the last the window has left (see
-// quotaModel.granted).
+// used records a grant at now (see kept).
 func (p *Pacer) used(now time.Duration) {
 	p.grants[p.ngrants%len(p.grants)] = now
 	p.ngrants++
-	if next, held := p.quota.granted(now); held && p.lim != nil {
-		p.lim.set(now, min(p.lim.tokensAt(now), 1-p.lim.perSecond()*(next-now).Seconds()))
-	}
 }
 
 // kept returns the pace at which the lane granted the attempt granted at
