@@ -277,8 +277,8 @@ func (f *feedback) cut(now time.Duration, r refusal) {
 		// at the plateau or creeping from it (or on the way back to it,
 		// where the last cut came after a run too), after a long run:
 		// the requests' jitter in transit crossed the margin, not the
-		// pace the limit. The failed rate stands,
-		// and the margin may widen (see jitterWidens); the spacing of
+		// pace the limit. The failed rate stands, and the margin may
+		// widen (see jitterWidens); the spacing of
 		// the few grants before the refusal (see Pacer.kept) is that
 		// jitter, not the limit, and cutting to it would cost the run's
 		// rate for minutes to save a refusal.
