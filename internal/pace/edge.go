@@ -82,6 +82,12 @@ type windowEdge struct {
 	// measured, so that the spread of a loopback's transits costs no
 	// refusal.
 	guard time.Duration
+
+	// grantable is how many grants the lane may still make before
+	// grantsEnd, the current window's measured end, as the last answer
+	// counted them (see allow); none is counted past grantsEnd.
+	grantable int64
+	grantsEnd time.Duration
 }
 
 // observe reads q, stated at now by the answer to an attempt sent at sent
@@ -206,6 +212,33 @@ func guardAfter(guard, late, period time.Duration) time.Duration {
 func (e *windowEdge) start(inst time.Duration, stated bool, sent time.Duration, left int64) {
 	e.cur, e.stated, e.from = inst, stated, sent
 	e.first, e.least, e.leastAt, e.took = left, left, sent, 0
+}
+
+// allow records, at now, that n grants may go before end, the current
+// window's measured end: what the last answer stated remaining, less the
+// attempts still in flight. It reports whether that lifts a hold the last
+// allowed grant set (see granted): an answer may allow more than the one
+// before it counted.
+func (e *windowEdge) allow(now time.Duration, n int64, end time.Duration) (lift bool) {
+	lift = n > 0 && e.grantable <= 0 && now < e.grantsEnd
+	e.grantable, e.grantsEnd = n, end
+	return lift
+}
+
+// granted counts a grant made at now, and returns the window's end as
+// when the next may go if it took the last allowed (see allow).
+func (e *windowEdge) granted(now time.Duration) (next time.Duration, held bool) {
+	if now >= e.grantsEnd {
+		return 0, false
+	}
+	e.grantable--
+	return e.grantsEnd, e.grantable <= 0
+}
+
+// heldTo returns the window's measured end, and whether the lane's next
+// grant waits for it at now: the grants the last answer allowed went.
+func (e *windowEdge) heldTo(now time.Duration) (end time.Duration, held bool) {
+	return e.grantsEnd, e.grantable <= 0 && now < e.grantsEnd
 }
 
 // until returns how long after now the current window ends; valid once

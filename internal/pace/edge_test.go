@@ -267,3 +267,51 @@ func period(e *windowEdge) time.Duration {
 	p, _ := e.statedPeriod()
 	return p
 }
+
+// TestWindowEdgeGranted: once the grants an answer allowed before the
+// window's measured end went, the next waits for that end, until an answer
+// allows more; past the end, and after an answer that allowed none, grants
+// are not counted.
+func TestWindowEdgeGranted(t *testing.T) {
+	ms := time.Millisecond
+	var e windowEdge
+	if _, held := e.granted(0); held {
+		t.Fatal("nothing allowed yet: a grant is held back")
+	}
+	if e.allow(0, 2, 100*ms) {
+		t.Error("an answer lifted a hold that was never set")
+	}
+	if _, held := e.granted(10 * ms); held {
+		t.Error("the first of 2 allowed grants held the next back")
+	}
+	if next, held := e.granted(20 * ms); !held || next != 100*ms {
+		t.Errorf("the second of 2 allowed grants: next at %v (held %v), want held to 100ms", next, held)
+	}
+	if !e.allow(30*ms, 3, 100*ms) {
+		t.Error("an answer allowing 3 more did not lift the hold")
+	}
+	if _, held := e.granted(40 * ms); held {
+		t.Error("the first of 3 allowed after a lift held the next back")
+	}
+	if e.allow(50*ms, 2, 100*ms) {
+		t.Error("an answer lifted a hold that was not set")
+	}
+	e.granted(60 * ms)
+	if _, held := e.granted(70 * ms); !held {
+		t.Error("the last of 2 allowed grants did not hold the next back")
+	}
+	if e.allow(80*ms, 0, 0) {
+		t.Error("an answer allowing none lifted the hold")
+	}
+	if _, held := e.granted(150 * ms); held {
+		t.Error("a grant past the window's end was held back")
+	}
+	if _, held := e.granted(160 * ms); held {
+		t.Error("after an answer that allowed none, a grant was held back")
+	}
+	e.allow(200*ms, 1, 300*ms)
+	e.granted(210 * ms)
+	if e.allow(310*ms, 5, 1300*ms) {
+		t.Error("an answer after the window's end lifted a hold that had run out")
+	}
+}

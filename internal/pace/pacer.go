@@ -118,10 +118,15 @@ func (p *Pacer) Take(now time.Duration, late bool) bool {
 	return true
 }
 
-// used records a grant at now (see kept).
+// used records a grant at now (see kept), and holds the next one back to
+// a window's end when it took the last the window has left (see
+// quotaModel.granted).
 func (p *Pacer) used(now time.Duration) {
 	p.grants[p.ngrants%len(p.grants)] = now
 	p.ngrants++
+	if next, held := p.quota.granted(now); held && p.lim != nil {
+		p.lim.set(now, min(p.lim.tokensAt(now), 1-p.lim.perSecond()*(next-now).Seconds()))
+	}
 }
 
 // kept returns the pace at which the lane granted the attempt granted at
@@ -561,6 +566,11 @@ func (p *Pacer) pace(now, sent time.Duration, qp quotaPace) CoolChange {
 		// a request a window.
 		c = p.cool(now, min(qp.stop, now+p.maxWait), "remaining 0 until the window resets", false)
 	}
+	if qp.lift && p.lim != nil {
+		// The hold set when the grants the last answer allowed went (see
+		// used) no longer holds: the next grant is an interval away.
+		p.lim.set(now, max(p.lim.tokensAt(now), 0))
+	}
 	if qp.empty && p.lim != nil && p.local {
 		// The server's bucket was empty when the attempt reached it: its
 		// next token came a token's time after, and the lane's may not
@@ -612,6 +622,11 @@ func (p *Pacer) applyRate(now time.Duration) (raised bool) {
 	}
 	p.lim.setRate(now, lim)
 	p.rate = r
+	if end, held := p.quota.heldTo(now); held && !math.IsInf(lim, 1) {
+		// The hold (see used) is a time, not a count of tokens: the next
+		// grant waits for the window's end at any rate.
+		p.lim.set(now, 1-lim*(end-now).Seconds())
+	}
 	return lim > old
 }
 

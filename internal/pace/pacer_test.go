@@ -804,3 +804,52 @@ func TestPacerSlidingWindowRefusedAtItsPace(t *testing.T) {
 		t.Errorf("refused at its pace: rate %v, want 49/s", p.Rate())
 	}
 }
+
+// TestPacerHoldsToAWindowEnd: a lane paced to what remains of a window
+// whose end it measured makes no more grants before that end than the last
+// answer left it, even with a token in hand, at whatever rate it is cut to
+// meanwhile; an answer that leaves it more lets the next go an interval
+// later, not at the end.
+func TestPacerHoldsToAWindowEnd(t *testing.T) {
+	const now, end = time.Second, time.Second + 200*time.Millisecond
+	held := func(t *testing.T) *Pacer {
+		p := New(100, 2, time.Minute, true, 0)
+		p.quota.edge = &windowEdge{told: true, end: end, period: time.Second}
+		p.Observe(now, Reply{Status: http.StatusOK, Sent: now - 20*time.Millisecond, HasQuota: true, Quota: windowQuota(1)}, 1)
+		if !p.Take(now, false) {
+			t.Fatal("one request left and a token in hand: no grant")
+		}
+		if d := p.TokenDelay(now); d < end-now-time.Millisecond {
+			t.Fatalf("the one request left granted, the next token is due in %v; want at the window's end, %v", d, end-now)
+		}
+		return &p
+	}
+	t.Run("lifted", func(t *testing.T) {
+		p := held(t)
+		// An answer to an attempt sent before: the server counted it, and
+		// the grant just made is in flight; 4 remain beyond it.
+		at := now + 10*time.Millisecond
+		p.Observe(at, Reply{Status: http.StatusOK, Sent: now - 10*time.Millisecond, HasQuota: true, Quota: windowQuota(5)}, 2)
+		interval := time.Duration(float64(end-at) / 5)
+		if d := p.TokenDelay(at); d > interval+time.Millisecond {
+			t.Errorf("4 left after an answer allowing more, the next token is due in %v; want within an interval (%v)", d, interval)
+		}
+	})
+	t.Run("cut", func(t *testing.T) {
+		p := held(t)
+		before, at := p.Rate(), now+5*time.Millisecond
+		p.Observe(at, Reply{Status: http.StatusTooManyRequests, Sent: now - 15*time.Millisecond}, 2)
+		if p.Rate() >= before {
+			t.Fatalf("a refusal left the rate at %.2f/s, want it cut from %.2f/s", p.Rate(), before)
+		}
+		if d := p.TokenDelay(at); d > end-at+time.Millisecond {
+			t.Errorf("cut from %.2f/s to %.2f/s, the next token is due in %v; want at the window's end, %v", before, p.Rate(), d, end-at)
+		}
+	})
+}
+
+// windowQuota is what ulule/limiter states of a window of 50 with left
+// remaining, its reset read as a second away.
+func windowQuota(left int64) headers.Quota {
+	return headers.Quota{Limit: 50, Remaining: left, Reset: time.Second, Coarse: true, Source: "x-ratelimit"}
+}

@@ -164,6 +164,10 @@ type quotaPace struct {
 	// of the rate from refusals before it, reading the window as a bucket
 	// (a count, a climb cut short), no longer holds.
 	told bool
+	// lift: this quota allows grants again before the window's measured
+	// end, after the lane held its next grant back to that end (see
+	// quotaModel.granted).
+	lift bool
 }
 
 // observe reads q, stated by a response (not a refusal) seen at now to an
@@ -205,14 +209,18 @@ func (m *quotaModel) observe(now, sent time.Duration, q headers.Quota, inFlight 
 	}
 	if m.edgeTold() {
 		// A window whose end was measured (see windowEdge): what remains
-		// goes over left+1 intervals until then, as under a precise reset.
+		// goes over left+1 intervals until then, as under a precise reset,
+		// and no more than what remains (see granted).
 		switch until := m.edge.until(now); {
 		case left <= 0:
+			m.edge.allow(now, 0, 0)
 			return quotaPace{stop: now + until, told: told}
 		case until <= 0:
+			m.edge.allow(now, 0, 0)
 			return quotaPace{told: told}
 		default:
-			return quotaPace{rate: float64(left+1) / until.Seconds(), until: now + until, told: told}
+			lift := m.edge.allow(now, left, now+until)
+			return quotaPace{rate: float64(left+1) / until.Seconds(), until: now + until, told: told, lift: lift}
 		}
 	}
 	if m.kind == kindWindow {
@@ -548,6 +556,28 @@ func (m *quotaModel) seeEdge(now, sent time.Duration, q headers.Quota, accepted 
 func (m *quotaModel) wholeWindow(ra time.Duration) bool {
 	return m.kind == kindSliding && m.evidence && m.window > 0 && ra > 0 &&
 		ra >= m.window.Truncate(time.Second) && ra <= m.window+time.Second
+}
+
+// granted counts a grant the lane made at now, and returns when its next
+// may go if the window whose end the lane measures has none left for it
+// before then: the rate spreads what remains over that many intervals
+// and one more, assuming the next grant an interval away, and a token the
+// lane held at once would let one more go than remains (refused, a
+// request a window or two), before the answer saying so comes back.
+func (m *quotaModel) granted(now time.Duration) (next time.Duration, held bool) {
+	if m.edge == nil {
+		return 0, false
+	}
+	return m.edge.granted(now)
+}
+
+// heldTo returns when the lane's next grant may go, and whether it waits
+// at now for a window's end (see granted).
+func (m *quotaModel) heldTo(now time.Duration) (end time.Duration, held bool) {
+	if m.edge == nil {
+		return 0, false
+	}
+	return m.edge.heldTo(now)
 }
 
 // edgeTold reports whether the server keeps a window that refills at once,
