@@ -220,9 +220,9 @@ func (e *windowEdge) start(inst time.Duration, stated bool, sent time.Duration, 
 // allowed grant set (see granted): an answer may allow more than the one
 // before it counted.
 func (e *windowEdge) allow(now time.Duration, n int64, end time.Duration) (lift bool) {
-	lift = n > 0 && e.grantable <= 0 && now < e.grantsEnd
+	_, held := e.heldTo(now)
 	e.grantable, e.grantsEnd = n, end
-	return lift
+	return n > 0 && held
 }
 
 // granted counts a grant made at now, and returns the window's end as
@@ -232,7 +232,7 @@ func (e *windowEdge) granted(now time.Duration) (next time.Duration, held bool) 
 		return 0, false
 	}
 	e.grantable--
-	return e.grantsEnd, e.grantable <= 0
+	return e.heldTo(now)
 }
 
 // heldTo returns the window's measured end, and whether the lane's next
