@@ -156,8 +156,11 @@ const (
 	// milliseconds. Every response is still counted, for feedback and for
 	// the controller's completion rate; an untimed one is counted at the
 	// lane's latest clock reading, which a lane this busy keeps fresh.
+	// sampleEvery also bounds the grants a busy lane prepays (see
+	// prepaid.go): the fewer times it takes its lock, the fewer of its
+	// goroutines park on it.
 	sampleAbove = 1000
-	sampleEvery = 8
+	sampleEvery = 32
 	sampleGap   = time.Second / sampleAbove
 )
 

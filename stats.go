@@ -54,7 +54,7 @@ type LaneStats struct {
 	// Latency is the smoothed attempt latency (send to body done) and
 	// Baseline its no-load estimate, as the concurrency controller sees them;
 	// zero until observed. A lane granting over 1,000 requests a second
-	// times a sample of its attempts (one in eight, and at least one a
+	// times a sample of its attempts (one in 32, and at least one a
 	// millisecond), not every one.
 	Latency, Baseline time.Duration
 	// Saturated reports that the concurrency controller found the upstream
