@@ -45,9 +45,31 @@ type events struct {
 	panicked atomic.Bool // a panic was logged; later ones are not
 }
 
+// A queuedEvent is an event waiting for the Observers. A grant, the event
+// every request makes, is kept in the few words it is made of, and built
+// whole by the deliverer (see pushGrant): copying a whole Event into the
+// queue cost as much as the rest of a request that waits for nothing, and
+// the collector scans every word the queue holds. Any other event is kept
+// whole, out of line.
 type queuedEvent struct {
-	ctx context.Context
-	e   Event
+	ctx    context.Context
+	e      *Event // nil for a grant
+	l      *lane  // the grant's
+	tenant string
+	at     time.Duration // on l's clock
+	wait   time.Duration
+	p      Priority
+	n      int // attempt
+}
+
+// event returns qe's event whole.
+func (qe *queuedEvent) event() Event {
+	if qe.e != nil {
+		return *qe.e
+	}
+	e := Event{Kind: EventGranted, Time: qe.l.clk.timeOf(qe.at), Priority: qe.p, Tenant: qe.tenant, Attempt: qe.n, Wait: qe.wait}
+	e.Lane, e.Sublimit = splitKey(qe.l.key)
+	return e
 }
 
 func newEvents(obs []Observer, logger *slog.Logger) *events {
@@ -57,24 +79,33 @@ func newEvents(obs []Observer, logger *slog.Logger) *events {
 	return &events{obs: obs, logger: logger}
 }
 
-// push queues a copy of e for delivery, stamped with the time now unless
-// it has a time, or drops it if eventCap are waiting. A nil *events drops
-// nothing and does nothing.
+// push queues e for delivery, stamped with the time now unless it has a
+// time, or drops it if eventCap are waiting. The caller gives e up.
 func (q *events) push(ctx context.Context, e *Event) {
-	if ctx == nil {
-		ctx = context.Background()
-	}
 	if e.Time.IsZero() {
 		e.Time = time.Now()
 	}
 	e.Lane, e.Sublimit = splitKey(e.Lane)
+	q.queue(queuedEvent{ctx: ctx, e: e})
+}
+
+// pushGrant queues the event of a grant on l at at, on l's clock, to an
+// attempt n at level p of tenant that waited wait.
+func (q *events) pushGrant(ctx context.Context, l *lane, at time.Duration, p Priority, tenant string, n int, wait time.Duration) {
+	q.queue(queuedEvent{ctx: ctx, l: l, at: at, p: p, tenant: tenant, n: n, wait: wait})
+}
+
+func (q *events) queue(qe queuedEvent) {
+	if qe.ctx == nil {
+		qe.ctx = context.Background()
+	}
 	q.mu.Lock()
 	if len(q.queued)+q.taken >= eventCap {
 		q.mu.Unlock()
 		q.dropped.Add(1)
 		return
 	}
-	q.queued = append(q.queued, queuedEvent{ctx, *e})
+	q.queued = append(q.queued, qe)
 	start := !q.running
 	q.running = true
 	q.mu.Unlock()
@@ -103,8 +134,9 @@ func (q *events) deliver() {
 		q.taken = len(batch)
 		q.mu.Unlock()
 		for i := range batch {
+			e := batch[i].event()
 			for _, o := range q.obs {
-				q.call(o, &batch[i])
+				q.call(o, batch[i].ctx, &e)
 			}
 			batch[i] = queuedEvent{} // drop the references
 		}
@@ -116,14 +148,14 @@ func (q *events) deliver() {
 
 // call hands one event to one Observer; a panic loses that event only, and
 // the first is logged.
-func (q *events) call(o Observer, qe *queuedEvent) {
+func (q *events) call(o Observer, ctx context.Context, e *Event) {
 	defer func() {
 		if r := recover(); r != nil && q.panicked.CompareAndSwap(false, true) {
-			q.logger.ErrorContext(qe.ctx, "sluice: an Observer panicked; its event was lost (later panics are not logged)",
-				"observer", fmt.Sprintf("%T", o), "event", qe.e.Kind, "panic", r)
+			q.logger.ErrorContext(ctx, "sluice: an Observer panicked; its event was lost (later panics are not logged)",
+				"observer", fmt.Sprintf("%T", o), "event", e.Kind, "panic", r)
 		}
 	}()
-	o.Observe(qe.ctx, qe.e)
+	o.Observe(ctx, *e)
 }
 
 // wait returns when every event pushed so far has been delivered, or ctx
