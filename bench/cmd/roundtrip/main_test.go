@@ -47,3 +47,26 @@ BenchmarkRoundTrip/8_goroutines,_1_lane/sluice-2 	 1000000	      1864 ns/op	    
 		t.Errorf("table:\n%s\nwant:\n%s", got, want)
 	}
 }
+
+// The multiple of the pair is the median of the rounds' multiples, each
+// taken within its round, not the ratio of the medians: a machine whose
+// speed drifts between rounds moves both clients of a round alike.
+func TestRatioWithinRounds(t *testing.T) {
+	out := `BenchmarkRoundTrip/serial/rate+semaphore-2 	 1000 	 100 ns/op
+BenchmarkRoundTrip/serial/sluice-2 	 1000 	 120 ns/op
+BenchmarkRoundTrip/serial/rate+semaphore-2 	 1000 	 200 ns/op
+BenchmarkRoundTrip/serial/sluice-2 	 1000 	 220 ns/op
+BenchmarkRoundTrip/serial/rate+semaphore-2 	 1000 	 300 ns/op
+BenchmarkRoundTrip/serial/sluice-2 	 1000 	 390 ns/op
+`
+	tb, err := parse(strings.NewReader(out))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "| | serial |\n| --- | --- |\n" +
+		"| rate+semaphore | 200 ns |\n" +
+		"| sluice | 220 ns (1.20× pair) |\n"
+	if got := format(tb); got != want {
+		t.Errorf("table:\n%s\nwant:\n%s", got, want)
+	}
+}
