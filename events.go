@@ -4,45 +4,52 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"sync"
+	"runtime"
 	"sync/atomic"
 	"time"
 )
 
 // eventCap bounds the events waiting for the Observers: past it, new
 // events are dropped and counted, so an Observer that blocks costs memory
-// up to here and nothing more.
+// up to here and nothing more. A power of 2.
 const eventCap = 4096
 
 // deliverEvery is how long the deliverer waits before it takes the events
-// pushed meanwhile: an event is then appended to a buffer no other
-// processor is reading, and the hand-off to the deliverer is paid once a
-// batch, not once an event. It bounds how late an Observer hears of an
-// event (the runtime's timers may stretch it to about a millisecond).
+// pushed meanwhile, so that it wakes once a batch, not once an event. It
+// bounds how late an Observer hears of an event (the runtime's timers may
+// stretch it to about a millisecond).
 const deliverEvery = 200 * time.Microsecond
 
 // events delivers a Transport's events to its Observers, in order, from a
 // goroutine that runs while there are events to deliver and exits when
-// there are none. Pushing one takes a short lock and never waits, so it may
-// be done with a lane's lock held.
+// there are none. Pushing one takes no lock and never waits, so it may be
+// done with a lane's lock held.
 //
-// Events are appended to one buffer while the deliverer hands out those of
-// the other: it takes the lock once a batch (see deliverEvery), not once an
-// event, so that the pushes of a busy lane and the deliverer do not take
-// turns at it.
+// The events wait in a ring of eventCap slots, made at the first event: a
+// bounded queue of many producers and one consumer. A push reserves the
+// next position (tail), fills the slot and then marks it filled; the
+// deliverer takes the slots in order of position, each once it is filled,
+// and moves head on past the slots it has emptied. A lock here would be
+// taken by every request, and the runtime parks a goroutine that finds a
+// lock held while others are runnable.
 type events struct {
 	obs    []Observer
 	logger *slog.Logger
 
-	mu      sync.Mutex
-	queued  []queuedEvent // pushed, not yet taken by the deliverer
-	spare   []queuedEvent // the other buffer, empty, or nil while being delivered
-	taken   int           // events the deliverer has taken and not yet delivered
-	running bool          // a deliverer goroutine runs
-	idle    chan struct{}
+	ring    atomic.Pointer[[eventCap]eventSlot]
+	tail    atomic.Uint64 // the next position to reserve
+	head    atomic.Uint64 // the next position to deliver; written by the deliverer only
+	running atomic.Bool   // a deliverer goroutine runs, or is starting
 
 	dropped  atomic.Uint64
 	panicked atomic.Bool // a panic was logged; later ones are not
+}
+
+// An eventSlot holds one event of the ring; filled is its position plus
+// one once it is filled.
+type eventSlot struct {
+	filled atomic.Uint64
+	qe     queuedEvent
 }
 
 // A queuedEvent is an event waiting for the Observers. A grant, the event
@@ -99,50 +106,68 @@ func (q *events) queue(qe queuedEvent) {
 	if qe.ctx == nil {
 		qe.ctx = context.Background()
 	}
-	q.mu.Lock()
-	if len(q.queued)+q.taken >= eventCap {
-		q.mu.Unlock()
-		q.dropped.Add(1)
-		return
+	ring := q.ring.Load()
+	if ring == nil {
+		q.ring.CompareAndSwap(nil, new([eventCap]eventSlot))
+		ring = q.ring.Load()
 	}
-	q.queued = append(q.queued, qe)
-	start := !q.running
-	q.running = true
-	q.mu.Unlock()
-	if start {
+	var t uint64
+	for {
+		t = q.tail.Load()
+		if t-q.head.Load() >= eventCap {
+			q.dropped.Add(1)
+			return
+		}
+		if q.tail.CompareAndSwap(t, t+1) {
+			break
+		}
+	}
+	// The slot's last event, at t-eventCap, is delivered: head is past it.
+	s := &ring[t%eventCap]
+	s.qe = qe
+	s.filled.Store(t + 1)
+	if !q.running.Load() && q.running.CompareAndSwap(false, true) {
 		go q.deliver()
 	}
 }
 
-// deliver hands the queued events to the Observers, a batch every
+// deliver hands the queued events to the Observers, those pushed each
 // deliverEvery, until a wait finds none.
 func (q *events) deliver() {
+	ring := q.ring.Load()
+	busy := false
 	for {
-		time.Sleep(deliverEvery)
-		q.mu.Lock()
-		if len(q.queued) == 0 {
-			q.running = false
-			if q.idle != nil {
-				close(q.idle)
-				q.idle = nil
-			}
-			q.mu.Unlock()
-			return
+		if !busy {
+			time.Sleep(deliverEvery)
 		}
-		batch := q.queued
-		q.queued, q.spare = q.spare[:0], nil
-		q.taken = len(batch)
-		q.mu.Unlock()
-		for i := range batch {
-			e := batch[i].event()
+		h, t := q.head.Load(), q.tail.Load()
+		// A turn that found the ring an eighth full takes the next at
+		// once: a sleep may last a millisecond, longer than the ring
+		// holds a busy client's events.
+		busy = t-h >= eventCap/8
+		if h == t {
+			q.running.Store(false)
+			// A push that reserved a position before the store may have
+			// found running set and started no deliverer: this one goes
+			// on, unless a push after the store started another.
+			if q.tail.Load() == h || !q.running.CompareAndSwap(false, true) {
+				return
+			}
+			continue
+		}
+		for ; h != t; h++ {
+			s := &ring[h%eventCap]
+			for s.filled.Load() != h+1 {
+				runtime.Gosched() // reserved and being filled
+			}
+			qe := s.qe
+			s.qe = queuedEvent{} // drop the references
+			q.head.Store(h + 1)  // the slot may be filled again
+			e := qe.event()
 			for _, o := range q.obs {
-				q.call(o, batch[i].ctx, &e)
+				q.call(o, qe.ctx, &e)
 			}
-			batch[i] = queuedEvent{} // drop the references
 		}
-		q.mu.Lock()
-		q.spare, q.taken = batch[:0], 0
-		q.mu.Unlock()
 	}
 }
 
@@ -158,23 +183,16 @@ func (q *events) call(o Observer, ctx context.Context, e *Event) {
 	o.Observe(ctx, *e)
 }
 
-// wait returns when every event pushed so far has been delivered, or ctx
-// ends.
+// wait returns when every event pushed so far has been delivered and the
+// deliverer has found no more and exited, or ctx ends.
 func (q *events) wait(ctx context.Context) error {
-	q.mu.Lock()
-	if !q.running {
-		q.mu.Unlock()
-		return nil
+	t := q.tail.Load()
+	for q.head.Load() < t || q.running.Load() {
+		select {
+		case <-time.After(deliverEvery):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
 	}
-	if q.idle == nil {
-		q.idle = make(chan struct{})
-	}
-	idle := q.idle
-	q.mu.Unlock()
-	select {
-	case <-idle:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	return nil
 }
