@@ -52,21 +52,22 @@ type eventSlot struct {
 	qe     queuedEvent
 }
 
-// A queuedEvent is an event waiting for the Observers. A grant, the event
-// every request makes, is kept in the few words it is made of, and built
-// whole by the deliverer (see pushGrant): copying a whole Event into the
-// queue cost as much as the rest of a request that waits for nothing, and
-// the collector scans every word the queue holds. Any other event is kept
-// whole, out of line.
+// A queuedEvent is an event waiting for the Observers. The events a
+// request makes on its way, queued and granted, are kept in the few words
+// they are made of, and built whole by the deliverer (see pushRequest):
+// copying a whole Event into the queue cost as much as the rest of a
+// request that waits for nothing, and the collector scans every word the
+// queue holds. Any other event is kept whole, out of line.
 type queuedEvent struct {
 	ctx    context.Context
-	e      *Event // nil for a grant
-	l      *lane  // the grant's
+	e      *Event // nil for a request's
+	kind   EventKind
+	l      *lane
 	tenant string
 	at     time.Duration // on l's clock
 	wait   time.Duration
 	p      Priority
-	n      int // attempt
+	n      int // Attempt of a grant, Queued of a queued event
 }
 
 // event returns qe's event whole.
@@ -74,7 +75,12 @@ func (qe *queuedEvent) event() Event {
 	if qe.e != nil {
 		return *qe.e
 	}
-	e := Event{Kind: EventGranted, Time: qe.l.clk.timeOf(qe.at), Priority: qe.p, Tenant: qe.tenant, Attempt: qe.n, Wait: qe.wait}
+	e := Event{Kind: qe.kind, Time: qe.l.clk.timeOf(qe.at), Priority: qe.p, Tenant: qe.tenant, Wait: qe.wait}
+	if qe.kind == EventQueued {
+		e.Queued = qe.n
+	} else {
+		e.Attempt = qe.n
+	}
 	e.Lane, e.Sublimit = splitKey(qe.l.key)
 	return e
 }
@@ -96,10 +102,11 @@ func (q *events) push(ctx context.Context, e *Event) {
 	q.queue(queuedEvent{ctx: ctx, e: e})
 }
 
-// pushGrant queues the event of a grant on l at at, on l's clock, to an
-// attempt n at level p of tenant that waited wait.
-func (q *events) pushGrant(ctx context.Context, l *lane, at time.Duration, p Priority, tenant string, n int, wait time.Duration) {
-	q.queue(queuedEvent{ctx: ctx, l: l, at: at, p: p, tenant: tenant, n: n, wait: wait})
+// pushRequest queues an event of kind EventGranted or EventQueued on l at
+// at, on l's clock, of a request at level p of tenant: n is a grant's
+// attempt, or the requests queued; wait is how long a grant waited.
+func (q *events) pushRequest(ctx context.Context, kind EventKind, l *lane, at time.Duration, p Priority, tenant string, n int, wait time.Duration) {
+	q.queue(queuedEvent{ctx: ctx, kind: kind, l: l, at: at, p: p, tenant: tenant, n: n, wait: wait})
 }
 
 func (q *events) queue(qe queuedEvent) {

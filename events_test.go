@@ -29,7 +29,7 @@ func TestEventsInOrderAroundTheRing(t *testing.T) {
 						time.Sleep(deliverEvery) // the deliverer keeps up: nothing is dropped
 					}
 					if i%2 == 0 {
-						q.pushGrant(context.Background(), l, time.Duration(i), Normal, fmt.Sprint(g), i, 0)
+						q.pushRequest(context.Background(), EventGranted, l, time.Duration(i), Normal, fmt.Sprint(g), i, 0)
 					} else {
 						q.push(context.Background(), &Event{Kind: EventRetried, Lane: "api.test", Tenant: fmt.Sprint(g), Attempt: i})
 					}

@@ -300,7 +300,7 @@ func (l *lane) enqueueLocked(ctx context.Context, p Priority, tn *tenant, ch *ch
 	l.q.push(w, l.slot.limit)
 	l.budgets.queue(w.level, w.charge, 1)
 	if ev := l.cfg.events; ev != nil {
-		ev.push(ctx, &Event{Kind: EventQueued, Lane: l.key, Priority: p, Tenant: tn.id, Queued: l.q.len()})
+		ev.pushRequest(ctx, EventQueued, l, now, p, tn.id, l.q.len(), 0)
 	}
 	if !l.dispatching {
 		l.dispatching = true

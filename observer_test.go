@@ -90,8 +90,14 @@ func TestObserverSeesTheLaneWork(t *testing.T) {
 			t.Errorf("first grant %+v, want no wait, lane api.test, attempt 1, Normal", g)
 		}
 		// The second and third queued behind a token each (100 ms apart).
-		if q := rec.of(EventQueued); len(q) < 2 {
+		q := rec.of(EventQueued)
+		if len(q) < 2 {
 			t.Errorf("%d queued events, want at least 2", len(q))
+		}
+		for _, e := range q {
+			if e.Lane != "api.test" || e.Queued < 1 || e.Time.IsZero() || e.Attempt != 0 {
+				t.Errorf("queued event %+v, want lane api.test, a queue length, a time and no attempt", e)
+			}
 		}
 		if w := granted[2].Wait; w < 150*time.Millisecond || w > 200*time.Millisecond {
 			t.Errorf("third grant waited %v, want about 200 ms less its 2 ms head start", w)

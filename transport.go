@@ -308,7 +308,7 @@ func (t *Transport) attempt(l *lane, req *http.Request, p Priority, enq time.Dur
 		return nil, enq, err
 	}
 	if ev := t.cfg.events; ev != nil {
-		ev.pushGrant(ctx, l, h.at, p, h.tn.id, n, h.wait)
+		ev.pushRequest(ctx, EventGranted, l, h.at, p, h.tn.id, n, h.wait)
 	}
 	if err := ctx.Err(); err != nil {
 		// Cancelled between grant and send: nothing was sent, so the token
