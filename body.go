@@ -36,7 +36,7 @@ func wrap(rc io.ReadCloser, h *hold) *body {
 	b := &body{rc: rc, tok: h.tok}
 	h.tok = nil
 	b.tok.h = h
-	h.state.Or(holdOut)
+	atomic.OrUint32(&h.state, holdOut)
 	if l := h.l; l.watching() {
 		l.watch(h)
 	}

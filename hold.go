@@ -32,10 +32,12 @@ type hold struct {
 	kind          verdict.Kind // the response's, once it came
 	nth           int          // the pacer's count of grants just after this one (see pace.Pacer.Refund)
 
-	// state holds the flags below. Only the path that sets holdGiven
-	// gives the slot back: the owner's Done, often without the lane's
-	// lock (see lane.release), or the lane for a context that ended.
-	state atomic.Uint32
+	// state holds the flags below, read and changed atomically but for
+	// its reset by newHold, when nothing else reaches the hold. Only the
+	// path that sets holdGiven gives the slot back: the owner's Done,
+	// often without the lane's lock (see lane.release), or the lane for a
+	// context that ended.
+	state uint32
 
 	// Under the lane's lock.
 	idx  int         // its index in the lane's held, until it is settled; -1: never held (see settleOutLocked)
@@ -61,17 +63,20 @@ const (
 	holdOut     uint32 = 1 << iota
 	holdWatched        // its context is watched: stop is set
 	holdGiven          // its slot's return is claimed
+	// holdHeld: it is on the lane's list of holds (see held). A prepaid
+	// grant is not until the lane settles it (see settleOutLocked).
+	holdHeld
 )
 
 // claim claims h's return for the caller, and reports false if another
 // path has it already.
 func (h *hold) claim() bool {
 	for {
-		s := h.state.Load()
+		s := atomic.LoadUint32(&h.state)
 		if s&holdGiven != 0 {
 			return false
 		}
-		if h.state.CompareAndSwap(s, s|holdGiven) {
+		if atomic.CompareAndSwapUint32(&h.state, s, s|holdGiven) {
 			return true
 		}
 	}
@@ -96,7 +101,10 @@ func init() { holds.New = newHold } // set here: the finalizer reaches back to h
 // nothing but its owner can reach it. It drops what h points to outside
 // the hold, so that the pool keeps no request's context or lane alive.
 func (h *hold) recycle() {
-	h.l, h.ctx, h.tn, h.ch = nil, nil, nil, nil
+	h.l, h.ctx, h.tn = nil, nil, nil
+	if h.ch != nil {
+		h.ch = nil
+	}
 	holds.Put(h)
 }
 
@@ -110,8 +118,11 @@ func (l *lane) holdLocked(ctx context.Context, tn *tenant, ch *charge, at, wait 
 // and sets what needs no lock.
 func (l *lane) newHold(ctx context.Context, ch *charge) *hold {
 	h := holds.Get().(*hold)
-	h.l, h.ctx, h.ch = l, ctx, ch
-	h.state.Store(0)
+	h.l, h.ctx = l, ctx
+	if ch != nil { // recycle left it nil: a write would cost a barrier while the GC marks
+		h.ch = ch
+	}
+	h.state = 0 // no atomic: nothing else reaches a hold from the pool (see recycle)
 	return h
 }
 
@@ -124,6 +135,7 @@ func (l *lane) fillLocked(h *hold, tn *tenant, at, wait time.Duration) *hold {
 	h.timed, h.spaced, h.look = l.timeNextLocked(at), l.pace.Spaces(), l.lookLocked(tn.level)
 	h.idx = len(l.held)
 	l.held = append(l.held, h)
+	h.state |= holdHeld // no atomic: the hold is not handed out yet
 	return h
 }
 
@@ -182,7 +194,7 @@ func (l *lane) reclaimLocked(watch bool) bool {
 	for i := len(l.held) - 1; i >= 0; i-- {
 		// Backwards: releaseLocked moves the last hold to h's index.
 		h := l.held[i]
-		if h.state.Load()&(holdOut|holdGiven) == holdOut && h.ctx.Done() != nil {
+		if atomic.LoadUint32(&h.state)&(holdOut|holdGiven) == holdOut && h.ctx.Done() != nil {
 			if h.ctx.Err() != nil && h.claim() {
 				l.releaseLocked(h, h.kind, false, 0)
 				l.backendDone()
@@ -210,8 +222,8 @@ func (h *hold) watchLocked() {
 	if h.ctx.Done() == nil {
 		return
 	}
-	s := h.state.Load()
-	if s&(holdWatched|holdGiven) == 0 && h.state.CompareAndSwap(s, s|holdWatched) {
+	s := atomic.LoadUint32(&h.state)
+	if s&(holdWatched|holdGiven) == 0 && atomic.CompareAndSwapUint32(&h.state, s, s|holdWatched) {
 		h.stop = context.AfterFunc(h.ctx, h.ended)
 	}
 }

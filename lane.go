@@ -522,22 +522,38 @@ func (l *lane) release(h *hold, k verdict.Kind, sample, owner bool) (released bo
 	return released
 }
 
-// listReturned lists h, whose owner is done with it, as returned, unless
-// its context is watched or its slot given back already, and reports
-// whether it did. The first on an empty list settles the list if the lock
-// is free; if not, the lock's holder settles it before it lets go (see
-// unlock). A hold listed behind others is settled with them. Under
-// contention a release then parks no goroutine, and one lock settles many.
+// listReturned gives back h, whose owner is done with it, without the
+// lane's lock, unless its context is watched or its slot given back
+// already, and reports whether it did. A prepaid grant not yet settled is
+// left on the out list for the settle to give back (see
+// settleOutLocked); any other hold is listed as returned. The first on an
+// empty list settles the list if the lock is free; if not, the lock's
+// holder settles it before it lets go (see unlock). A hold listed behind
+// others is settled with them. Under contention a release then parks no
+// goroutine, and one lock settles many.
 //
-// lazy: grants are prepaid, and the list is left to the lock's next
-// holder, unless they were taken back meanwhile. A revoke comes before
-// its holder unlocks and settles the list: if the load of fast below
-// comes before the revoke, so does the listing, which that holder then
+// lazy: grants are prepaid, and the hold is left to the lock's next
+// holder, unless they were taken back meanwhile. A revoke comes before its
+// holder unlocks and settles the lists: if the load of fast below comes
+// before the revoke, so does the hold's return, which that holder then
 // finds; if after, the owner settles.
 func (l *lane) listReturned(h *hold, lazy bool) bool {
-	s := h.state.Load()
-	if s&^holdOut != 0 || !h.state.CompareAndSwap(s, s|holdGiven) {
-		return false
+	var s uint32
+	for {
+		s = atomic.LoadUint32(&h.state)
+		if s&^(holdOut|holdHeld) != 0 {
+			return false
+		}
+		if atomic.CompareAndSwapUint32(&h.state, s, s|holdGiven) {
+			break
+		}
+	}
+	if s&holdHeld == 0 {
+		// On the out list: a lock holder that settles it gives it back.
+		if l.fast.Load()&fastMask == 0 {
+			l.settleIfFree()
+		}
+		return true
 	}
 	var first bool // h is alone on the list; once listed, h is not ours
 	for {
@@ -567,24 +583,32 @@ func (l *lane) lock() {
 	}
 }
 
-// unlock unlocks the lane, and settles the holds listed as returned while
-// it was held, unless another goroutine has taken the lock again: that one
-// then does. An owner that lists a hold and finds the lock held relies on
-// this: its listing came before the holder's check, so no hold stays
-// listed once the lock is free.
+// unlock unlocks the lane, and settles the holds given back while it was
+// held (see unsettled), unless another goroutine has taken the lock
+// again: that one then does. An owner that gives a hold back and finds the
+// lock held relies on this: its return came before the holder's check, so
+// no hold waits to be settled once the lock is free.
 func (l *lane) unlock() {
 	l.mu.Unlock()
 	l.settleIfFree()
 }
 
-// settleIfFree settles the returned list while it is not empty and the
-// lock is free, and recycles its holds once the lock is let go.
+// settleIfFree settles the holds given back without the lock (see
+// unsettled) while there are some and the lock is free, and recycles the
+// returned list's holds once the lock is let go.
 func (l *lane) settleIfFree() {
-	for l.returned.Load() != nil && l.mu.TryLock() {
+	for l.unsettled() && l.mu.TryLock() {
 		list := l.settleReturnedLocked()
 		l.mu.Unlock()
 		recycleAll(list)
 	}
+}
+
+// unsettled reports whether holds were given back without the lock and
+// wait to be settled: listed as returned, or left on the out list while
+// no grant is prepaid (see listReturned).
+func (l *lane) unsettled() bool {
+	return l.returned.Load() != nil || l.out.Load() != nil && l.fast.Load()&fastMask == 0
 }
 
 // settleReturnedLocked gives back the slots of the holds on the returned

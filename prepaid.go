@@ -2,7 +2,10 @@ package sluice
 
 import (
 	"context"
+	"sync/atomic"
 	"time"
+
+	"github.com/sluice-go/sluice/internal/verdict"
 )
 
 // Prepaid grants are the path of a busy lane that waits for nothing: the
@@ -112,14 +115,16 @@ func (l *lane) takePrepaid(ctx context.Context, p Priority) *hold {
 
 // settleOutLocked counts the prepaid grants handed out since it last ran,
 // as grants made under the lock are counted, and lists among the lane's
-// holds those not given back already: a hold given back is on the
-// returned list, whose settling follows (see listReturned).
+// holds those not given back yet. A hold given back before it is settled
+// is its to give back: its owner left it on the out list (see
+// listReturned), and it is recycled here.
 func (l *lane) settleOutLocked() {
 	if l.out.Load() == nil {
 		return
 	}
 	var n [numLevels]uint64
 	var at time.Duration
+	var given *hold
 	for h := l.out.Swap(nil); h != nil; {
 		next := h.nextOut
 		h.nextOut = nil
@@ -130,11 +135,17 @@ func (l *lane) settleOutLocked() {
 		l.q.levels[p].started(h.tn, l.slot.limit)
 		n[p]++
 		at = max(at, h.at)
-		if h.state.Load()&holdGiven != 0 {
-			h.idx = -1
-		} else {
-			h.idx = len(l.held)
-			l.held = append(l.held, h)
+		for {
+			s := atomic.LoadUint32(&h.state)
+			if s&holdGiven != 0 {
+				h.idx, h.next, given = -1, given, h
+				break
+			}
+			if atomic.CompareAndSwapUint32(&h.state, s, s|holdHeld) {
+				h.idx = len(l.held)
+				l.held = append(l.held, h)
+				break
+			}
 		}
 		h = next
 	}
@@ -151,6 +162,13 @@ func (l *lane) settleOutLocked() {
 	// from the instant they were handed out, which is no later than now.
 	l.pace.Spend(l.clk.tick(), int(total))
 	l.untimed = uint8(min(uint64(l.untimed)+total, sampleEvery-1))
+	for h := given; h != nil; {
+		next := h.next
+		h.next = nil
+		l.releaseLocked(h, verdict.Served, false, 0) // only a served, untimed hold is left on the list
+		h.recycle()
+		h = next
+	}
 }
 
 // revokeLocked takes back at now the prepaid grants not handed out: their

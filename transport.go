@@ -518,7 +518,7 @@ func (t *Transport) send(l *lane, req *http.Request, h, s *hold) (*http.Response
 	}()
 	resp, err := t.baseRT().RoundTrip(sent)
 	returned = true
-	if resp != nil && resp.Request == sent {
+	if sent != req && resp != nil && resp.Request == sent {
 		resp.Request = req // the caller's, not the traced copy
 	}
 	return resp, err
