@@ -52,6 +52,7 @@ type lane struct {
 	// and not yet settled, newest first, linked by nextOut.
 	fast atomic.Uint64
 	out  atomic.Pointer[hold]
+	pre  *prepaid // the prepaid grants' holds: see prepaid
 	// The flags below sit in one word, and the atomic ones in another:
 	// the lane is within a size class of growing a seventh (TestLaneHeap).
 	closed      bool // see Transport.Close: every acquire fails

@@ -43,10 +43,13 @@ const (
 func (l *lane) timedAtLocked() time.Duration { return time.Duration(l.fast.Load() >> fastBits) }
 
 // setTimedAtLocked records a timed grant at at; prepaid grants may be
-// handed out meanwhile.
+// handed out meanwhile. The time it records only grows, by a nanosecond
+// at least: no value of fast comes back once it has changed (see
+// takePrepaid).
 func (l *lane) setTimedAtLocked(at time.Duration) {
 	for {
 		v := l.fast.Load()
+		at = max(at, time.Duration(v>>fastBits)+1)
 		if l.fast.CompareAndSwap(v, uint64(at)<<fastBits|v&fastMask) {
 			return
 		}
@@ -64,8 +67,10 @@ func (l *lane) prepayLocked(now, prev time.Duration) bool {
 	if now-prev >= sampleEvery*sampleGap || l.pace.Rate() < sampleAbove || !l.budgets.empty() || l.quiet.Load() < quietAfter {
 		return false
 	}
-	left := int(l.fast.Load() & fastMask)
-	n := l.pace.Prepay(now, min(sampleEvery-1-left, l.slot.limit-l.slot.inUse))
+	if l.fast.Load()&fastMask != 0 {
+		return false // the holds are laid out only while none is left: see takePrepaid
+	}
+	n := l.pace.Prepay(now, min(sampleEvery-1, l.slot.limit-l.slot.inUse))
 	if n == 0 {
 		return false
 	}
@@ -73,8 +78,53 @@ func (l *lane) prepayLocked(now, prev time.Duration) bool {
 		testHookPrepay(l, n)
 	}
 	l.slot.inUse += n
-	l.fast.Add(uint64(n)) // left + n < sampleEvery: the count stays in its bits
+	if l.pre == nil {
+		l.pre = new(prepaid)
+	}
+	for i := range n {
+		l.pre.holds[i].Store(l.spareLocked())
+	}
+	// No taker changes fast while its count is 0; the holds are out
+	// before it is not.
+	l.fast.Add(uint64(n))
 	return true
+}
+
+// prepaid keeps the holds of a lane's prepaid grants, made at its first
+// prepayment: holds[i] is the hold of the grant handed out when the count
+// of those left goes from i+1 to i. stash keeps holds given back on the
+// lane for the next prepayment, so that a request that takes a prepaid
+// grant takes no hold from the pool, and its hold stays with the lane.
+type prepaid struct {
+	holds [sampleEvery - 1]atomic.Pointer[hold]
+	stash []*hold // under the lane's lock
+}
+
+// spareLocked returns a hold for a prepaid grant: a stashed one, else one
+// from the pool.
+func (l *lane) spareLocked() *hold {
+	if n := len(l.pre.stash); n > 0 {
+		h := l.pre.stash[n-1]
+		l.pre.stash[n-1] = nil
+		l.pre.stash = l.pre.stash[:n-1]
+		return h
+	}
+	h := holds.Get().(*hold)
+	h.l = l
+	return h
+}
+
+// stashLocked keeps h, given back and settled, for the lane's next
+// prepayment, or recycles it if the stash is full or the lane prepays no
+// more. A stashed hold keeps its lane, tenant and context, which its next
+// grant overwrites: a lane that stops prepaying drops its stash (see
+// revokeLocked).
+func (l *lane) stashLocked(h *hold) {
+	if l.pre != nil && len(l.pre.stash) < sampleEvery-1 {
+		l.pre.stash = append(l.pre.stash, h)
+		return
+	}
+	h.recycle()
 }
 
 // takePrepaid hands out one of the lane's prepaid grants to an attempt of
@@ -84,18 +134,26 @@ func (l *lane) takePrepaid(ctx context.Context, p Priority) *hold {
 	if l.cfg.tenantShare[p] > 0 || TenantFrom(ctx) != "" {
 		return nil
 	}
+	// The hold is read before the count is taken down: the CAS fails if
+	// the holds were laid out again since the load of fast, since that
+	// changes the time fast records (see setTimedAtLocked).
 	var v uint64
+	var h *hold
 	for {
 		v = l.fast.Load()
-		if v&fastMask == 0 {
+		k := v & fastMask
+		if k == 0 {
 			return nil
 		}
+		h = l.pre.holds[k-1].Load()
 		if l.fast.CompareAndSwap(v, v-1) {
 			break
 		}
 	}
-	h := l.newHold(ctx, nil)
-	h.tn = &l.q.levels[p].anon
+	h.ctx, h.state = ctx, 0 // no atomic: nothing else reaches a hold laid out
+	if tn := &l.q.levels[p].anon; h.tn != tn {
+		h.tn = tn
+	}
 	// A prepaid grant is stamped a nanosecond after the timed grant
 	// before it: an instant no grant the pacer records has, so that a
 	// refusal of it is not read against that grant's spacing (see
@@ -166,13 +224,14 @@ func (l *lane) settleOutLocked() {
 		next := h.next
 		h.next = nil
 		l.releaseLocked(h, verdict.Served, false, 0) // only a served, untimed hold is left on the list
-		h.recycle()
+		l.stashLocked(h)
 		h = next
 	}
 }
 
 // revokeLocked takes back at now the prepaid grants not handed out: their
-// tokens go back to the bucket and their slots are free.
+// tokens go back to the bucket and their slots are free. Their holds and
+// the stash go back to the pool: a lane that stops prepaying keeps none.
 func (l *lane) revokeLocked(now time.Duration) {
 	var n int
 	for {
@@ -184,6 +243,14 @@ func (l *lane) revokeLocked(now time.Duration) {
 			break
 		}
 	}
+	for i := range n {
+		l.pre.holds[i].Load().recycle()
+	}
+	for i, h := range l.pre.stash {
+		l.pre.stash[i] = nil
+		h.recycle()
+	}
+	l.pre.stash = l.pre.stash[:0]
 	l.pace.Unprepay(now, n)
 	l.slot.inUse -= n
 	if l.q.len() > 0 {
