@@ -30,6 +30,7 @@ type hold struct {
 	timed, spaced bool         // spaced: the lane wants to know when it is written (see lane.traceWrite)
 	look          bool         // its response's headers are looked at (see lane.reads)
 	kind          verdict.Kind // the response's, once it came
+	slot          int8         // its index in its lane's prepaid holds, once laid out there (see prepaid)
 	nth           int          // the pacer's count of grants just after this one (see pace.Pacer.Refund)
 
 	// state holds the flags below, read and changed atomically but for
@@ -104,6 +105,9 @@ func (h *hold) recycle() {
 	h.l, h.ctx, h.tn = nil, nil, nil
 	if h.ch != nil {
 		h.ch = nil
+	}
+	if h.nextOut != nil {
+		h.nextOut = nil // see settleOutLocked
 	}
 	holds.Put(h)
 }

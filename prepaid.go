@@ -82,7 +82,7 @@ func (l *lane) prepayLocked(now, prev time.Duration) bool {
 		l.pre = new(prepaid)
 	}
 	for i := range n {
-		l.pre.holds[i].Store(l.spareLocked())
+		l.pre.layLocked(l, i)
 	}
 	// No taker changes fast while its count is 0; the holds are out
 	// before it is not.
@@ -92,39 +92,27 @@ func (l *lane) prepayLocked(now, prev time.Duration) bool {
 
 // prepaid keeps the holds of a lane's prepaid grants, made at its first
 // prepayment: holds[i] is the hold of the grant handed out when the count
-// of those left goes from i+1 to i. stash keeps holds given back on the
-// lane for the next prepayment, so that a request that takes a prepaid
-// grant takes no hold from the pool, and its hold stays with the lane.
+// of those left goes from i+1 to i. A hold given back before it is settled
+// stays in its place, for the next prepayment (see settleOutLocked), as do
+// the holds of grants taken back: a request that takes a prepaid grant
+// takes no hold from the pool, and the lane writes no pointer to lay the
+// hold out again.
 type prepaid struct {
 	holds [sampleEvery - 1]atomic.Pointer[hold]
-	stash []*hold // under the lane's lock
+	// Under the lane's lock: holds[i] is the lane's to lay out again.
+	free [sampleEvery - 1]bool
 }
 
-// spareLocked returns a hold for a prepaid grant: a stashed one, else one
-// from the pool.
-func (l *lane) spareLocked() *hold {
-	if n := len(l.pre.stash); n > 0 {
-		h := l.pre.stash[n-1]
-		l.pre.stash[n-1] = nil
-		l.pre.stash = l.pre.stash[:n-1]
-		return h
-	}
-	h := holds.Get().(*hold)
-	h.l = l
-	return h
-}
-
-// stashLocked keeps h, given back and settled, for the lane's next
-// prepayment, or recycles it if the stash is full or the lane prepays no
-// more. A stashed hold keeps its lane, tenant and context, which its next
-// grant overwrites: a lane that stops prepaying drops its stash (see
-// revokeLocked).
-func (l *lane) stashLocked(h *hold) {
-	if l.pre != nil && len(l.pre.stash) < sampleEvery-1 {
-		l.pre.stash = append(l.pre.stash, h)
+// layLocked lays out a hold at i for a prepaid grant of l: the one there
+// if it is free, else one from the pool.
+func (pre *prepaid) layLocked(l *lane, i int) {
+	if pre.free[i] {
+		pre.free[i] = false
 		return
 	}
-	h.recycle()
+	h := holds.Get().(*hold)
+	h.l, h.slot = l, int8(i)
+	pre.holds[i].Store(h)
 }
 
 // takePrepaid hands out one of the lane's prepaid grants to an attempt of
@@ -182,10 +170,17 @@ func (l *lane) settleOutLocked() {
 	}
 	var n [numLevels]uint64
 	var at time.Duration
-	var given *hold
+	// The holds given back, given back once counted: on the stack, as a
+	// pointer written to the heap costs a write barrier while the GC
+	// marks. Grants are prepaid only after the list is settled, so it
+	// rarely has more than sampleEvery holds: a taker may push its hold
+	// after the settle that came before the prepayment. Past that, more
+	// are linked by next.
+	var given [sampleEvery]*hold
+	var ng int
+	var more *hold
 	for h := l.out.Swap(nil); h != nil; {
-		next := h.nextOut
-		h.nextOut = nil
+		next := h.nextOut // left as it is: the next hand-out writes it
 		if testHookGrant != nil {
 			testHookGrant(l, h.at)
 		}
@@ -196,7 +191,13 @@ func (l *lane) settleOutLocked() {
 		for {
 			s := atomic.LoadUint32(&h.state)
 			if s&holdGiven != 0 {
-				h.idx, h.next, given = -1, given, h
+				h.idx = -1
+				if ng < len(given) {
+					given[ng] = h
+					ng++
+				} else {
+					h.next, more = more, h
+				}
 				break
 			}
 			if atomic.CompareAndSwapUint32(&h.state, s, s|holdHeld) {
@@ -220,18 +221,31 @@ func (l *lane) settleOutLocked() {
 	// from the instant they were handed out, which is no later than now.
 	l.pace.Spend(l.clk.tick(), int(total))
 	l.untimed = uint8(min(uint64(l.untimed)+total, sampleEvery-1))
-	for h := given; h != nil; {
+	for _, h := range given[:ng] {
+		l.givenLocked(h)
+	}
+	for h := more; h != nil; {
 		next := h.next
 		h.next = nil
-		l.releaseLocked(h, verdict.Served, false, 0) // only a served, untimed hold is left on the list
-		l.stashLocked(h)
+		l.givenLocked(h)
 		h = next
 	}
 }
 
+// givenLocked gives back the slot of h, a prepaid grant given back before
+// it was settled, and leaves h free in its place.
+func (l *lane) givenLocked(h *hold) {
+	l.releaseLocked(h, verdict.Served, false, 0) // only a served, untimed hold is left on the out list
+	if l.pre.holds[h.slot].Load() == h {
+		l.pre.free[h.slot] = true
+	} else {
+		h.recycle() // not seen: a slow taker's from before the last prepayment, laid over since
+	}
+}
+
 // revokeLocked takes back at now the prepaid grants not handed out: their
-// tokens go back to the bucket and their slots are free. Their holds and
-// the stash go back to the pool: a lane that stops prepaying keeps none.
+// tokens go back to the bucket and their slots are free. Their holds stay
+// laid out, as free (see prepaid).
 func (l *lane) revokeLocked(now time.Duration) {
 	var n int
 	for {
@@ -244,16 +258,25 @@ func (l *lane) revokeLocked(now time.Duration) {
 		}
 	}
 	for i := range n {
-		l.pre.holds[i].Load().recycle()
+		l.pre.free[i] = true
 	}
-	for i, h := range l.pre.stash {
-		l.pre.stash[i] = nil
-		h.recycle()
-	}
-	l.pre.stash = l.pre.stash[:0]
+	l.forgetContextsLocked()
 	l.pace.Unprepay(now, n)
 	l.slot.inUse -= n
 	if l.q.len() > 0 {
 		l.wakeLocked()
+	}
+}
+
+// forgetContextsLocked drops the contexts that the free holds laid out
+// keep from the requests they were last handed to: a lane that stops
+// prepaying keeps its holds, but no request's values.
+func (l *lane) forgetContextsLocked() {
+	for i := range l.pre.holds {
+		if l.pre.free[i] {
+			if h := l.pre.holds[i].Load(); h.ctx != nil {
+				h.ctx = nil
+			}
+		}
 	}
 }
