@@ -30,7 +30,6 @@ type hold struct {
 	timed, spaced bool         // spaced: the lane wants to know when it is written (see lane.traceWrite)
 	look          bool         // its response's headers are looked at (see lane.reads)
 	kind          verdict.Kind // the response's, once it came
-	slot          int8         // its index in its lane's prepaid holds, once laid out there (see prepaid)
 	nth           int          // the pacer's count of grants just after this one (see pace.Pacer.Refund)
 
 	// state holds the flags below, read and changed atomically but for
@@ -47,9 +46,6 @@ type hold struct {
 	// The next hold on the lane's returned list: set by the owner before
 	// it lists the hold, then read by the holder of the lane's lock.
 	next *hold
-	// The next prepaid grant handed out before it, until the lane's lock's
-	// next holder settles them (see settleOutLocked).
-	nextOut *hold
 
 	// Kept while the hold is recycled.
 	ended func()     // h.ctxEnded, bound once per hold
@@ -67,6 +63,9 @@ const (
 	// holdHeld: it is on the lane's list of holds (see held). A prepaid
 	// grant is not until the lane settles it (see settleOutLocked).
 	holdHeld
+	// holdTaken: a prepaid grant's hold, filled in by its taker (see
+	// takePrepaid).
+	holdTaken
 )
 
 // claim claims h's return for the caller, and reports false if another
@@ -105,9 +104,6 @@ func (h *hold) recycle() {
 	h.l, h.ctx, h.tn = nil, nil, nil
 	if h.ch != nil {
 		h.ch = nil
-	}
-	if h.nextOut != nil {
-		h.nextOut = nil // see settleOutLocked
 	}
 	holds.Put(h)
 }

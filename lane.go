@@ -48,11 +48,9 @@ type lane struct {
 	// was made, on the lane's clock (see timeNextLocked; untimed, below,
 	// counts the grants since), and in them the prepaid grants left (see
 	// prepaid.go). One word: the lane is within a size class of growing
-	// a seventh (TestLaneHeap). out lists the prepaid grants handed out
-	// and not yet settled, newest first, linked by nextOut.
+	// a seventh (TestLaneHeap).
 	fast atomic.Uint64
-	out  atomic.Pointer[hold]
-	pre  *prepaid // the prepaid grants' holds: see prepaid
+	pre  atomic.Pointer[prepaid] // the prepaid grants' holds; set once, under mu
 	// The flags below sit in one word, and the atomic ones in another:
 	// the lane is within a size class of growing a seventh (TestLaneHeap).
 	closed      bool // see Transport.Close: every acquire fails
@@ -526,8 +524,8 @@ func (l *lane) release(h *hold, k verdict.Kind, sample, owner bool) (released bo
 // listReturned gives back h, whose owner is done with it, without the
 // lane's lock, unless its context is watched or its slot given back
 // already, and reports whether it did. A prepaid grant not yet settled is
-// left on the out list for the settle to give back (see
-// settleOutLocked); any other hold is listed as returned. The first on an
+// left in its place for the settle to give back (see settleOutLocked);
+// any other hold is listed as returned. The first on an
 // empty list settles the list if the lock is free; if not, the lock's
 // holder settles it before it lets go (see unlock). A hold listed behind
 // others is settled with them. Under contention a release then parks no
@@ -542,7 +540,7 @@ func (l *lane) listReturned(h *hold, lazy bool) bool {
 	var s uint32
 	for {
 		s = atomic.LoadUint32(&h.state)
-		if s&^(holdOut|holdHeld) != 0 {
+		if s&^(holdOut|holdHeld|holdTaken) != 0 {
 			return false
 		}
 		if atomic.CompareAndSwapUint32(&h.state, s, s|holdGiven) {
@@ -550,7 +548,7 @@ func (l *lane) listReturned(h *hold, lazy bool) bool {
 		}
 	}
 	if s&holdHeld == 0 {
-		// On the out list: a lock holder that settles it gives it back.
+		// Not settled yet: the lock holder that settles it gives it back.
 		if l.fast.Load()&fastMask == 0 {
 			l.settleIfFree()
 		}
@@ -602,14 +600,24 @@ func (l *lane) settleIfFree() {
 		list := l.settleReturnedLocked()
 		l.mu.Unlock()
 		recycleAll(list)
+		if l.returned.Load() == nil {
+			// Once is enough for the prepaid grants: one whose taker
+			// is still filling it in is not given back yet, and its
+			// owner settles when it is (see listReturned).
+			return
+		}
 	}
 }
 
 // unsettled reports whether holds were given back without the lock and
-// wait to be settled: listed as returned, or left on the out list while
-// no grant is prepaid (see listReturned).
+// wait to be settled: listed as returned, or prepaid grants taken and
+// not settled while none is left (see listReturned).
 func (l *lane) unsettled() bool {
-	return l.returned.Load() != nil || l.out.Load() != nil && l.fast.Load()&fastMask == 0
+	if l.returned.Load() != nil {
+		return true
+	}
+	pre := l.pre.Load()
+	return pre != nil && l.fast.Load()&fastMask == 0 && pre.unsettled(0)
 }
 
 // settleReturnedLocked gives back the slots of the holds on the returned

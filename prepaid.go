@@ -67,8 +67,11 @@ func (l *lane) prepayLocked(now, prev time.Duration) bool {
 	if now-prev >= sampleEvery*sampleGap || l.pace.Rate() < sampleAbove || !l.budgets.empty() || l.quiet.Load() < quietAfter {
 		return false
 	}
-	if l.fast.Load()&fastMask != 0 {
-		return false // the holds are laid out only while none is left: see takePrepaid
+	pre := l.pre.Load()
+	if l.fast.Load()&fastMask != 0 || pre != nil && pre.unsettled(0) {
+		// The holds are laid out only while none is left (see
+		// takePrepaid) and every one taken is settled.
+		return false
 	}
 	n := l.pace.Prepay(now, min(sampleEvery-1, l.slot.limit-l.slot.inUse))
 	if n == 0 {
@@ -78,12 +81,15 @@ func (l *lane) prepayLocked(now, prev time.Duration) bool {
 		testHookPrepay(l, n)
 	}
 	l.slot.inUse += n
-	if l.pre == nil {
-		l.pre = new(prepaid)
+	if pre == nil {
+		pre = new(prepaid)
+		l.pre.Store(pre)
 	}
 	for i := range n {
-		l.pre.layLocked(l, i)
+		pre.layLocked(l, i)
 	}
+	pre.top.Store(int32(n))
+	pre.floor.Store(0)
 	// No taker changes fast while its count is 0; the holds are out
 	// before it is not.
 	l.fast.Add(uint64(n))
@@ -92,15 +98,29 @@ func (l *lane) prepayLocked(now, prev time.Duration) bool {
 
 // prepaid keeps the holds of a lane's prepaid grants, made at its first
 // prepayment: holds[i] is the hold of the grant handed out when the count
-// of those left goes from i+1 to i. A hold given back before it is settled
-// stays in its place, for the next prepayment (see settleOutLocked), as do
+// of those left goes from i+1 to i. Its taker publishes it, once filled
+// in, by setting holdTaken; the lane's lock's next holder settles the
+// holds taken (see settleOutLocked). A hold given back
+// before it is settled stays in its place, for the next prepayment, as do
 // the holds of grants taken back: a request that takes a prepaid grant
-// takes no hold from the pool, and the lane writes no pointer to lay the
-// hold out again.
+// takes no hold from the pool and writes no pointer to the lane.
 type prepaid struct {
 	holds [sampleEvery - 1]atomic.Pointer[hold]
+	// The holds taken since the last settle are those in [lo, top), where
+	// lo is the count of grants left, or floor once they were taken back
+	// (see revokeLocked); pending has a bit for each taken before it
+	// that the settle found not filled in yet. Changed under the lane's
+	// lock; atomic for unsettled.
+	top, floor atomic.Int32
+	pending    atomic.Uint32
 	// Under the lane's lock: holds[i] is the lane's to lay out again.
 	free [sampleEvery - 1]bool
+}
+
+// unsettled reports whether holds were taken and are not settled yet,
+// with count grants left.
+func (pre *prepaid) unsettled(count int) bool {
+	return pre.pending.Load() != 0 || int(pre.top.Load()) > max(count, int(pre.floor.Load()))
 }
 
 // layLocked lays out a hold at i for a prepaid grant of l: the one there
@@ -108,10 +128,11 @@ type prepaid struct {
 func (pre *prepaid) layLocked(l *lane, i int) {
 	if pre.free[i] {
 		pre.free[i] = false
+		pre.holds[i].Load().state = 0 // no atomic: settled, and not handed out
 		return
 	}
 	h := holds.Get().(*hold)
-	h.l, h.slot = l, int8(i)
+	h.l, h.state = l, 0
 	pre.holds[i].Store(h)
 }
 
@@ -133,12 +154,12 @@ func (l *lane) takePrepaid(ctx context.Context, p Priority) *hold {
 		if k == 0 {
 			return nil
 		}
-		h = l.pre.holds[k-1].Load()
+		h = l.pre.Load().holds[k-1].Load()
 		if l.fast.CompareAndSwap(v, v-1) {
 			break
 		}
 	}
-	h.ctx, h.state = ctx, 0 // no atomic: nothing else reaches a hold laid out
+	h.ctx = ctx
 	if tn := &l.q.levels[p].anon; h.tn != tn {
 		h.tn = tn
 	}
@@ -150,37 +171,49 @@ func (l *lane) takePrepaid(ctx context.Context, p Priority) *hold {
 	h.start, h.at, h.wait = at, at, 0
 	h.timed, h.spaced, h.look = false, false, false
 	h.nth = -1 // a prepaid token is not given back (see pace.Pacer.Refund)
-	for {
-		next := l.out.Load()
-		h.nextOut = next
-		if l.out.CompareAndSwap(next, h) {
-			return h
-		}
-	}
+	atomic.StoreUint32(&h.state, holdTaken) // after the rest: the settle reads it
+	return h
 }
 
 // settleOutLocked counts the prepaid grants handed out since it last ran,
 // as grants made under the lock are counted, and lists among the lane's
 // holds those not given back yet. A hold given back before it is settled
-// is its to give back: its owner left it on the out list (see
-// listReturned), and it is recycled here.
+// is its to give back (see listReturned), and stays in its place for the
+// next prepayment.
 func (l *lane) settleOutLocked() {
-	if l.out.Load() == nil {
+	pre := l.pre.Load()
+	if pre == nil {
 		return
+	}
+	top, lo := int(pre.top.Load()), max(int(l.fast.Load()&fastMask), int(pre.floor.Load()))
+	pending := pre.pending.Load()
+	if top <= lo && pending == 0 {
+		return
+	}
+	// The slots to look at: those taken since the last settle, and those
+	// it found not filled in.
+	look := pending
+	for i := lo; i < top; i++ {
+		look |= 1 << i
 	}
 	var n [numLevels]uint64
 	var at time.Duration
 	// The holds given back, given back once counted: on the stack, as a
 	// pointer written to the heap costs a write barrier while the GC
-	// marks. Grants are prepaid only after the list is settled, so it
-	// rarely has more than sampleEvery holds: a taker may push its hold
-	// after the settle that came before the prepayment. Past that, more
-	// are linked by next.
-	var given [sampleEvery]*hold
+	// marks.
+	var given [sampleEvery - 1]int8
 	var ng int
-	var more *hold
-	for h := l.out.Swap(nil); h != nil; {
-		next := h.nextOut // left as it is: the next hand-out writes it
+	pending = 0
+	for i := range sampleEvery - 1 {
+		if look&(1<<i) == 0 {
+			continue
+		}
+		h := pre.holds[i].Load()
+		s := atomic.LoadUint32(&h.state)
+		if s&holdTaken == 0 {
+			pending |= 1 << i // its taker is filling it in: the next settle has it
+			continue
+		}
 		if testHookGrant != nil {
 			testHookGrant(l, h.at)
 		}
@@ -189,15 +222,10 @@ func (l *lane) settleOutLocked() {
 		n[p]++
 		at = max(at, h.at)
 		for {
-			s := atomic.LoadUint32(&h.state)
 			if s&holdGiven != 0 {
 				h.idx = -1
-				if ng < len(given) {
-					given[ng] = h
-					ng++
-				} else {
-					h.next, more = more, h
-				}
+				given[ng] = int8(i)
+				ng++
 				break
 			}
 			if atomic.CompareAndSwapUint32(&h.state, s, s|holdHeld) {
@@ -205,9 +233,11 @@ func (l *lane) settleOutLocked() {
 				l.held = append(l.held, h)
 				break
 			}
+			s = atomic.LoadUint32(&h.state)
 		}
-		h = next
 	}
+	pre.top.Store(int32(lo))
+	pre.pending.Store(pending)
 	var total uint64
 	for p := range n {
 		if n[p] > 0 {
@@ -216,32 +246,20 @@ func (l *lane) settleOutLocked() {
 			total += n[p]
 		}
 	}
+	if total == 0 {
+		return
+	}
 	l.budget.firsts.AddNano(l.clk.epochNS+int64(at), total) // every prepaid grant is a first attempt's
 	// At a fresh reading: the bucket may fill past its prepaid share only
 	// from the instant they were handed out, which is no later than now.
 	l.pace.Spend(l.clk.tick(), int(total))
 	l.untimed = uint8(min(uint64(l.untimed)+total, sampleEvery-1))
-	for _, h := range given[:ng] {
-		l.givenLocked(h)
-	}
-	for h := more; h != nil; {
-		next := h.next
-		h.next = nil
-		l.givenLocked(h)
-		h = next
+	for _, i := range given[:ng] {
+		l.releaseLocked(pre.holds[i].Load(), verdict.Served, false, 0) // only a served, untimed hold is left unsettled
+		pre.free[i] = true
 	}
 }
 
-// givenLocked gives back the slot of h, a prepaid grant given back before
-// it was settled, and leaves h free in its place.
-func (l *lane) givenLocked(h *hold) {
-	l.releaseLocked(h, verdict.Served, false, 0) // only a served, untimed hold is left on the out list
-	if l.pre.holds[h.slot].Load() == h {
-		l.pre.free[h.slot] = true
-	} else {
-		h.recycle() // not seen: a slow taker's from before the last prepayment, laid over since
-	}
-}
 
 // revokeLocked takes back at now the prepaid grants not handed out: their
 // tokens go back to the bucket and their slots are free. Their holds stay
@@ -257,9 +275,11 @@ func (l *lane) revokeLocked(now time.Duration) {
 			break
 		}
 	}
+	pre := l.pre.Load()
 	for i := range n {
-		l.pre.free[i] = true
+		pre.free[i] = true
 	}
+	pre.floor.Store(int32(n))
 	l.forgetContextsLocked()
 	l.pace.Unprepay(now, n)
 	l.slot.inUse -= n
@@ -272,9 +292,10 @@ func (l *lane) revokeLocked(now time.Duration) {
 // keep from the requests they were last handed to: a lane that stops
 // prepaying keeps its holds, but no request's values.
 func (l *lane) forgetContextsLocked() {
-	for i := range l.pre.holds {
-		if l.pre.free[i] {
-			if h := l.pre.holds[i].Load(); h.ctx != nil {
+	pre := l.pre.Load()
+	for i := range pre.holds {
+		if pre.free[i] {
+			if h := pre.holds[i].Load(); h.ctx != nil {
 				h.ctx = nil
 			}
 		}
