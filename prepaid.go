@@ -171,7 +171,8 @@ func (l *lane) takePrepaid(ctx context.Context, p Priority) *hold {
 	h.start, h.at, h.wait = at, at, 0
 	h.timed, h.spaced, h.look = false, false, false
 	h.nth = -1 // a prepaid token is not given back (see pace.Pacer.Refund)
-	atomic.StoreUint32(&h.state, holdTaken) // after the rest: the settle reads it
+	// Last: once it is set, the settle reads the rest.
+	atomic.StoreUint32(&h.state, holdTaken)
 	return h
 }
 
@@ -259,7 +260,6 @@ func (l *lane) settleOutLocked() {
 		pre.free[i] = true
 	}
 }
-
 
 // revokeLocked takes back at now the prepaid grants not handed out: their
 // tokens go back to the bucket and their slots are free. Their holds stay
