@@ -34,36 +34,59 @@ func (p Priority) String() string {
 
 func (p Priority) valid() bool { return p >= Interactive && p <= Batch }
 
-type priorityKey struct{}
+// labels are what a context says of its requests: their priority, if it
+// sets one, and their tenant. They are kept under one key, so that a
+// request reads both in one walk up its context's chain.
+type labels struct {
+	p      Priority
+	hasP   bool
+	tenant string
+}
 
-// prioritiesSet and tenantsSet are set by the first WithPriority and the
-// first WithTenant in the process: until then no context can carry one,
-// and a request skips the walk up its context's chain for it.
-var prioritiesSet, tenantsSet atomic.Bool
+type labelsKey struct{}
+
+// labelsSet is set by the first WithPriority or WithTenant in the process:
+// until then no context can carry labels, and a request skips the walk.
+var labelsSet atomic.Bool
+
+// labelsOf returns the labels ctx carries.
+func labelsOf(ctx context.Context) labels {
+	if !labelsSet.Load() {
+		return labels{}
+	}
+	lb, _ := ctx.Value(labelsKey{}).(labels)
+	return lb
+}
+
+// withLabels returns a copy of ctx that carries lb.
+func withLabels(ctx context.Context, lb labels) context.Context {
+	if !labelsSet.Load() {
+		labelsSet.Store(true)
+	}
+	return context.WithValue(ctx, labelsKey{}, lb)
+}
+
+// priority returns the priority the labels set, or Normal when they set
+// none (or one that is not a defined level).
+func (lb labels) priority() Priority {
+	if lb.hasP && lb.p.valid() {
+		return lb.p
+	}
+	return Normal
+}
 
 // WithPriority returns a copy of ctx that carries p. Requests made with the
 // returned context wait at that level. A priority outside Interactive..Batch
 // is stored as given and read back by PriorityFrom as Normal.
 func WithPriority(ctx context.Context, p Priority) context.Context {
-	if !prioritiesSet.Load() {
-		prioritiesSet.Store(true)
-	}
-	return context.WithValue(ctx, priorityKey{}, p)
+	lb := labelsOf(ctx)
+	lb.p, lb.hasP = p, true
+	return withLabels(ctx, lb)
 }
 
 // PriorityFrom returns the priority carried by ctx, or Normal when it carries
 // none (or one that is not a defined level).
-func PriorityFrom(ctx context.Context) Priority {
-	if !prioritiesSet.Load() {
-		return Normal
-	}
-	if p, ok := ctx.Value(priorityKey{}).(Priority); ok && p.valid() {
-		return p
-	}
-	return Normal
-}
-
-type tenantKey struct{}
+func PriorityFrom(ctx context.Context) Priority { return labelsOf(ctx).priority() }
 
 // WithTenant returns a copy of ctx that carries a tenant id: whose work the
 // requests made with it are, for example the customer a service calls the
@@ -71,21 +94,14 @@ type tenantKey struct{}
 // lane's gate, and WithTenantShare caps what one tenant holds in flight.
 // Requests without a tenant share one anonymous tenant (the empty id).
 func WithTenant(ctx context.Context, id string) context.Context {
-	if !tenantsSet.Load() {
-		tenantsSet.Store(true)
-	}
-	return context.WithValue(ctx, tenantKey{}, id)
+	lb := labelsOf(ctx)
+	lb.tenant = id
+	return withLabels(ctx, lb)
 }
 
 // TenantFrom returns the tenant id carried by ctx, or "" (the anonymous
 // tenant) when it carries none.
-func TenantFrom(ctx context.Context) string {
-	if !tenantsSet.Load() {
-		return ""
-	}
-	id, _ := ctx.Value(tenantKey{}).(string)
-	return id
-}
+func TenantFrom(ctx context.Context) string { return labelsOf(ctx).tenant }
 
 type holdStreamKey struct{}
 

@@ -134,7 +134,7 @@ func TestForgottenLaneIsNotUsed(t *testing.T) {
 		}
 		req, _ := http.NewRequestWithContext(t.Context(), "GET", "http://api.test/", nil)
 		req.Host = "k"
-		resp, err := tr.do(old, req, Normal)
+		resp, err := tr.do(old, req, Normal, "")
 		if err != nil {
 			t.Fatalf("request on a forgotten lane: %v", err)
 		}

@@ -180,15 +180,16 @@ func (l *lane) timeNextLocked(now time.Duration) bool {
 }
 
 // acquire waits until the lane grants this attempt a token and an in-flight
-// slot, in priority order, and returns its hold. enq is the enqueue time of
+// slot, in priority order, and returns its hold; ctx carries tenant id
+// and priority p (see labels). enq is the enqueue time of
 // the logical request's first attempt on the lane's clock, or firstAttempt;
 // acquire returns it for the next attempt, also with an error. free: the
 // attempt's costs are drawn on its sub-limit, not here. after: what the
 // attempt will wait for elsewhere once granted here (its host's lane, for
 // a sub-limit), which an early refusal counts. On error nothing is held.
-func (l *lane) acquire(ctx context.Context, p Priority, enq time.Duration, free bool, after time.Duration) (*hold, time.Duration, error) {
+func (l *lane) acquire(ctx context.Context, p Priority, id string, enq time.Duration, free bool, after time.Duration) (*hold, time.Duration, error) {
 	if enq == firstAttempt && l.fast.Load()&fastMask != 0 {
-		if h := l.takePrepaid(ctx, p); h != nil {
+		if h := l.takePrepaid(ctx, p, id); h != nil {
 			return h, h.at, nil
 		}
 	}
@@ -202,7 +203,6 @@ func (l *lane) acquire(ctx context.Context, p Priority, enq time.Duration, free 
 			return nil, enq, rej
 		}
 	}
-	id := TenantFrom(ctx)
 	h := l.newHold(ctx, ch) // before the lock: see fillLocked
 	// The returned holds are settled only if the grant needs their slots,
 	// and otherwise once the lock is let go (see unlock): the lock is held

@@ -137,10 +137,10 @@ func (pre *prepaid) layLocked(l *lane, i int) {
 }
 
 // takePrepaid hands out one of the lane's prepaid grants to an attempt of
-// ctx at level p, if there is one it may have, and returns its hold; nil
-// if none.
-func (l *lane) takePrepaid(ctx context.Context, p Priority) *hold {
-	if l.cfg.tenantShare[p] > 0 || TenantFrom(ctx) != "" {
+// ctx at level p for tenant id, if there is one it may have, and returns
+// its hold; nil if none.
+func (l *lane) takePrepaid(ctx context.Context, p Priority, id string) *hold {
+	if l.cfg.tenantShare[p] > 0 || id != "" {
 		return nil
 	}
 	// The hold is read before the count is taken down: the CAS fails if

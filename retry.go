@@ -72,7 +72,8 @@ func (l *lane) allowRetry() bool {
 	return true
 }
 
-// do sends req through l, retrying under the Transport's policy. It returns
+// do sends req, at priority p for tenant id (see labels), through l,
+// retrying under the Transport's policy. It returns
 // the last response (with a nil error) or the last error. A response's
 // Request is the caller's req, whichever attempt it answered.
 //
@@ -80,15 +81,15 @@ func (l *lane) allowRetry() bool {
 // enqueue time of the first attempt so it does not lose its place. See
 // retryable for what is retried. A request from an SDK that retries on its
 // own (see sdkRetries) is attempted once: the SDK decides.
-func (t *Transport) do(l *lane, req *http.Request, p Priority) (*http.Response, error) {
+func (t *Transport) do(l *lane, req *http.Request, p Priority, id string) (*http.Response, error) {
 	ctx := req.Context()
 	enq := firstAttempt
 	areq := req
 	for n := 0; ; n++ {
-		resp, first, err := t.attempt(l, areq, p, enq, n+1)
+		resp, first, err := t.attempt(l, areq, p, id, enq, n+1)
 		for err == errLaneGone {
 			l = t.relane(l)
-			resp, first, err = t.attempt(l, areq, p, enq, n+1)
+			resp, first, err = t.attempt(l, areq, p, id, enq, n+1)
 		}
 		enq = first
 		if resp != nil && areq != req {
@@ -116,7 +117,7 @@ func (t *Transport) do(l *lane, req *http.Request, p Priority) (*http.Response, 
 			lg.InfoContext(ctx, "sluice: retrying", retryAttrs(l, n, resp, err, wait)...)
 		}
 		if ev := t.cfg.events; ev != nil {
-			e := Event{Kind: EventRetried, Lane: l.key, Priority: p, Tenant: TenantFrom(ctx), Attempt: n + 2, Err: err, Wait: wait}
+			e := Event{Kind: EventRetried, Lane: l.key, Priority: p, Tenant: id, Attempt: n + 2, Err: err, Wait: wait}
 			if resp != nil {
 				e.Status = resp.StatusCode
 			}

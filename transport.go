@@ -274,8 +274,8 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return nil, ErrClosed
 	}
 	l := t.lane(t.cfg.key(req))
-	p := PriorityFrom(req.Context())
-	return t.do(l, req, p)
+	lb := labelsOf(req.Context())
+	return t.do(l, req, lb.priority(), lb.tenant)
 }
 
 // attempt makes one attempt of req through l: it waits for a grant, sends,
@@ -283,20 +283,20 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 // that the slot is released when it is done. enq is the first attempt's
 // enqueue time on the lane's clock (firstAttempt for a first attempt);
 // attempt returns it for the next.
-func (t *Transport) attempt(l *lane, req *http.Request, p Priority, enq time.Duration, n int) (*http.Response, time.Duration, error) {
+func (t *Transport) attempt(l *lane, req *http.Request, p Priority, id string, enq time.Duration, n int) (*http.Response, time.Duration, error) {
 	ctx := req.Context()
 	var s *hold // the attempt's hold on its sub-limit, if it draws on one
 	var caller bool
 	if t.learned.Load() || sublimitsNamed.Load() || t.cfg.sublimitKey != nil {
 		var sub *lane
 		var err error
-		if s, caller, sub, err = t.acquireSub(ctx, l, req, p); err != nil {
+		if s, caller, sub, err = t.acquireSub(ctx, l, req, p, id); err != nil {
 			t.refused(ctx, sub, p, n, err)
 			closeBody(req)
 			return nil, enq, err
 		}
 	}
-	h, enq, err := l.acquire(ctx, p, enq, s != nil && caller, 0)
+	h, enq, err := l.acquire(ctx, p, id, enq, s != nil && caller, 0)
 	if err != nil {
 		if s != nil {
 			s.Drop()
@@ -365,7 +365,7 @@ func (t *Transport) attempt(l *lane, req *http.Request, p Priority, enq time.Dur
 // acquireSub takes req's token on the sub-limit it draws on besides l, if
 // any (see sublimitOf), and returns its hold, whether the caller named the
 // sub-limit, and the sub-limit's lane.
-func (t *Transport) acquireSub(ctx context.Context, l *lane, req *http.Request, p Priority) (s *hold, caller bool, sub *lane, err error) {
+func (t *Transport) acquireSub(ctx context.Context, l *lane, req *http.Request, p Priority, id string) (s *hold, caller bool, sub *lane, err error) {
 	sub, caller = t.sublimitOf(l, req)
 	if sub == nil {
 		return nil, false, nil, nil
@@ -381,7 +381,7 @@ func (t *Transport) acquireSub(ctx context.Context, l *lane, req *http.Request, 
 		after = l.waitEstimate(p)
 	}
 	for {
-		s, _, err = sub.acquire(ctx, p, firstAttempt, !caller, after)
+		s, _, err = sub.acquire(ctx, p, id, firstAttempt, !caller, after)
 		if err != errLaneGone {
 			return s, caller, sub, err
 		}
