@@ -785,12 +785,25 @@ func (l *lane) wrote(at time.Duration) {
 // settleLocked counts for the lane's pace an attempt sent at sent that finished
 // at now (both on the lane's clock) as k (see pace.Pacer.Settle).
 func (l *lane) settleLocked(now, sent time.Duration, k verdict.Kind) {
-	moved, raised := l.pace.Settle(now, sent, k)
+	l.movedLocked(l.pace.Settle(now, sent, k))
+}
+
+// movedLocked takes what pace.Pacer.Settle returned: why the rate may have
+// moved ("": it did not), and whether the bucket now fills faster.
+func (l *lane) movedLocked(moved string, raised bool) {
 	if raised && l.q.len() > 0 {
 		l.wakeLocked()
 	}
 	if ev := l.cfg.events; moved != "" && ev != nil {
 		l.rateChangedLocked(context.Background(), ev, moved)
+	}
+}
+
+// wakeIfFreeLocked wakes the dispatcher if a slot is free and a request
+// waits.
+func (l *lane) wakeIfFreeLocked() {
+	if l.slot.free() && l.q.len() > 0 {
+		l.wakeLocked()
 	}
 }
 

@@ -262,13 +262,17 @@ func (s *limiter) onOverload(now, sent time.Duration) limitChange {
 // window's completion rate and binding check, which must see every
 // completion.
 func (s *limiter) onUntimed(k verdict.Kind, waiting bool) {
-	if !k.Sample() {
-		return
+	if k.Sample() {
+		s.onServed(1, waiting)
 	}
+}
+
+// onServed is n calls of onUntimed for served attempts at once.
+func (s *limiter) onServed(n int, waiting bool) {
 	if !s.started {
 		return // no window yet: it starts at the first sample
 	}
-	s.done++
+	s.done += n
 	s.checkBound(waiting)
 }
 

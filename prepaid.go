@@ -219,17 +219,19 @@ func (l *lane) settleOutLocked() {
 			testHookGrant(l, h.at)
 		}
 		p := h.tn.level
-		l.q.levels[p].started(h.tn, l.slot.limit)
 		n[p]++
 		at = max(at, h.at)
 		for {
 			if s&holdGiven != 0 {
+				// Its tenant's count would go up and down at once: it
+				// is left as it is (see servedLocked).
 				h.idx = -1
 				given[ng] = int8(i)
 				ng++
 				break
 			}
 			if atomic.CompareAndSwapUint32(&h.state, s, s|holdHeld) {
+				l.q.levels[p].started(h.tn, l.slot.limit)
 				h.idx = len(l.held)
 				l.held = append(l.held, h)
 				break
@@ -255,10 +257,40 @@ func (l *lane) settleOutLocked() {
 	// from the instant they were handed out, which is no later than now.
 	l.pace.Spend(l.clk.tick(), int(total))
 	l.untimed = uint8(min(uint64(l.untimed)+total, sampleEvery-1))
-	for _, i := range given[:ng] {
-		l.releaseLocked(pre.holds[i].Load(), verdict.Served, false, 0) // only a served, untimed hold is left unsettled
+	if ng > 0 {
+		l.servedLocked(pre, given[:ng])
+	}
+}
+
+// servedLocked gives back the slots of the prepaid grants in the slots
+// given, given back before they were settled (only a served, untimed
+// hold is), as releaseLocked would one by one, and leaves their holds
+// free in their places. Their tenant, the anonymous one of a level
+// without a cap, was not counted in flight.
+func (l *lane) servedLocked(pre *prepaid, given []int8) {
+	sent := pre.holds[given[0]].Load().start
+	for _, i := range given {
+		if pre.holds[i].Load().start != sent {
+			// Prepaid after different timed grants: one by one.
+			for _, i := range given {
+				h := pre.holds[i].Load()
+				l.slot.onUntimed(verdict.Served, l.q.len() > 0)
+				l.settleLocked(l.clk.last, h.start, verdict.Served)
+				l.slot.put()
+				pre.free[i] = true
+			}
+			l.wakeIfFreeLocked()
+			return
+		}
+	}
+	l.slot.onServed(len(given), l.q.len() > 0)
+	moved, raised := l.pace.SettleServed(l.clk.last, sent, len(given))
+	l.movedLocked(moved, raised)
+	l.slot.inUse -= len(given)
+	for _, i := range given {
 		pre.free[i] = true
 	}
+	l.wakeIfFreeLocked()
 }
 
 // revokeLocked takes back at now the prepaid grants not handed out: their

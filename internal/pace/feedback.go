@@ -595,18 +595,24 @@ func (f *feedback) heard(now time.Duration, qp quotaPace, counts float64) {
 // lane's first estimate (see firstAccepted), CauseRecovery when the
 // throttle or header rate may climb, "" otherwise.
 func (f *feedback) accept(now, sent time.Duration, paced bool, q quotaView) (cause string) {
+	return f.acceptN(now, sent, paced, q, 1)
+}
+
+// acceptN is n calls of accept at once, for a paced lane: their results
+// would not differ (grow moves nothing twice at one instant).
+func (f *feedback) acceptN(now, sent time.Duration, paced bool, q quotaView, n int) (cause string) {
 	// Only an attempt sent after the last cut says the new pace is
 	// accepted; answers to attempts already on their way when it was made
 	// (many, when calls are slow) say nothing about it.
 	if sent >= f.failAt {
-		f.okRun++
+		f.okRun += n
 	}
 	f.penalty = 0
 	if f.firstSeen == longAgo {
 		f.firstSeen = now
 		f.firstLag = int32(min((now - sent).Microseconds(), math.MaxInt32))
 	}
-	f.accepted.AddNano(f.origin+int64(now), 1)
+	f.accepted.AddNano(f.origin+int64(now), uint64(n))
 	if !paced && f.firstAccepted(now, sent, q) {
 		return CauseCut
 	}

@@ -3,6 +3,7 @@ package pace
 import (
 	"math"
 	"net/http"
+	"reflect"
 	"testing"
 	"time"
 
@@ -322,5 +323,48 @@ func TestFeedbackJitterKeepsTheFailedRate(t *testing.T) {
 	}
 	if f.margin != maxMargin || f.fail > 80 {
 		t.Errorf("refused after every run of %d: margin %.2f, failed rate %.2f; want %.2f and the rate cut under 80", edgeRun, f.margin, f.fail, maxMargin)
+	}
+}
+
+// TestAcceptNIsManyAccepts: n acceptances taken at once leave a paced
+// lane's feedback as n taken one by one at the same instant would, in
+// recovery after a cut (where each acceptance grows the throttle) and
+// with answers to attempts sent before the cut (which do not count toward
+// the run since it).
+func TestAcceptNIsManyAccepts(t *testing.T) {
+	build := func() *feedback {
+		f := newFeedback(0, 0)
+		now := 100 * time.Millisecond
+		for range 50 {
+			f.accept(now, now, true, quotaView{})
+			now += 10 * time.Millisecond
+		}
+		f.cut(now, refusal{sent: now, pace: 100, kept: 90})
+		return &f
+	}
+	for _, c := range []struct {
+		name      string
+		now, sent time.Duration
+	}{
+		{"sent after the cut", 2 * time.Second, 1900 * time.Millisecond},
+		{"sent before the cut", 2 * time.Second, 50 * time.Millisecond},
+		{"at the cut", 600 * time.Millisecond, 600 * time.Millisecond},
+	} {
+		for _, n := range []int{1, 2, 31} {
+			one, many := build(), build()
+			var want string
+			for range n {
+				want = one.accept(c.now, c.sent, true, quotaView{})
+			}
+			if got := many.acceptN(c.now, c.sent, true, quotaView{}, n); got != want {
+				t.Errorf("%s, n=%d: cause %q, want %q", c.name, n, got, want)
+			}
+			if one.throttle == 0 {
+				t.Fatalf("%s: the feedback is not in recovery: the case tests nothing", c.name)
+			}
+			if !reflect.DeepEqual(one, many) {
+				t.Errorf("%s, n=%d: acceptN left\n%+v\none by one\n%+v", c.name, n, *many, *one)
+			}
+		}
 	}
 }

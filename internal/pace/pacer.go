@@ -1,6 +1,7 @@
 package pace
 
 import (
+	"cmp"
 	"math"
 	"net/http"
 	"time"
@@ -590,6 +591,24 @@ func (p *Pacer) Settle(now, sent time.Duration, k verdict.Kind) (moved string, r
 	}
 	p.ra.answered(sent, false)
 	if moved = p.fb.accept(now, sent, p.lim != nil, p.quota.view()); moved == "" {
+		return "", false
+	}
+	return moved, p.applyRate(now)
+}
+
+// SettleServed is n calls of Settle(now, sent, verdict.Served) at once.
+func (p *Pacer) SettleServed(now, sent time.Duration, n int) (moved string, raised bool) {
+	if p.lim == nil {
+		// Unpaced, the first acceptances are told apart (see
+		// feedback.firstAccepted).
+		for range n {
+			m, r := p.Settle(now, sent, verdict.Served)
+			moved, raised = cmp.Or(m, moved), raised || r
+		}
+		return moved, raised
+	}
+	p.ra.answered(sent, false)
+	if moved = p.fb.acceptN(now, sent, true, p.quota.view(), n); moved == "" {
 		return "", false
 	}
 	return moved, p.applyRate(now)
