@@ -617,7 +617,7 @@ func (l *lane) unsettled() bool {
 		return true
 	}
 	pre := l.pre.Load()
-	return pre != nil && l.fast.Load()&fastMask == 0 && pre.unsettled(0)
+	return pre != nil && l.fast.Load()&fastMask == 0 && pre.unsettled()
 }
 
 // settleReturnedLocked gives back the slots of the holds on the returned
@@ -796,14 +796,6 @@ func (l *lane) movedLocked(moved string, raised bool) {
 	}
 	if ev := l.cfg.events; moved != "" && ev != nil {
 		l.rateChangedLocked(context.Background(), ev, moved)
-	}
-}
-
-// wakeIfFreeLocked wakes the dispatcher if a slot is free and a request
-// waits.
-func (l *lane) wakeIfFreeLocked() {
-	if l.slot.free() && l.q.len() > 0 {
-		l.wakeLocked()
 	}
 }
 

@@ -263,12 +263,13 @@ func (s *limiter) onOverload(now, sent time.Duration) limitChange {
 // completion.
 func (s *limiter) onUntimed(k verdict.Kind, waiting bool) {
 	if k.Sample() {
-		s.onServed(1, waiting)
+		s.onDone(1, waiting)
 	}
 }
 
-// onServed is n calls of onUntimed for served attempts at once.
-func (s *limiter) onServed(n int, waiting bool) {
+// onDone is n calls of onUntimed at once, for attempts whose kind is a
+// sample (see verdict.Kind.Sample).
+func (s *limiter) onDone(n int, waiting bool) {
 	if !s.started {
 		return // no window yet: it starts at the first sample
 	}

@@ -4,8 +4,6 @@ import (
 	"context"
 	"sync/atomic"
 	"time"
-
-	"github.com/sluice-go/sluice/internal/verdict"
 )
 
 // Prepaid grants are the path of a busy lane that waits for nothing: the
@@ -68,7 +66,7 @@ func (l *lane) prepayLocked(now, prev time.Duration) bool {
 		return false
 	}
 	pre := l.pre.Load()
-	if l.fast.Load()&fastMask != 0 || pre != nil && pre.unsettled(0) {
+	if l.fast.Load()&fastMask != 0 || pre != nil && pre.unsettled() {
 		// The holds are laid out only while none is left (see
 		// takePrepaid) and every one taken is settled.
 		return false
@@ -118,9 +116,9 @@ type prepaid struct {
 }
 
 // unsettled reports whether holds were taken and are not settled yet,
-// with count grants left.
-func (pre *prepaid) unsettled(count int) bool {
-	return pre.pending.Load() != 0 || int(pre.top.Load()) > max(count, int(pre.floor.Load()))
+// while no grant is left.
+func (pre *prepaid) unsettled() bool {
+	return pre.pending.Load() != 0 || pre.top.Load() > pre.floor.Load()
 }
 
 // layLocked lays out a hold at i for a prepaid grant of l: the one there
@@ -193,10 +191,7 @@ func (l *lane) settleOutLocked() {
 	}
 	// The slots to look at: those taken since the last settle, and those
 	// it found not filled in.
-	look := pending
-	for i := lo; i < top; i++ {
-		look |= 1 << i
-	}
+	look := pending | (1<<top-1)&^(1<<lo-1)
 	var n [numLevels]uint64
 	var at time.Duration
 	// The holds given back, given back once counted: on the stack, as a
@@ -268,29 +263,25 @@ func (l *lane) settleOutLocked() {
 // free in their places. Their tenant, the anonymous one of a level
 // without a cap, was not counted in flight.
 func (l *lane) servedLocked(pre *prepaid, given []int8) {
-	sent := pre.holds[given[0]].Load().start
-	for _, i := range given {
-		if pre.holds[i].Load().start != sent {
-			// Prepaid after different timed grants: one by one.
-			for _, i := range given {
-				h := pre.holds[i].Load()
-				l.slot.onUntimed(verdict.Served, l.q.len() > 0)
-				l.settleLocked(l.clk.last, h.start, verdict.Served)
-				l.slot.put()
-				pre.free[i] = true
-			}
-			l.wakeIfFreeLocked()
-			return
+	// At once for each run prepaid after the same timed grant: they
+	// were sent at the same instant.
+	for len(given) > 0 {
+		sent := pre.holds[given[0]].Load().start
+		n := 1
+		for n < len(given) && pre.holds[given[n]].Load().start == sent {
+			n++
 		}
+		l.slot.onDone(n, l.q.len() > 0)
+		l.movedLocked(l.pace.SettleServed(l.clk.last, sent, n))
+		l.slot.inUse -= n
+		for _, i := range given[:n] {
+			pre.free[i] = true
+		}
+		given = given[n:]
 	}
-	l.slot.onServed(len(given), l.q.len() > 0)
-	moved, raised := l.pace.SettleServed(l.clk.last, sent, len(given))
-	l.movedLocked(moved, raised)
-	l.slot.inUse -= len(given)
-	for _, i := range given {
-		pre.free[i] = true
+	if l.slot.free() && l.q.len() > 0 {
+		l.wakeLocked()
 	}
-	l.wakeIfFreeLocked()
 }
 
 // revokeLocked takes back at now the prepaid grants not handed out: their
