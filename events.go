@@ -29,17 +29,25 @@ const deliverEvery = 200 * time.Microsecond
 // bounded queue of many producers and one consumer. A push reserves the
 // next position (tail), fills the slot and then marks it filled; the
 // deliverer takes the slots in order of position, each once it is filled,
-// and moves head on past the slots it has emptied. A lock here would be
+// and moves head past each batch it has emptied. A lock here would be
 // taken by every request, and the runtime parks a goroutine that finds a
 // lock held while others are runnable.
 type events struct {
 	obs    []Observer
 	logger *slog.Logger
 
-	ring    atomic.Pointer[[eventCap]eventSlot]
-	tail    atomic.Uint64 // the next position to reserve
-	head    atomic.Uint64 // the next position to deliver; written by the deliverer only
-	running atomic.Bool   // a deliverer goroutine runs, or is starting
+	ring atomic.Pointer[[eventCap]eventSlot]
+
+	// The pushes write tail and, rarely, room; the deliverer writes head
+	// once a batch. They are kept on lines of their own so that neither
+	// side's writes take the other's line away.
+	_    [64]byte
+	tail atomic.Uint64 // the next position to reserve
+	room atomic.Uint64 // head + eventCap, as a push last read head
+	_    [48]byte
+	head atomic.Uint64 // the next position to deliver; written by the deliverer only
+
+	running atomic.Bool // a deliverer goroutine runs, or is starting
 
 	dropped  atomic.Uint64
 	panicked atomic.Bool // a panic was logged; later ones are not
@@ -70,19 +78,28 @@ type queuedEvent struct {
 	n      int // Attempt of a grant, Queued of a queued event
 }
 
-// event returns qe's event whole.
-func (qe *queuedEvent) event() Event {
+// fill sets *e to qe's event whole, in place: an Event is large, and
+// copying it costs more than setting the fields a request's event has. If
+// whole is false, e holds a request's event, or none: the fields such an
+// event leaves zero are zero already. fill reports whether e may now hold
+// more.
+func (qe *queuedEvent) fill(e *Event, whole bool) bool {
 	if qe.e != nil {
-		return *qe.e
+		*e = *qe.e
+		return true
 	}
-	e := Event{Kind: qe.kind, Time: qe.l.clk.timeOf(qe.at), Priority: qe.p, Tenant: qe.tenant, Wait: qe.wait}
+	if whole {
+		*e = Event{}
+	}
+	e.Kind, e.Time, e.Priority, e.Tenant, e.Wait = qe.kind, qe.l.clk.timeOf(qe.at), qe.p, qe.tenant, qe.wait
+	e.Queued, e.Attempt = 0, 0
 	if qe.kind == EventQueued {
 		e.Queued = qe.n
 	} else {
 		e.Attempt = qe.n
 	}
 	e.Lane, e.Sublimit = splitKey(qe.l.key)
-	return e
+	return false
 }
 
 func newEvents(obs []Observer, logger *slog.Logger) *events {
@@ -121,9 +138,15 @@ func (q *events) queue(qe queuedEvent) {
 	var t uint64
 	for {
 		t = q.tail.Load()
-		if t-q.head.Load() >= eventCap {
-			q.dropped.Add(1)
-			return
+		if t >= q.room.Load() {
+			// Reading head costs a line the deliverer writes: a push reads
+			// it once a lap.
+			h := q.head.Load()
+			if t-h >= eventCap {
+				q.dropped.Add(1)
+				return
+			}
+			q.room.Store(h + eventCap)
 		}
 		if q.tail.CompareAndSwap(t, t+1) {
 			break
@@ -162,32 +185,49 @@ func (q *events) deliver() {
 			}
 			continue
 		}
-		for ; h != t; h++ {
-			s := &ring[h%eventCap]
-			for s.filled.Load() != h+1 {
-				runtime.Gosched() // reserved and being filled
-			}
-			qe := s.qe
-			s.qe = queuedEvent{} // drop the references
-			q.head.Store(h + 1)  // the slot may be filled again
-			e := qe.event()
-			for _, o := range q.obs {
-				q.call(o, qe.ctx, &e)
-			}
+		for i := 0; h != t; {
+			h, i = q.handOut(ring, h, t, i)
 		}
+		q.head.Store(t) // the slots may be filled again
 	}
 }
 
-// call hands one event to one Observer; a panic loses that event only, and
-// the first is logged.
-func (q *events) call(o Observer, ctx context.Context, e *Event) {
+// handOut hands the events at positions [from, t) to the Observers, in
+// order, the first from Observer i on. An Observer that panics loses that
+// event only: handOut returns where to go on from, and logs the first
+// panic. One recover for the batch costs less than one for each call.
+func (q *events) handOut(ring *[eventCap]eventSlot, from, t uint64, i int) (h uint64, next int) {
+	h = from
+	s := &ring[h%eventCap]
+	var e Event
+	whole := false
 	defer func() {
-		if r := recover(); r != nil && q.panicked.CompareAndSwap(false, true) {
-			q.logger.ErrorContext(ctx, "sluice: an Observer panicked; its event was lost (later panics are not logged)",
-				"observer", fmt.Sprintf("%T", o), "event", e.Kind, "panic", r)
+		r := recover()
+		if r == nil {
+			return
+		}
+		if q.panicked.CompareAndSwap(false, true) {
+			q.logger.ErrorContext(s.qe.ctx, "sluice: an Observer panicked; its event was lost (later panics are not logged)",
+				"observer", fmt.Sprintf("%T", q.obs[i]), "event", e.Kind, "panic", r)
+		}
+		if next = i + 1; next == len(q.obs) {
+			s.qe = queuedEvent{}
+			h, next = h+1, 0
 		}
 	}()
-	o.Observe(ctx, *e)
+	for ; h != t; h++ {
+		s = &ring[h%eventCap]
+		for s.filled.Load() != h+1 {
+			runtime.Gosched() // reserved and being filled
+		}
+		whole = s.qe.fill(&e, whole)
+		for ; i < len(q.obs); i++ {
+			q.obs[i].Observe(s.qe.ctx, e)
+		}
+		s.qe = queuedEvent{} // drop the references
+		i = 0
+	}
+	return h, 0
 }
 
 // wait returns when every event pushed so far has been delivered and the

@@ -70,3 +70,83 @@ func TestEventsInOrderAroundTheRing(t *testing.T) {
 		}
 	})
 }
+
+// A request's event delivered after another kind of event carries none of
+// the other's fields, and every event reaches the Observer as it was made:
+// the deliverer reuses one Event and sets only a request's fields when it
+// can.
+func TestEventsDeliveredWhole(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rec := &recorder{}
+		q := newEvents([]Observer{rec}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		l := newLane("api.test", &config{})
+		at := time.Duration(42)
+		other := Event{Kind: EventRetried, Time: time.Unix(1, 0), Lane: "api.test", Priority: Batch,
+			Tenant: "t", Attempt: 3, Wait: time.Second, Queued: 9, Reason: ReasonDeadline, Err: io.ErrUnexpectedEOF,
+			Status: 503, Cause: "x", Until: time.Unix(2, 0), From: 1, To: 2}
+		granted := Event{Kind: EventGranted, Time: l.clk.timeOf(at), Lane: "api.test", Priority: Normal, Tenant: "u", Attempt: 2, Wait: time.Millisecond}
+		queued := Event{Kind: EventQueued, Time: l.clk.timeOf(at), Lane: "api.test", Priority: Interactive, Queued: 7}
+		var want []Event
+		for range 3 {
+			e := other
+			q.push(context.Background(), &e)
+			q.pushRequest(context.Background(), EventGranted, l, at, Normal, "u", 2, time.Millisecond)
+			q.pushRequest(context.Background(), EventQueued, l, at, Interactive, "", 7, 0)
+			q.pushRequest(context.Background(), EventGranted, l, at, Normal, "u", 2, time.Millisecond)
+			want = append(want, other, granted, queued, granted)
+		}
+		if err := q.wait(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		rec.mu.Lock()
+		defer rec.mu.Unlock()
+		if len(rec.events) != len(want) {
+			t.Fatalf("%d events delivered, want %d", len(rec.events), len(want))
+		}
+		for i, e := range rec.events {
+			if e != want[i] {
+				t.Errorf("event %d:\n got %+v\nwant %+v", i, e, want[i])
+			}
+		}
+	})
+}
+
+// An Observer that panics loses the event it panicked on, for itself
+// only: the Observers after it get that event, and every Observer gets
+// the events after it, in order.
+func TestEventsAfterAPanic(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var seen [3][]int
+		obs := make([]Observer, 3)
+		for i := range obs {
+			obs[i] = ObserverFunc(func(_ context.Context, e Event) {
+				seen[i] = append(seen[i], e.Attempt)
+				if i < 2 && e.Attempt%(i+2) == 0 {
+					panic("observer bug")
+				}
+			})
+		}
+		q := newEvents(obs, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		l := newLane("api.test", &config{})
+		const n = 100
+		for i := range n {
+			q.pushRequest(context.Background(), EventGranted, l, 0, Normal, "", i, 0)
+		}
+		if err := q.wait(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		for i, s := range seen {
+			if len(s) != n {
+				t.Fatalf("Observer %d got %d events, want %d", i, len(s), n)
+			}
+			for j, a := range s {
+				if a != j {
+					t.Fatalf("Observer %d got event %d where %d was due", i, a, j)
+				}
+			}
+		}
+		if !q.panicked.Load() {
+			t.Error("no panic recorded")
+		}
+	})
+}
