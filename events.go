@@ -29,7 +29,7 @@ const deliverEvery = 200 * time.Microsecond
 // bounded queue of many producers and one consumer. A push reserves the
 // next position (tail), fills the slot and then marks it filled; the
 // deliverer takes the slots in order of position, each once it is filled,
-// and moves head past each batch it has emptied. A lock here would be
+// and moves head on past the slots it has emptied. A lock here would be
 // taken by every request, and the runtime parks a goroutine that finds a
 // lock held while others are runnable.
 type events struct {
@@ -38,9 +38,9 @@ type events struct {
 
 	ring atomic.Pointer[[eventCap]eventSlot]
 
-	// The pushes write tail and, rarely, room; the deliverer writes head
-	// once a batch. They are kept on lines of their own so that neither
-	// side's writes take the other's line away.
+	// The pushes write tail and, rarely, room; the deliverer writes head.
+	// They are kept on lines of their own so that neither side's writes
+	// take the other's line away.
 	_    [64]byte
 	tail atomic.Uint64 // the next position to reserve
 	room atomic.Uint64 // head + eventCap, as a push last read head
@@ -142,6 +142,9 @@ func (q *events) queue(qe queuedEvent) {
 			// Reading head costs a line the deliverer writes: a push reads
 			// it once a lap.
 			h := q.head.Load()
+			if h > t {
+				continue // t is stale: the deliverer is past it
+			}
 			if t-h >= eventCap {
 				q.dropped.Add(1)
 				return
@@ -165,6 +168,7 @@ func (q *events) queue(qe queuedEvent) {
 // deliverEvery, until a wait finds none.
 func (q *events) deliver() {
 	ring := q.ring.Load()
+	var d delivery
 	busy := false
 	for {
 		if !busy {
@@ -185,49 +189,69 @@ func (q *events) deliver() {
 			}
 			continue
 		}
-		for i := 0; h != t; {
-			h, i = q.handOut(ring, h, t, i)
+		for h != t || d.i > 0 {
+			h = q.handOut(ring, h, t, &d)
 		}
-		q.head.Store(t) // the slots may be filled again
 	}
 }
 
-// handOut hands the events at positions [from, t) to the Observers, in
-// order, the first from Observer i on. An Observer that panics loses that
-// event only: handOut returns where to go on from, and logs the first
-// panic. One recover for the batch costs less than one for each call.
-func (q *events) handOut(ring *[eventCap]eventSlot, from, t uint64, i int) (h uint64, next int) {
-	h = from
-	s := &ring[h%eventCap]
+// A delivery is an event whose handing out an Observer's panic broke off:
+// the Observers from i on have yet to get it. Zero when there is none.
+type delivery struct {
+	ctx context.Context
+	e   Event
+	i   int
+}
+
+// handOut hands d's event, if any, to the Observers left, then the events
+// at positions [h, t) to all, in order. A slot is emptied, and head moved
+// past it, before its event is handed out. An Observer that panics loses
+// that event only: handOut returns the position to go on from, with the
+// event left in d for the Observers after it, and logs the first panic.
+// One recover for the batch costs less than one for each call.
+func (q *events) handOut(ring *[eventCap]eventSlot, h, t uint64, d *delivery) (next uint64) {
+	next = h
 	var e Event
-	whole := false
+	var ctx context.Context
+	whole, i := false, 0
 	defer func() {
 		r := recover()
 		if r == nil {
 			return
 		}
 		if q.panicked.CompareAndSwap(false, true) {
-			q.logger.ErrorContext(s.qe.ctx, "sluice: an Observer panicked; its event was lost (later panics are not logged)",
+			q.logger.ErrorContext(ctx, "sluice: an Observer panicked; its event was lost (later panics are not logged)",
 				"observer", fmt.Sprintf("%T", q.obs[i]), "event", e.Kind, "panic", r)
 		}
-		if next = i + 1; next == len(q.obs) {
-			s.qe = queuedEvent{}
-			h, next = h+1, 0
+		if i+1 < len(q.obs) {
+			*d = delivery{ctx: ctx, e: e, i: i + 1}
 		}
 	}()
-	for ; h != t; h++ {
-		s = &ring[h%eventCap]
-		for s.filled.Load() != h+1 {
+	if d.i > 0 {
+		ctx, e, i, whole = d.ctx, d.e, d.i, true
+		*d = delivery{}
+		for ; i < len(q.obs); i++ {
+			q.obs[i].Observe(ctx, e)
+		}
+	}
+	for next != t {
+		s := &ring[next%eventCap]
+		for s.filled.Load() != next+1 {
 			runtime.Gosched() // reserved and being filled
 		}
 		whole = s.qe.fill(&e, whole)
-		for ; i < len(q.obs); i++ {
-			q.obs[i].Observe(s.qe.ctx, e)
-		}
+		ctx = s.qe.ctx
 		s.qe = queuedEvent{} // drop the references
-		i = 0
+		next++
+		// A push reads head once a lap (see room): moving it for each
+		// event costs the pushes nothing, and a slow Observer holds up
+		// no slot it is done with.
+		q.head.Store(next)
+		for i = 0; i < len(q.obs); i++ {
+			q.obs[i].Observe(ctx, e)
+		}
 	}
-	return h, 0
+	return next
 }
 
 // wait returns when every event pushed so far has been delivered and the

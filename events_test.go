@@ -121,7 +121,10 @@ func TestEventsAfterAPanic(t *testing.T) {
 		for i := range obs {
 			obs[i] = ObserverFunc(func(_ context.Context, e Event) {
 				seen[i] = append(seen[i], e.Attempt)
-				if i < 2 && e.Attempt%(i+2) == 0 {
+				// 2, 3 and 5: a panic in the first, in the middle
+				// (also while finishing an event broken off, at 6), and
+				// in the last.
+				if e.Attempt%[]int{2, 3, 5}[i] == 0 {
 					panic("observer bug")
 				}
 			})
@@ -158,6 +161,7 @@ func BenchmarkEventsHandOut(b *testing.B) {
 	q := newEvents([]Observer{ObserverFunc(func(context.Context, Event) {})}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	l := newLane("api.test", &config{})
 	q.running.Store(true) // the pushes start no deliverer: the loop is it
+	var d delivery
 	for i := 0; i < b.N; i += eventCap / 2 {
 		b.StopTimer()
 		h := q.tail.Load()
@@ -165,9 +169,44 @@ func BenchmarkEventsHandOut(b *testing.B) {
 			q.pushRequest(context.Background(), EventGranted, l, time.Millisecond, Normal, "tenant", 1, 0)
 		}
 		b.StartTimer()
-		for j := 0; h != q.tail.Load(); {
-			h, j = q.handOut(q.ring.Load(), h, q.tail.Load(), j)
+		for h != q.tail.Load() {
+			h = q.handOut(q.ring.Load(), h, q.tail.Load(), &d)
 		}
-		q.head.Store(h)
 	}
+}
+
+// An Observer stalled on an event holds up no slot of the events it was
+// handed before: the ring drops events only once eventCap wait.
+func TestEventsStalledObserverFreesDelivered(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		const stall = eventCap - 100 // the event the Observer stalls on
+		obs := ObserverFunc(func(_ context.Context, e Event) {
+			if e.Attempt == stall {
+				<-release
+			}
+		})
+		q := newEvents([]Observer{obs}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		l := newLane("api.test", &config{})
+		for i := range eventCap {
+			q.pushRequest(context.Background(), EventGranted, l, 0, Normal, "", i, 0)
+		}
+		time.Sleep(2 * deliverEvery)
+		// Stalled on event stall, taken out of the ring: eventCap-stall-1
+		// wait, and stall+1 more fill it.
+		synctest.Wait()
+		for i := range stall + 1 {
+			q.pushRequest(context.Background(), EventGranted, l, 0, Normal, "", eventCap+i, 0)
+		}
+		d := q.dropped.Load()
+		q.pushRequest(context.Background(), EventGranted, l, 0, Normal, "", 2*eventCap, 0)
+		over := q.dropped.Load() - d
+		close(release)
+		if err := q.wait(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if d != 0 || over != 1 {
+			t.Errorf("%d of %d events dropped with room for them, and %d of the one past eventCap; want 0 and 1", d, stall+1, over)
+		}
+	})
 }
