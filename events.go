@@ -20,6 +20,12 @@ const eventCap = 4096
 // stretch it to about a millisecond).
 const deliverEvery = 200 * time.Microsecond
 
+// wakeCheck is how often, in events, a push looks whether the ring is half
+// full, and wakes the deliverer if it is: a client fast enough to fill the
+// ring within a sleep of the deliverer (see deliverEvery) would otherwise
+// lose events that a core left idle could have delivered.
+const wakeCheck = eventCap / 8
+
 // events delivers a Transport's events to its Observers, in order, from a
 // goroutine that runs while there are events to deliver and exits when
 // there are none. Pushing one takes no lock and never waits, so it may be
@@ -47,7 +53,8 @@ type events struct {
 	_    [48]byte
 	head atomic.Uint64 // the next position to deliver; written by the deliverer only
 
-	running atomic.Bool // a deliverer goroutine runs, or is starting
+	running atomic.Bool   // a deliverer goroutine runs, or is starting
+	wake    chan struct{} // ends the deliverer's sleep (see wakeCheck); buffered, 1
 
 	dropped  atomic.Uint64
 	panicked atomic.Bool // a panic was logged; later ones are not
@@ -106,7 +113,7 @@ func newEvents(obs []Observer, logger *slog.Logger) *events {
 	if len(obs) == 0 {
 		return nil
 	}
-	return &events{obs: obs, logger: logger}
+	return &events{obs: obs, logger: logger, wake: make(chan struct{}, 1)}
 }
 
 // push queues e for delivery, stamped with the time now unless it has a
@@ -161,18 +168,31 @@ func (q *events) queue(qe queuedEvent) {
 	s.filled.Store(t + 1)
 	if !q.running.Load() && q.running.CompareAndSwap(false, true) {
 		go q.deliver()
+	} else if (t+1)%wakeCheck == 0 {
+		if h := q.head.Load(); h < t+1 && t+1-h >= eventCap/2 {
+			select {
+			case q.wake <- struct{}{}:
+			default: // a wake is pending already
+			}
+		}
 	}
 }
 
 // deliver hands the queued events to the Observers, those pushed each
-// deliverEvery, until a wait finds none.
+// deliverEvery or since a push woke it, until a wait finds none.
 func (q *events) deliver() {
 	ring := q.ring.Load()
 	var d delivery
 	busy := false
+	sleep := time.NewTimer(deliverEvery)
+	defer sleep.Stop()
 	for {
 		if !busy {
-			time.Sleep(deliverEvery)
+			sleep.Reset(deliverEvery)
+			select {
+			case <-sleep.C:
+			case <-q.wake:
+			}
 		}
 		h, t := q.head.Load(), q.tail.Load()
 		// A turn that found the ring an eighth full takes the next at

@@ -210,3 +210,36 @@ func TestEventsStalledObserverFreesDelivered(t *testing.T) {
 		}
 	})
 }
+
+// A push that finds the ring half full wakes the deliverer from its sleep:
+// the events are delivered with no time passing.
+func TestEventsWakeWhenHalfFull(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rec := &recorder{}
+		q := newEvents([]Observer{rec}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		l := newLane("api.test", &config{})
+		start := time.Now()
+		push := func(n int) {
+			for i := range n {
+				q.pushRequest(context.Background(), EventGranted, l, 0, Normal, "", i, 0)
+			}
+			synctest.Wait()
+		}
+		delivered := func() int {
+			rec.mu.Lock()
+			defer rec.mu.Unlock()
+			return len(rec.events)
+		}
+		push(eventCap/2 - 1)
+		if n := delivered(); n != 0 {
+			t.Fatalf("%d events delivered before the deliverer's sleep ended, with the ring under half full", n)
+		}
+		push(1)
+		if n, d := delivered(), time.Since(start); n != eventCap/2 || d != 0 {
+			t.Errorf("%d events delivered %v after the push that filled half the ring, want %d at once", n, d, eventCap/2)
+		}
+		if err := q.wait(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
