@@ -53,8 +53,14 @@ type events struct {
 	_    [48]byte
 	head atomic.Uint64 // the next position to deliver; written by the deliverer only
 
-	running atomic.Bool   // a deliverer goroutine runs, or is starting
-	wake    chan struct{} // ends the deliverer's sleep (see wakeCheck); buffered, 1
+	running atomic.Bool // a deliverer goroutine runs, or is starting
+
+	// wake ends the running deliverer's sleep (see wakeCheck); buffered,
+	// 1. Each deliverer makes its own, on its goroutine, as a lane's
+	// dispatcher does its kick: a Transport used in a testing/synctest
+	// bubble then wakes its deliverer with a channel of that bubble,
+	// wherever the Transport was made and whichever bubble used it before.
+	wake atomic.Pointer[chan struct{}]
 
 	dropped  atomic.Uint64
 	panicked atomic.Bool // a panic was logged; later ones are not
@@ -113,7 +119,7 @@ func newEvents(obs []Observer, logger *slog.Logger) *events {
 	if len(obs) == 0 {
 		return nil
 	}
-	return &events{obs: obs, logger: logger, wake: make(chan struct{}, 1)}
+	return &events{obs: obs, logger: logger}
 }
 
 // push queues e for delivery, stamped with the time now unless it has a
@@ -170,9 +176,11 @@ func (q *events) queue(qe queuedEvent) {
 		go q.deliver()
 	} else if (t+1)%wakeCheck == 0 {
 		if h := q.head.Load(); h < t+1 && t+1-h >= eventCap/2 {
-			select {
-			case q.wake <- struct{}{}:
-			default: // a wake is pending already
+			if w := q.wake.Load(); w != nil {
+				select {
+				case *w <- struct{}{}:
+				default: // a wake is pending already
+				}
 			}
 		}
 	}
@@ -186,12 +194,17 @@ func (q *events) deliver() {
 	busy := false
 	sleep := time.NewTimer(deliverEvery)
 	defer sleep.Stop()
+	wake := make(chan struct{}, 1)
+	q.wake.Store(&wake)
+	// A deliverer that starts once this one has let running go may have
+	// stored its own.
+	defer q.wake.CompareAndSwap(&wake, nil)
 	for {
 		if !busy {
 			sleep.Reset(deliverEvery)
 			select {
 			case <-sleep.C:
-			case <-q.wake:
+			case <-wake:
 			}
 		}
 		h, t := q.head.Load(), q.tail.Load()

@@ -243,3 +243,30 @@ func TestEventsWakeWhenHalfFull(t *testing.T) {
 		}
 	})
 }
+
+// A Transport made outside a testing/synctest bubble, and used in one
+// bubble after another, delivers its events on each bubble's clock: each
+// deliverer makes its channels on its own goroutine, so that the bubble
+// finds it durably blocked between turns and can move its time on.
+func TestEventsTransportMadeOutsideABubble(t *testing.T) {
+	rec := &recorder{}
+	tr := mustNew(t, nopBase{}, WithRate(1e6, time.Second), WithBurst(1<<20), WithObserver(rec))
+	const n = 10
+	for round := 1; round <= 2; round++ {
+		synctest.Test(t, func(t *testing.T) {
+			for range n {
+				if err := get(context.Background(), tr, ""); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := tr.WaitEvents(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+			rec.mu.Lock()
+			defer rec.mu.Unlock()
+			if len(rec.events) != round*n {
+				t.Errorf("bubble %d: %d events delivered, want %d", round, len(rec.events), round*n)
+			}
+		})
+	}
+}
