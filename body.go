@@ -17,17 +17,20 @@ type body struct {
 	tok  *leakToken  // nil once the body is done; only finish's winner touches it
 }
 
-// A leakToken is the last resort: a body holds one until it is done, and
-// if the body is collected first, the token's finalizer gives the slot
-// back. Nothing else points to a token in use, and a hold points to no
-// body, so that the lane's list of holds does not keep a dropped body
-// reachable. Tokens are recycled with their holds (see holds), their
-// finalizers armed, so that the common case, a body closed or read to EOF,
-// pays neither for setting a finalizer (or runtime.AddCleanup, which also
-// allocates twice) nor for clearing one, which take a runtime-wide lock. A
-// token the pool drops is collected with no hold, and its finalizer does
-// nothing. h needs no atomic: a finalizer runs after everything that made
-// its object unreachable, the race detector's view included.
+// A leakToken is the last resort: a body holds its hold's token until it
+// is done, and if the body is collected first, the token's finalizer gives
+// the slot back. A token points to its hold for life, and nothing else
+// points to a token in use: a hold points to no body, and not to its own
+// token while a body has it, so that the lane's list of holds does not
+// keep a dropped body reachable. Tokens are recycled with their holds (see
+// holds), their finalizers armed, so that the common case, a body closed
+// or read to EOF, pays neither for setting a finalizer (or
+// runtime.AddCleanup, which also allocates twice) nor for clearing one,
+// which take a runtime-wide lock; and it writes to no token, whose
+// neighbours in memory are other holds' tokens, on other cores. A token
+// collected while its hold has it (the pool dropped both) had its body
+// done. Nothing needs an atomic: a finalizer runs after everything
+// that made its object unreachable, the race detector's view included.
 type leakToken struct{ h *hold }
 
 // wrap returns rc wrapped so that h is given back once, when the first of
@@ -35,7 +38,6 @@ type leakToken struct{ h *hold }
 func wrap(rc io.ReadCloser, h *hold) *body {
 	b := &body{rc: rc, tok: h.tok}
 	h.tok = nil
-	b.tok.h = h
 	atomic.OrUint32(&h.state, holdOut)
 	if l := h.l; l.watching() {
 		l.watch(h)
@@ -67,7 +69,6 @@ func (b *body) finish() {
 	tk := b.tok
 	b.tok = nil
 	h := tk.h
-	tk.h = nil
 	h.tok = tk // the owner's: the lane's list and watch never touch it
 	h.Done(h.kind)
 }
@@ -77,7 +78,7 @@ func (b *body) finish() {
 // The hold is left to the garbage collector.
 func (tk *leakToken) collected() {
 	h := tk.h
-	if h == nil {
+	if h.tok == tk {
 		return
 	}
 	l := h.l
