@@ -31,6 +31,10 @@ import (
 type lane struct {
 	key string
 	cfg *config
+	// Read by every request, written seldom: away from fast, which a
+	// busy lane's requests write.
+	flags atomic.Uint32 // laneDead, laneWatching, laneLeakWarned
+	quiet atomic.Uint32 // responses in a row with no rate-limit header; see reads
 	clk clock // read without mu; ticked (see clock.tick) under it
 
 	mu   sync.Mutex
@@ -38,8 +42,6 @@ type lane struct {
 	slot limiter    // the in-flight slots and their adaptive limit
 	pace pace.Pacer // the bucket, the rate, the cooldown
 
-	flags atomic.Uint32 // laneDead, laneWatching, laneLeakWarned
-	quiet atomic.Uint32 // responses in a row with no rate-limit header; see reads
 	// returned lists the holds given back without the lock, newest first,
 	// linked by next, until the lock's next holder settles them (see
 	// listReturned).
@@ -486,7 +488,9 @@ func (l *lane) release(h *hold, k verdict.Kind, sample, owner bool) (released bo
 		d = l.clk.read()
 	}
 	listable := owner && !sample && k == verdict.Served && !l.perToken
-	if listable && l.fast.Load()&fastMask != 0 && l.listReturned(h, true) {
+	// A prepaid grant not settled yet (not held) is looked at first: its
+	// release then reads fast, which the lane's other takers write, once.
+	if listable && (atomic.LoadUint32(&h.state)&holdHeld == 0 || l.fast.Load()&fastMask != 0) && l.listReturned(h, true) {
 		// While grants are prepaid nobody waits for a slot: the hold is
 		// settled with the lane's next lock (see prepaid.go).
 		return true
