@@ -39,8 +39,7 @@ func (l *lane) run(ctx context.Context, own *waiter) {
 	for {
 		l.lock()
 		if l.q.len() == 0 {
-			l.dispatching = false
-			l.flags.And(^laneWatching)
+			l.flags.And(^(laneDispatching | laneWatching))
 			l.unlock()
 			return
 		}

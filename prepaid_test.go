@@ -16,6 +16,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/sluice-go/sluice/internal/upstream"
+	"github.com/sluice-go/sluice/internal/verdict"
 )
 
 // countPrepaid counts the lanes' prepayments until the test ends.
@@ -248,4 +249,72 @@ func TestPrepaidGrantsKeepTheBoundRealClock(t *testing.T) {
 			t.Errorf("window %v: %d grants, bound rate x T + burst + 1 = %d", w, got, limit)
 		}
 	}
+}
+
+// TestPrepaidPendingHoldReachesAWaiter: a prepaid grant that its taker was
+// still filling in when the lane settled stays unsettled; given back
+// while a request waits for its slot, the slot reaches that request at
+// once, with no other request to settle it.
+func TestPrepaidPendingHoldReachesAWaiter(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const limit = 40
+		tr := mustNew(t, bodyBase{}, WithRate(1e6, time.Second), WithBurst(1000), WithConcurrency(limit, limit))
+		l := tr.lane("api.test")
+		for i := 0; l.fast.Load()&fastMask == 0; i++ {
+			if i == 1000 {
+				t.Fatal("the lane prepaid no grant")
+			}
+			if err := get(t.Context(), tr, ""); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// A taker that has taken the count down and not yet filled in
+		// its hold: the state it sets last is not set.
+		h := l.takePrepaid(t.Context(), Normal, "")
+		atomic.StoreUint32(&h.state, 0)
+		// Every other slot taken, then a request that waits for one.
+		var bodies []io.ReadCloser
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		waiting := make(chan struct{})
+		for range limit {
+			wg.Go(func() {
+				req, _ := http.NewRequestWithContext(t.Context(), http.MethodGet, "http://api.test/x", nil)
+				resp, err := tr.RoundTrip(req)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				bodies = append(bodies, resp.Body)
+				if len(bodies) == limit {
+					close(waiting)
+				}
+				mu.Unlock()
+			})
+		}
+		synctest.Wait()
+		mu.Lock()
+		if n := len(bodies); n != limit-1 {
+			t.Fatalf("%d requests out of %d slots with one held, want %d", n, limit, limit-1)
+		}
+		mu.Unlock()
+		atomic.StoreUint32(&h.state, holdTaken) // filled in
+		h.Done(verdict.Served)
+		synctest.Wait()
+		select {
+		case <-waiting:
+		default:
+			t.Error("the waiting request still waits after the prepaid grant's slot was given back")
+		}
+		mu.Lock()
+		for _, b := range bodies {
+			b.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+		for _, b := range bodies[limit-1:] {
+			b.Close()
+		}
+	})
 }
