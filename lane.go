@@ -494,8 +494,9 @@ func (l *lane) release(h *hold, k verdict.Kind, sample, owner bool) (released bo
 		d = l.clk.read()
 	}
 	listable := owner && !sample && k == verdict.Served && !l.perToken
-	// A prepaid grant not settled yet (not held) is looked at first: its
-	// release then reads fast, which the lane's other takers write, once.
+	// A prepaid grant not settled yet (not held) is told by its own
+	// state, first: its release reads no word that the lane's other
+	// takers write (see listReturned).
 	if listable && (atomic.LoadUint32(&h.state)&holdHeld == 0 || l.fast.Load()&fastMask != 0) && l.listReturned(h, true) {
 		// While grants are prepaid nobody waits for a slot: the hold is
 		// settled with the lane's next lock (see prepaid.go).
