@@ -39,7 +39,8 @@ func (l *lane) run(ctx context.Context, own *waiter) {
 	for {
 		l.lock()
 		if l.q.len() == 0 {
-			l.flags.And(^(laneDispatching | laneWatching))
+			l.dispatching = false
+			l.flags.And(^laneWatching)
 			l.unlock()
 			return
 		}

@@ -33,7 +33,7 @@ type lane struct {
 	cfg *config
 	// Read by every request, written seldom: away from fast, which a
 	// busy lane's requests write.
-	flags atomic.Uint32 // laneDead, laneWatching, laneLeakWarned, laneDispatching
+	flags atomic.Uint32 // laneDead, laneWatching, laneLeakWarned
 	quiet atomic.Uint32 // responses in a row with no rate-limit header; see reads
 
 	clk clock // read without mu; ticked (see clock.tick) under it
@@ -56,11 +56,12 @@ type lane struct {
 	pre  atomic.Pointer[prepaid] // the prepaid grants' holds; set once, under mu
 	// The flags below sit in one word, and the atomic ones in another:
 	// the lane is within a size class of growing a seventh (TestLaneHeap).
-	closed   bool // see Transport.Close: every acquire fails
-	stalled  bool // it waits for a kick: no waiter's tenant is under its cap
-	perToken bool // see be
-	join     bool
-	untimed  uint8 // < sampleEvery
+	closed      bool // see Transport.Close: every acquire fails
+	dispatching bool // a dispatcher goroutine is running
+	stalled     bool // it waits for a kick: no waiter's tenant is under its cap
+	perToken    bool // see be
+	join        bool
+	untimed     uint8 // < sampleEvery
 	// kick wakes the dispatcher early; capacity 1. It is made when the
 	// first dispatcher starts, and never changes after: a lane whose
 	// requests never wait does without.
@@ -85,9 +86,6 @@ const (
 	// laneLeakWarned: a response body was collected unclosed; see
 	// leakToken.
 	laneLeakWarned
-	// laneDispatching: a dispatcher runs (see enqueueLocked), so a
-	// waiter may need a slot given back. Changed under mu.
-	laneDispatching
 )
 
 // be returns the Backend that holds the lane's budget, nil if none (see
@@ -106,9 +104,6 @@ func (l *lane) isDead() bool { return l.flags.Load()&laneDead != 0 }
 // watching reports whether its dispatcher needs the slots back (see
 // laneWatching).
 func (l *lane) watching() bool { return l.flags.Load()&laneWatching != 0 }
-
-// dispatching reports whether a dispatcher runs (see laneDispatching).
-func (l *lane) dispatching() bool { return l.flags.Load()&laneDispatching != 0 }
 
 type levelCounters struct {
 	granted   uint64
@@ -309,8 +304,8 @@ func (l *lane) enqueueLocked(ctx context.Context, p Priority, tn *tenant, ch *ch
 	if ev := l.cfg.events; ev != nil {
 		ev.pushRequest(ctx, EventQueued, l, now, p, tn.id, l.q.len(), 0)
 	}
-	if !l.dispatching() {
-		l.flags.Or(laneDispatching)
+	if !l.dispatching {
+		l.dispatching = true
 		if l.kick == nil {
 			l.kick = make(chan struct{}, 1)
 		}
@@ -394,7 +389,7 @@ func (l *lane) forget(idle time.Duration) bool {
 	d := l.clk.read()
 	l.revokeLocked(max(d, l.clk.last)) // without moving the last-use stamp
 	l.reclaimLocked(false)
-	if d-l.clk.last < idle || l.q.len() > 0 || l.slot.inUse > 0 || l.dispatching() || l.pace.Pending(d) {
+	if d-l.clk.last < idle || l.q.len() > 0 || l.slot.inUse > 0 || l.dispatching || l.pace.Pending(d) {
 		return false
 	}
 	if !l.budgets.full(d) {
@@ -494,9 +489,8 @@ func (l *lane) release(h *hold, k verdict.Kind, sample, owner bool) (released bo
 		d = l.clk.read()
 	}
 	listable := owner && !sample && k == verdict.Served && !l.perToken
-	// A prepaid grant not settled yet (not held) is told by its own
-	// state, first: its release reads no word that the lane's other
-	// takers write (see listReturned).
+	// A prepaid grant not settled yet (not held) is looked at first: its
+	// release then reads fast, which the lane's other takers write, once.
 	if listable && (atomic.LoadUint32(&h.state)&holdHeld == 0 || l.fast.Load()&fastMask != 0) && l.listReturned(h, true) {
 		// While grants are prepaid nobody waits for a slot: the hold is
 		// settled with the lane's next lock (see prepaid.go).
@@ -560,10 +554,11 @@ func (l *lane) listReturned(h *hold, lazy bool) bool {
 	}
 	if s&holdHeld == 0 {
 		// Not settled yet: the lock holder that settles it gives it back.
-		// Only a dispatcher waits for a slot, and it settles after it sets
-		// its flag (see run), so that one of the two sees the other. This
-		// reads flags, not fast, which the lane's other takers write.
-		if l.dispatching() {
+		// While grants are left, the lock's next holder will; once none
+		// is, nobody may come, and a request may wait for the slot: the
+		// owner settles. The count is 0 before the last grant's hold is
+		// given back, so at least that owner settles them all.
+		if l.fast.Load()&fastMask == 0 {
 			l.settleIfFree()
 		}
 		return true

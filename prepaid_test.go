@@ -318,3 +318,55 @@ func TestPrepaidPendingHoldReachesAWaiter(t *testing.T) {
 		}
 	})
 }
+
+// TestPrepaidIdleLaneSettled: the prepaid grants of a batch taken to the
+// last and given back with no lock after them are settled by the last
+// given back: the idle lane counts no slot in use and nothing unsettled.
+// The second case has the lane's settle find the last grant's taker still
+// filling in its hold.
+func TestPrepaidIdleLaneSettled(t *testing.T) {
+	for _, pending := range []bool{false, true} {
+		t.Run(fmt.Sprintf("pending=%v", pending), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				tr := mustNew(t, bodyBase{}, WithRate(1e6, time.Second), WithBurst(1000), WithConcurrency(40, 40))
+				l := tr.lane("api.test")
+				for i := 0; l.fast.Load()&fastMask == 0; i++ {
+					if i == 1000 {
+						t.Fatal("the lane prepaid no grant")
+					}
+					if err := get(t.Context(), tr, ""); err != nil {
+						t.Fatal(err)
+					}
+				}
+				var hs []*hold
+				for {
+					h := l.takePrepaid(t.Context(), Normal, "")
+					if h == nil {
+						break
+					}
+					hs = append(hs, h)
+				}
+				last := hs[len(hs)-1]
+				if pending {
+					atomic.StoreUint32(&last.state, 0)
+					l.lock() // settles all but the last, which it finds pending
+					l.unlock()
+				}
+				for _, h := range hs[:len(hs)-1] {
+					h.Done(verdict.Served)
+				}
+				if pending {
+					atomic.StoreUint32(&last.state, holdTaken) // filled in
+				}
+				last.Done(verdict.Served)
+				synctest.Wait()
+				l.mu.Lock() // not lock: that would settle
+				inUse, unsettled := l.slot.inUse, l.unsettled()
+				l.mu.Unlock()
+				if inUse != 0 || unsettled {
+					t.Errorf("idle lane after %d prepaid grants given back: %d slots in use, unsettled %v", len(hs), inUse, unsettled)
+				}
+			})
+		})
+	}
+}

@@ -443,7 +443,7 @@ func TestIdleTransportRunsNoGoroutine(t *testing.T) {
 		synctest.Wait()
 		l := tr.lane("api.test")
 		l.lock()
-		running := l.dispatching()
+		running := l.dispatching
 		l.unlock()
 		if running {
 			t.Error("dispatcher still running on an idle lane")
