@@ -251,6 +251,22 @@ func TestPrepaidGrantsKeepTheBoundRealClock(t *testing.T) {
 	}
 }
 
+// untilPrepaid sends requests to tr's lane api.test until it has prepaid
+// grants, and returns the lane.
+func untilPrepaid(t *testing.T, tr *Transport) *lane {
+	t.Helper()
+	l := tr.lane("api.test")
+	for i := 0; l.fast.Load()&fastMask == 0; i++ {
+		if i == 1000 {
+			t.Fatal("the lane prepaid no grant")
+		}
+		if err := get(t.Context(), tr, ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return l
+}
+
 // TestPrepaidPendingHoldReachesAWaiter: a prepaid grant that its taker was
 // still filling in when the lane settled stays unsettled; given back
 // while a request waits for its slot, the slot reaches that request at
@@ -259,15 +275,7 @@ func TestPrepaidPendingHoldReachesAWaiter(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const limit = 40
 		tr := mustNew(t, bodyBase{}, WithRate(1e6, time.Second), WithBurst(1000), WithConcurrency(limit, limit))
-		l := tr.lane("api.test")
-		for i := 0; l.fast.Load()&fastMask == 0; i++ {
-			if i == 1000 {
-				t.Fatal("the lane prepaid no grant")
-			}
-			if err := get(t.Context(), tr, ""); err != nil {
-				t.Fatal(err)
-			}
-		}
+		l := untilPrepaid(t, tr)
 		// A taker that has taken the count down and not yet filled in
 		// its hold: the state it sets last is not set.
 		h := l.takePrepaid(t.Context(), Normal, "")
@@ -308,11 +316,11 @@ func TestPrepaidPendingHoldReachesAWaiter(t *testing.T) {
 			t.Error("the waiting request still waits after the prepaid grant's slot was given back")
 		}
 		mu.Lock()
-		for _, b := range bodies {
+		for _, b := range bodies[:limit-1] {
 			b.Close()
 		}
 		mu.Unlock()
-		wg.Wait()
+		wg.Wait() // the waiting request's body comes last, whether or not in time
 		for _, b := range bodies[limit-1:] {
 			b.Close()
 		}
@@ -329,15 +337,7 @@ func TestPrepaidIdleLaneSettled(t *testing.T) {
 		t.Run(fmt.Sprintf("pending=%v", pending), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				tr := mustNew(t, bodyBase{}, WithRate(1e6, time.Second), WithBurst(1000), WithConcurrency(40, 40))
-				l := tr.lane("api.test")
-				for i := 0; l.fast.Load()&fastMask == 0; i++ {
-					if i == 1000 {
-						t.Fatal("the lane prepaid no grant")
-					}
-					if err := get(t.Context(), tr, ""); err != nil {
-						t.Fatal(err)
-					}
-				}
+				l := untilPrepaid(t, tr)
 				var hs []*hold
 				for {
 					h := l.takePrepaid(t.Context(), Normal, "")
