@@ -559,6 +559,7 @@ func (l *lane) listReturned(h *hold, lazy bool) bool {
 		// owner settles. The count is 0 before the last grant's hold is
 		// given back, so at least that owner settles them all.
 		if l.fast.Load()&fastMask == 0 {
+			l.pre.Load().owed.Store(1)
 			l.settleIfFree()
 		}
 		return true
@@ -609,13 +610,21 @@ func (l *lane) settleIfFree() {
 		list := l.settleReturnedLocked()
 		l.mu.Unlock()
 		recycleAll(list)
-		if l.returned.Load() == nil {
-			// Once is enough for the prepaid grants: one whose taker
+		if l.returned.Load() == nil && !l.owed() {
+			// Once is enough for the prepaid grants, unless one was
+			// given back meanwhile (see prepaid.owed): one whose taker
 			// is still filling it in is not given back yet, and its
 			// owner settles when it is (see listReturned).
 			return
 		}
 	}
+}
+
+// owed reports whether a prepaid grant was given back since the last
+// settle began (see prepaid.owed).
+func (l *lane) owed() bool {
+	pre := l.pre.Load()
+	return pre != nil && pre.owed.Load() != 0
 }
 
 // unsettled reports whether holds were given back without the lock and

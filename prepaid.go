@@ -111,6 +111,13 @@ type prepaid struct {
 	// lock; atomic for unsettled.
 	top, floor atomic.Int32
 	pending    atomic.Uint32
+	// owed is set by an owner that gives back a grant not settled yet
+	// while none is left, before it tries the lock; a settle clears it
+	// before it looks at the holds. A holder that finds it set once it
+	// has let the lock go settles again (see settleIfFree): the owner may
+	// have found the lock held by that holder, after the settle had found
+	// the grant still being filled in.
+	owed atomic.Uint32
 	// Under the lane's lock: holds[i] is the lane's to lay out again.
 	free [sampleEvery - 1]bool
 }
@@ -183,6 +190,9 @@ func (l *lane) settleOutLocked() {
 	pre := l.pre.Load()
 	if pre == nil {
 		return
+	}
+	if pre.owed.Load() != 0 {
+		pre.owed.Store(0)
 	}
 	top, lo := int(pre.top.Load()), max(int(l.fast.Load()&fastMask), int(pre.floor.Load()))
 	pending := pre.pending.Load()

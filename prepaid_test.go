@@ -370,3 +370,55 @@ func TestPrepaidIdleLaneSettled(t *testing.T) {
 		})
 	}
 }
+
+// TestPrepaidGivenBackDuringASettle: a prepaid grant given back while
+// another owner's settle holds the lane's lock, a settle that found the
+// grant's taker still filling it in, is settled before that lock is let
+// go for good: the owner that found the lock held relies on its holder.
+// Left unsettled, its slot would stay in use on an idle lane, and a
+// request waiting for it would wait for an unrelated lock.
+func TestPrepaidGivenBackDuringASettle(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr := mustNew(t, bodyBase{}, WithRate(1e6, time.Second), WithBurst(1000), WithConcurrency(40, 40))
+		l := untilPrepaid(t, tr)
+		var hs []*hold
+		for {
+			h := l.takePrepaid(t.Context(), Normal, "")
+			if h == nil {
+				break
+			}
+			hs = append(hs, h)
+		}
+		if len(hs) < 3 {
+			t.Fatalf("%d grants prepaid, want at least 3", len(hs))
+		}
+		// The last grant's taker is still filling its hold in; the first
+		// grant's owner gives it back, and its settle stops at the first
+		// hold it counts, the lock held, the last one found pending.
+		first, last := hs[0], hs[len(hs)-1]
+		atomic.StoreUint32(&last.state, 0)
+		reached, proceed := make(chan struct{}), make(chan struct{})
+		var once sync.Once
+		testHookGrant = func(*lane, time.Duration) {
+			once.Do(func() { close(reached); <-proceed })
+		}
+		defer func() { testHookGrant = nil }()
+		go first.Done(verdict.Served)
+		<-reached
+		// The taker fills it in, and its owner gives it back while the
+		// lock is held.
+		atomic.StoreUint32(&last.state, holdTaken)
+		last.Done(verdict.Served)
+		close(proceed)
+		synctest.Wait()
+		l.mu.Lock() // not lock: that would settle
+		inUse := l.slot.inUse
+		l.mu.Unlock()
+		if want := len(hs) - 2; inUse != want {
+			t.Errorf("%d prepaid grants out, 2 given back and the lock free: %d slots in use, want %d", len(hs), inUse, want)
+		}
+		for _, h := range hs[1 : len(hs)-1] {
+			h.Done(verdict.Served)
+		}
+	})
+}
