@@ -559,7 +559,10 @@ func (l *lane) listReturned(h *hold, lazy bool) bool {
 		// owner settles. The count is 0 before the last grant's hold is
 		// given back, so at least that owner settles them all.
 		if l.fast.Load()&fastMask == 0 {
-			l.pre.Load().owed.Store(1)
+			// A read-modify-write, as the returned list's CAS below:
+			// TryLock reads the lock's state with a plain load, which a
+			// weakly ordered CPU may make before an atomic store.
+			l.pre.Load().owed.Swap(1)
 			l.settleIfFree()
 		}
 		return true
