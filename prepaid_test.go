@@ -267,6 +267,19 @@ func untilPrepaid(t *testing.T, tr *Transport) *lane {
 	return l
 }
 
+// takeAllPrepaid takes every prepaid grant l has left, and returns their
+// holds in the order they were taken.
+func takeAllPrepaid(t *testing.T, l *lane) []*hold {
+	var hs []*hold
+	for {
+		h := l.takePrepaid(t.Context(), Normal, "")
+		if h == nil {
+			return hs
+		}
+		hs = append(hs, h)
+	}
+}
+
 // TestPrepaidPendingHoldReachesAWaiter: a prepaid grant that its taker was
 // still filling in when the lane settled stays unsettled; given back
 // while a request waits for its slot, the slot reaches that request at
@@ -338,14 +351,7 @@ func TestPrepaidIdleLaneSettled(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				tr := mustNew(t, bodyBase{}, WithRate(1e6, time.Second), WithBurst(1000), WithConcurrency(40, 40))
 				l := untilPrepaid(t, tr)
-				var hs []*hold
-				for {
-					h := l.takePrepaid(t.Context(), Normal, "")
-					if h == nil {
-						break
-					}
-					hs = append(hs, h)
-				}
+				hs := takeAllPrepaid(t, l)
 				last := hs[len(hs)-1]
 				if pending {
 					atomic.StoreUint32(&last.state, 0)
@@ -381,14 +387,7 @@ func TestPrepaidGivenBackDuringASettle(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		tr := mustNew(t, bodyBase{}, WithRate(1e6, time.Second), WithBurst(1000), WithConcurrency(40, 40))
 		l := untilPrepaid(t, tr)
-		var hs []*hold
-		for {
-			h := l.takePrepaid(t.Context(), Normal, "")
-			if h == nil {
-				break
-			}
-			hs = append(hs, h)
-		}
+		hs := takeAllPrepaid(t, l)
 		if len(hs) < 3 {
 			t.Fatalf("%d grants prepaid, want at least 3", len(hs))
 		}
