@@ -186,20 +186,30 @@ func (rs *routes) file(r string, f filed) {
 	rs.byPath[r] = f
 }
 
-// forget drops the routes unused for idle, and the sub-limits unused for
-// idle whose lanes are gone (alive reports a sub-limit's lane still
-// there: one that cools down outlives its idle time, and still counts
-// toward maxSublimits). It reports whether nothing is left.
+// forget drops the sub-limits unused for idle whose lanes are gone (alive
+// reports a sub-limit's lane still there: one that cools down outlives
+// its idle time, and still counts toward maxSublimits), and the routes
+// unused for idle whose sub-limits are dropped: a route filed under a
+// limit that still cools down leads its calls to that limit's wait. It
+// reports whether nothing is left.
 func (rs *routes) forget(now time.Time, idle time.Duration, alive func(name string) bool) bool {
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
+	kept := make(map[string]bool, len(rs.used))
 	for name, at := range rs.used {
 		if now.Sub(at) >= idle && !alive(name) {
 			delete(rs.used, name)
+			continue
+		}
+		kept[name] = true
+		// A bucket kept per major parameter is filed under the name
+		// before the parameter (see sublimitName).
+		if i := strings.LastIndexByte(name, '@'); i > 0 {
+			kept[name[:i]] = true
 		}
 	}
 	for r, f := range rs.byPath {
-		if now.Sub(f.at) >= idle {
+		if now.Sub(f.at) >= idle && !kept[f.name] {
 			delete(rs.byPath, r)
 		}
 	}

@@ -523,3 +523,55 @@ func discordBase(refused, scope string) rtFunc {
 		return &http.Response{StatusCode: status, Header: h, Body: http.NoBody, Request: r}, nil
 	})
 }
+
+// A route is not forgotten while the sub-limit it is filed under still
+// cools down: idle past WithLaneIdle, a call on it is still held back by
+// what the server said, for GitHub's 429 on core as for its 403 with none
+// left until a reset half an hour away; with a major parameter, for
+// Discord's bucket of one channel.
+func TestSublimitRouteKeptWhileCooling(t *testing.T) {
+	for _, c := range []struct {
+		name, path string
+		status     int
+		header     func() http.Header
+	}{
+		{"429 Retry-After", "/repos/o/r", 429, func() http.Header {
+			return http.Header{"X-Ratelimit-Resource": {"core"}, "X-Ratelimit-Remaining": {"0"}, "Retry-After": {"1800"}}
+		}},
+		{"403 none left", "/repos/o/r", 403, func() http.Header {
+			return http.Header{"X-Ratelimit-Resource": {"core"}, "X-Ratelimit-Limit": {"5000"}, "X-Ratelimit-Remaining": {"0"},
+				"X-Ratelimit-Reset": {strconv.FormatInt(time.Now().Add(30*time.Minute).Unix(), 10)}}
+		}},
+		{"Discord bucket", "/api/v10/channels/42/messages", 429, func() http.Header {
+			return http.Header{"X-Ratelimit-Bucket": {"abcd1234"}, "X-Ratelimit-Remaining": {"0"},
+				"X-Ratelimit-Scope": {"user"}, "Retry-After": {"1800"}}
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				time.Sleep(time.Until(time.Unix(1_700_000_000, 0))) // resets as Unix seconds
+				var sent atomic.Int64
+				base := rtFunc(func(r *http.Request) (*http.Response, error) {
+					sent.Add(1)
+					return &http.Response{StatusCode: c.status, Header: c.header(), Body: http.NoBody, Request: r}, nil
+				})
+				tr := mustNew(t, base, WithLaneIdle(time.Minute), WithRetry(0), WithMaxRetryAfter(time.Hour))
+				url := "http://api.test" + c.path
+				if err := call(t.Context(), tr, url); err != nil {
+					t.Fatal(err)
+				}
+				// Idle past WithLaneIdle and past the sweep that follows.
+				time.Sleep(3 * time.Minute)
+				ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+				defer cancel()
+				err := call(ctx, tr, url)
+				if n := sent.Load(); n != 1 {
+					t.Errorf("idle 3 minutes in a 30-minute wait: %d calls reached the server (the last: %v), want 1", n, err)
+				}
+				if !errors.Is(err, ErrRejected) {
+					t.Errorf("a call in the wait: %v, want a refusal", err)
+				}
+			})
+		})
+	}
+}
