@@ -37,23 +37,30 @@ type nudges struct {
 // between two refreshes of a key that a name brings forward.
 const nudgeGap = 4 // refresh / 4
 
-// startNudges subscribes for names, and starts the goroutine that reads
-// them; stopNudges undoes it. Both are called by the refresher goroutine.
-func (b *backend) startNudges() {
+// startNudges subscribes for names, starts the goroutine that reads them,
+// and returns the subscription; stopNudges undoes it. Both are called by
+// the refresher goroutine.
+func (b *backend) startNudges() *redis.PubSub {
 	n := &b.shares.nudges
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	n.ps = b.client.Subscribe(context.Background())
-	n.chans = make(map[string]*shareKey)
+	ps := b.client.Subscribe(context.Background())
+	n.ps, n.chans = ps, make(map[string]*shareKey)
 	b.wg.Add(1)
-	go b.readNudges(n.ps)
+	go b.readNudges(ps)
+	return ps
 }
 
-func (b *backend) stopNudges() {
+// stopNudges closes ps, the subscription of an exiting refresher. A Join
+// that comes once the refresher found no key left starts another, which
+// may subscribe before this one stops: the nudges are then the new
+// refresher's, and are left to it.
+func (b *backend) stopNudges(ps *redis.PubSub) {
 	n := &b.shares.nudges
 	n.mu.Lock()
-	ps := n.ps
-	n.ps, n.chans = nil, nil
+	if n.ps == ps {
+		n.ps, n.chans = nil, nil
+	}
 	n.mu.Unlock()
 	ps.Close()
 }

@@ -178,3 +178,36 @@ func TestSharesMoveBetweenRefreshes(t *testing.T) {
 	}
 	waitShare(t, la, 50, "a beside b")
 }
+
+// A refresher that exits as a Join starts another leaves the nudges to the
+// new one: the new subscription stays open and in use when the old one
+// stops, and the new refresher stops its own without a panic.
+func TestNudgesOfOverlappingRefreshers(t *testing.T) {
+	srv := startRedis(t)
+	b := newBackend(t, newClient(t, srv.Addr()))
+	n := &b.shares.nudges
+	old := b.startNudges()
+	ps := b.startNudges() // a Join's refresher, before the old one stopped
+	b.stopNudges(old)
+	n.mu.Lock()
+	kept, chans := n.ps == ps, n.chans != nil
+	n.mu.Unlock()
+	if !kept || !chans {
+		t.Fatalf("the old refresher's stop left the new one's nudges: subscription kept %v, channels kept %v", kept, chans)
+	}
+	sk := &shareKey{key: "k", channel: "sluice-test:moved"}
+	b.listen(sk)
+	n.mu.Lock()
+	listened := n.chans[sk.channel] == sk
+	n.mu.Unlock()
+	if !listened {
+		t.Error("the new refresher did not subscribe to a key's channel")
+	}
+	b.stopNudges(ps)
+	n.mu.Lock()
+	cleared := n.ps == nil && n.chans == nil
+	n.mu.Unlock()
+	if !cleared {
+		t.Error("the new refresher's stop left its subscription in place")
+	}
+}

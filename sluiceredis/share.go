@@ -211,8 +211,7 @@ func (b *backend) join(key string, demand func() (sluice.Demand, bool), grant fu
 // key has lanes left, or at Close.
 func (b *backend) refreshLoop() {
 	defer b.wg.Done()
-	b.startNudges()
-	defer b.stopNudges()
+	defer b.stopNudges(b.startNudges())
 	t := time.NewTimer(time.Hour)
 	defer t.Stop()
 	for {
