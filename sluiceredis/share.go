@@ -474,11 +474,12 @@ func (b *backend) conclude(p *refreshing, r shareReply, err error) {
 		sk.leased, sk.fallen, sk.fellTo = true, false, 0
 		sk.budgets.fell = time.Time{}
 		sk.until = sent.Add(shareLeases * b.cfg.refresh)
-		if r.seq >= sk.seq {
-			// Not when a larger share pushed by a later refresh of another
-			// process was applied meanwhile (see applyPushed).
-			sk.rate, sk.seq = r.rate, r.seq
-		}
+		// Taken whatever version sk holds: a push is applied only while
+		// no refresh of sk runs (see applyPushed), so one applied before
+		// this call has a lower version than its answer, unless Redis
+		// lost the entry (restarted empty, or let it expire), whose
+		// versions then start again from 1.
+		sk.rate, sk.seq = r.rate, r.seq
 		sk.places, sk.procs = r.places, r.procs
 		sk.keyRate, sk.keyBurst = r.keyRate, r.keyBurst
 		var cool time.Time

@@ -426,3 +426,34 @@ func TestSharesManyKeys(t *testing.T) {
 		}
 	}
 }
+
+// TestSharesAfterEntryLost: Redis loses a process's entry (it restarted
+// empty, or the entry expired in an outage) and the entry's versions
+// start again from 1. The process takes the shares Redis grants it from
+// then on, though it held a higher version: a process up for a day holds
+// one near 86,400 at the default refresh.
+func TestSharesAfterEntryLost(t *testing.T) {
+	const refresh = 50 * time.Millisecond
+	srv := startRedis(t)
+	c := newClient(t, srv.Addr())
+	ctx := context.Background()
+	tm, err := c.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := newBackend(t, c, WithRefresh(refresh))
+	defer a.Close()
+	// A's entry as a long uptime leaves it.
+	key := newKeys(DefaultPrefix, "api").shares()
+	c.HSet(ctx, key, a.self, fmt.Sprintf("%d 100 4 0 100 -1 0 0 100 0 0 0 1000000", tm.Add(time.Second).UnixMicro()))
+	la := joinLane(t, a, "api", batch100)
+	waitShare(t, la, 100, "alone")
+	if err := c.Del(ctx, key).Err(); err != nil {
+		t.Fatal(err)
+	}
+	b := newBackend(t, newClient(t, srv.Addr()), WithRefresh(refresh))
+	defer b.Close()
+	lb := joinLane(t, b, "api", batch100)
+	waitShare(t, lb, 50, "the second process, after the first's entry was lost")
+	waitShare(t, la, 50, "the first process, after its entry was lost")
+}
