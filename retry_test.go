@@ -166,3 +166,60 @@ func TestDefaultRetryPolicyShortcut(t *testing.T) {
 		}
 	}
 }
+
+// TestRetryOnANewLaneKeepsItsPlace: a retry whose lane was forgotten
+// during its backoff waits on the new lane in the place of its first
+// attempt, which came before every request the new lane has: each lane
+// counts time from its creation, and the retry's enqueue time is moved
+// from the old lane's count to the new one's.
+func TestRetryOnANewLaneKeepsItsPlace(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var mu sync.Mutex
+		var order []string
+		release := make(chan struct{})
+		failed := false
+		base := rtFunc(func(req *http.Request) (*http.Response, error) {
+			c := req.Header.Get("X-Class")
+			mu.Lock()
+			order = append(order, c)
+			status := http.StatusOK
+			if c == "retried" && !failed {
+				failed, status = true, http.StatusInternalServerError
+			}
+			mu.Unlock()
+			if c == "holder" {
+				<-release
+			}
+			return &http.Response{StatusCode: status, Header: http.Header{}, Body: http.NoBody, Request: req}, nil
+		})
+		backoff := func(_, _ time.Duration, _ int, _ *http.Response) time.Duration { return 10 * time.Minute }
+		tr := mustNew(t, base, WithConcurrency(1, 1), WithLaneIdle(time.Minute), WithBackoff(backoff), WithRetry(1))
+		ctx := t.Context()
+		// The first lane grows an hour old.
+		for range 120 {
+			if err := get(ctx, tr, "warm"); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(30 * time.Second)
+		}
+		old := tr.find("api.test")
+		var wg sync.WaitGroup
+		wg.Go(func() { get(ctx, tr, "retried") }) // 500, then a retry in 10 minutes
+		time.Sleep(5 * time.Minute)
+		if tr.find("api.test") == old {
+			t.Fatal("the lane idle for 5 minutes was not forgotten")
+		}
+		wg.Go(func() { get(ctx, tr, "holder") }) // a new lane, its one slot held
+		time.Sleep(6 * time.Minute)              // the retry waits on the new lane
+		wg.Go(func() { get(ctx, tr, "later") })
+		synctest.Wait()
+		close(release)
+		wg.Wait()
+		mu.Lock()
+		defer mu.Unlock()
+		got := order[len(order)-3:]
+		if got[1] != "retried" || got[2] != "later" {
+			t.Errorf("served on the new lane: %v; want the retry before the request that came after it", got)
+		}
+	})
+}
