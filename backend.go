@@ -105,8 +105,8 @@ type Demand struct {
 	InFlight [Batch + 1]int
 	Granted  [Batch + 1]uint64 // grows by one with each attempt granted
 	// LowShare is the lane's WithLowShare: while a level waits below
-	// another, the lowest waiting level is owed at least 1/LowShare of the
-	// rate (0: strict priority).
+	// another, the levels below the first waiting one are owed at least
+	// 1/LowShare of the rate (0: strict priority).
 	LowShare int
 	// Budgets is what the lane wants of each of its budgets (see
 	// WithBudget), in the order they were given; nil without budgets.

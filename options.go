@@ -47,9 +47,10 @@ const (
 	DefaultMaxRetryAfter = 10 * time.Minute
 
 	// DefaultLowShare is 10: while a lower level waits, every tenth grant
-	// goes to the lowest waiting level, so batch work keeps at least a tenth
-	// of the rate however much interactive work there is, and interactive
-	// calls wait at most one extra token's time for it.
+	// goes to the levels below the first in line, so that work below
+	// Interactive keeps at least a tenth of the rate however much
+	// interactive work there is, and interactive calls wait at most one
+	// extra token's time for it.
 	DefaultLowShare = 10
 
 	// DefaultLaneIdle is how long a lane must have been idle before it is
@@ -249,10 +250,12 @@ func WithAging(d time.Duration) Option {
 	})
 }
 
-// WithLowShare gives every n-th grant of a lane to the lowest waiting level
-// when a level below the best waiter's is waiting, so the lowest level
-// receives at least 1/n of the rate under any load from above. n is 0 (no
-// share: strict priority) or at least 2. Default DefaultLowShare (10).
+// WithLowShare gives every n-th grant of a lane to the levels below the best
+// waiter's when one of them is waiting, to the waiter among them that has
+// waited longest, so the levels below receive at least 1/n of the rate
+// under any load from above, and none of them starves: a waiter's wait
+// only grows until it is the longest. n is 0 (no share: strict priority)
+// or at least 2. Default DefaultLowShare (10).
 func WithLowShare(n int) Option {
 	return optionFunc(func(c *config) error {
 		if n < 0 || n == 1 {

@@ -205,6 +205,39 @@ func TestDefaultsDoNotStarve(t *testing.T) {
 	}
 }
 
+// TestDefaultsDoNotStarveTheMiddle: with the defaults, Interactive, Normal
+// and Batch workers that always have a call waiting share a lane at
+// 100/s: the two levels below Interactive share its tenth, the one that
+// has waited longest first, and neither gets none.
+func TestDefaultsDoNotStarveTheMiddle(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		base := &fakeBase{latency: 20 * time.Millisecond}
+		tr := mustNew(t, base, WithRate(100, time.Second))
+		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+		defer cancel()
+		var wg sync.WaitGroup
+		for i := range 24 {
+			p := Priority(i % 3)
+			wg.Go(func() {
+				for get(WithPriority(ctx, p), tr, p.String()) == nil {
+				}
+			})
+		}
+		wg.Wait()
+		got := map[string]int{}
+		base.mu.Lock()
+		for _, a := range base.arrivals {
+			got[a.class]++
+		}
+		base.mu.Unlock()
+		t.Logf("grants: %v", got)
+		if n, b := got[Normal.String()], got[Batch.String()]; n < 15 || b < 15 || n+b > 60 {
+			t.Errorf("normal got %d and batch %d of %d grants, want at least 15 each and 60 together",
+				n, b, n+b+got[Interactive.String()])
+		}
+	})
+}
+
 // TestLoneWaiterDispatchesItself: a caller alone in the queue waits for its
 // token on its own goroutine, with no dispatcher goroutine started and
 // woken for it (two scheduler hand-offs a request on a busy machine).

@@ -66,8 +66,9 @@ func (h *waiterHeap) Pop() any {
 // level_a*d + enqueued_a with level_b*d + enqueued_b, a key fixed at enqueue
 // time. So rank = enqueued + level*d, and aging costs O(log n) per operation
 // and no timer. Without aging rank is the enqueue time and the level is
-// compared first. WithLowShare gives every n-th grant to the lowest level
-// that has a waiter it may serve.
+// compared first. WithLowShare gives every n-th grant to the levels below
+// the one first in line that have a waiter it may serve, the waiter that
+// has waited longest first.
 //
 // Within a level, tenants take turns (see level.go): each level keeps a
 // rotation of the tenants that have waiters and are under their in-flight
@@ -84,7 +85,7 @@ func (h *waiterHeap) Pop() any {
 type waitQueue struct {
 	levels   [numLevels]levelQueue
 	aging    time.Duration
-	lowShare int    // every lowShare-th grant goes to the lowest waiting level; 0 = never
+	lowShare int    // every lowShare-th grant goes to a level below the first in line; 0 = never
 	grants   uint64 // grants made, for lowShare
 	seq      uint64
 	n        int // waiters queued
@@ -136,19 +137,32 @@ func (q *waitQueue) before(a, b *waiter) bool {
 // nil if no waiter may be served (the queue is empty, or every tenant with
 // waiters is at its cap). limit is the lane's in-flight limit.
 func (q *waitQueue) next(limit int) *waiter {
-	var best, lowest *waiter
+	var heads [numLevels]*waiter
+	var best *waiter
 	for p := range q.levels {
 		head := q.levels[p].candidate(limit)
 		if head == nil {
 			continue
 		}
+		heads[p] = head
 		if best == nil || q.before(head, best) {
 			best = head
 		}
-		lowest = head
 	}
-	if best != nil && q.lowShare > 0 && (q.grants+1)%uint64(q.lowShare) == 0 && lowest.level > best.level {
-		return lowest
+	if best == nil || q.lowShare == 0 || (q.grants+1)%uint64(q.lowShare) != 0 {
+		return best
+	}
+	// The low share goes to the levels below the first in line, the
+	// waiter that has waited longest first: given to the lowest level
+	// alone, it would starve the levels between.
+	var low *waiter
+	for p := best.level + 1; p < numLevels; p++ {
+		if h := heads[p]; h != nil && (low == nil || h.enq < low.enq || h.enq == low.enq && h.seq < low.seq) {
+			low = h
+		}
+	}
+	if low != nil {
+		return low
 	}
 	return best
 }
