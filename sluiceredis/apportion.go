@@ -1,6 +1,7 @@
 package sluiceredis
 
 import (
+	"cmp"
 	"math"
 	"slices"
 )
@@ -13,11 +14,13 @@ const levels = 3
 // (every want at level 0 is met before any at level 1), max-min fairly
 // within a level (the smallest wants are met in full, and the others share
 // equally what is left), then what nobody wants evenly among all. But
-// while a level below another wants some, the lowest such level is given
-// up to c/lowShare first (lowShare >= 2; 0: strict priority), as
-// sluice.WithLowShare keeps a lane's lowest waiting level at 1/lowShare of
-// its rate. The parts add up to c (to rounding) when there is at least one
-// want.
+// while a level below another wants some, the levels below the highest
+// that wants are given up to c/lowShare first (lowShare >= 2; 0: strict
+// priority), as sluice.WithLowShare keeps a lane's levels below the first
+// waiting one at 1/lowShare of its grants: in equal parts, what a level
+// does not want going to the others, since which has waited longest is
+// not known here. The parts add up to c (to rounding) when there is at
+// least one want.
 func apportion(c float64, wants [][levels]float64, lowShare int) []float64 {
 	give := make([]float64, len(wants))
 	if len(wants) == 0 || !(c > 0) {
@@ -25,11 +28,15 @@ func apportion(c float64, wants [][levels]float64, lowShare int) []float64 {
 	}
 	left := c
 	var given [levels][]float64 // given at a level, by want
-	if l := lowLevel(wants); l >= 0 && lowShare >= 2 {
-		given[l] = fill(c/float64(lowShare), wants, l, nil)
-		for i, g := range given[l] {
-			give[i] += g
-			left -= g
+	if low := lowLevels(wants); len(low) > 0 && lowShare >= 2 {
+		floor := c / float64(lowShare)
+		for k, l := range low {
+			given[l] = fill(floor/float64(len(low)-k), wants, l, nil)
+			for i, g := range given[l] {
+				give[i] += g
+				left -= g
+				floor -= g
+			}
 		}
 	}
 	for l := range levels {
@@ -49,25 +56,27 @@ func apportion(c float64, wants [][levels]float64, lowShare int) []float64 {
 	return give
 }
 
-// lowLevel returns the lowest level with wants if a level above it has
-// some too, else -1.
-func lowLevel(wants [][levels]float64) int {
-	top, low := -1, -1
+// lowLevels returns the levels with wants below the highest level with
+// wants, the one that wants least first; none if fewer than two levels
+// want.
+func lowLevels(wants [][levels]float64) []int {
+	var total [levels]float64
+	var low []int
+	top := -1
 	for l := range levels {
 		for _, w := range wants {
-			if w[l] > 0 {
-				if top < 0 {
-					top = l
-				}
-				low = l
-				break
+			total[l] += w[l]
+		}
+		if total[l] > 0 {
+			if top < 0 {
+				top = l
+			} else {
+				low = append(low, l)
 			}
 		}
 	}
-	if low > top {
-		return low
-	}
-	return -1
+	slices.SortStableFunc(low, func(a, b int) int { return cmp.Compare(total[a], total[b]) })
+	return low
 }
 
 // fill divides up to c among the wants at level l, less what given (nil:

@@ -63,9 +63,10 @@
 // go test -run TestSharesPriorityConverges -v). The budget is apportioned
 // by priority first (a level's wants across the fleet are met before any
 // lower level's), except that while a level below another wants some, the
-// lowest such level is first given its part of the rate by its lanes'
-// sluice.WithLowShare (a tenth by default); max-min fairly within a
-// level, and what nobody wants is spread evenly. A process is never granted
+// levels below the highest that wants are first given their part of the
+// rate by their lanes' sluice.WithLowShare (a tenth by default, in equal
+// parts between them); max-min fairly within a level, and what nobody
+// wants is spread evenly. A process is never granted
 // more than the other processes' grants leave. A share moves without
 // waiting for the refreshes at their turn: a process owed a share that
 // others hold has them named on a channel of the key, and they refresh at

@@ -709,7 +709,7 @@ type shareArgs struct {
 	places   [levels]float64
 	most     float64 // the most rate to take; 0: no bound
 	channel  string  // where to name the processes to refresh now (see nudges)
-	lowShare int     // the lowest level's part while a higher one wants (see apportion)
+	lowShare int     // the part of the levels below the highest that wants (see apportion)
 }
 
 // shareReply is what share.lua answered.

@@ -2,13 +2,13 @@
 -- round trip. Each process's entry in a hash says what it wants, per
 -- priority level, and what it holds; the budget is apportioned among the
 -- live entries by priority first (a level's wants are met, fleet-wide,
--- before any lower level's, but for the low share of the lowest level
--- that wants: see part) and max-min fairly within a level, and what
--- nobody wants is spread evenly. The caller is granted its part, but never
--- more than the others' grants leave: a share that moves from one process
--- to another is taken from the first at its refresh and given to the
--- second at its next one, so the grants held never add up to more than the
--- budget. Times are microseconds of the Redis server's clock.
+-- before any lower level's, but for the low share of the levels below
+-- the highest that wants: see part) and max-min fairly within a level,
+-- and what nobody wants is spread evenly. The caller is granted its part,
+-- but never more than the others' grants leave: a share that moves from
+-- one process to another is taken from the first at its refresh and given
+-- to the second at its next one, so the grants held never add up to more
+-- than the budget. Times are microseconds of the Redis server's clock.
 --
 -- KEYS[1] the entries (hash: process id -> entry)   KEYS[2] cooldown end
 -- ARGV[1] process id   ARGV[2] lease (how long the entry lives)
@@ -88,9 +88,10 @@ for _, e in ipairs(procs) do
   if e.cap > 0 and (cap == 0 or e.cap < cap) then cap = e.cap end
 end
 
--- The lowest level's part while a higher level wants (ARGV[15], the
--- caller's sluice.WithLowShare; 0: strict priority): it is given up to
--- c / lowShare first.
+-- The part of the levels below the highest that wants (ARGV[15], the
+-- caller's sluice.WithLowShare; 0: strict priority): they are given up to
+-- c / lowShare first, in equal parts, what one does not want going to
+-- the others.
 local lowShare = tonumber(ARGV[15]) or 0
 
 -- Up to c divided max-min fairly among the wants in field f at level l,
@@ -119,31 +120,32 @@ end
 -- The caller's part of capacity c by the wants in field f: levels in
 -- order, max-min fair within one (water-filling: the smallest wants are
 -- met in full, the rest share equally what is left), then what is left
--- evenly; but while a level below another wants some, the lowest such
--- level is first given up to c / lowShare (rates only). whole: in whole
--- units (places), handed out one at a time to the process given least at
--- the level (the caller last among equals).
+-- evenly; but while a level below another wants some, the levels below
+-- the highest that wants are first given up to c / lowShare (rates only;
+-- see lowShare). whole: in whole units (places), handed out one at a time
+-- to the process given least at the level (the caller last among equals).
 local function part(c, f, whole)
   local give = {}
   for i = 1, n do give[i] = 0 end
   local left = c
   local given = {}
   if not whole and lowShare >= 2 then
-    local top, low
+    local total, low, top = {0, 0, 0}, {}
     for l = 1, 3 do
-      for i = 1, n do
-        if procs[i][f][l] > 0 then
-          top = top or l
-          low = l
-          break
-        end
+      for i = 1, n do total[l] = total[l] + procs[i][f][l] end
+      if total[l] > 0 then
+        if top then low[#low + 1] = l else top = l end
       end
     end
-    if low and low > top then
-      given[low] = fill(c / lowShare, f, low, nil)
+    -- The level that wants least first: what it leaves goes to the next.
+    table.sort(low, function(a, b) return total[a] < total[b] or total[a] == total[b] and a < b end)
+    local floor = c / lowShare
+    for k, l in ipairs(low) do
+      given[l] = fill(floor / (#low - k + 1), f, l, nil)
       for i = 1, n do
-        give[i] = give[i] + given[low][i]
-        left = left - given[low][i]
+        give[i] = give[i] + given[l][i]
+        left = left - given[l][i]
+        floor = floor - given[l][i]
       end
     end
   end

@@ -50,7 +50,10 @@ func TestApportion(t *testing.T) {
 		// ... less the low share, while a lower level wants.
 		{100, [][levels]float64{{150, 0, 0}, {0, 0, 500}}, 10, []float64{90, 10}},
 		{100, [][levels]float64{{150, 0, 0}, {0, 0, 5}}, 10, []float64{95, 5}},
-		{100, [][levels]float64{{150, 0, 0}, {0, 150, 0}, {0, 0, 150}}, 10, []float64{90, 0, 10}},
+		// ... shared by the levels below, in equal parts, what one does
+		// not want going to the other.
+		{100, [][levels]float64{{150, 0, 0}, {0, 150, 0}, {0, 0, 150}}, 10, []float64{90, 5, 5}},
+		{100, [][levels]float64{{150, 0, 0}, {0, 2, 0}, {0, 0, 150}}, 10, []float64{90, 2, 8}},
 		{100, [][levels]float64{{150, 0, 0}, {0, 0, 500}, {0, 0, 500}}, 4, []float64{75, 12.5, 12.5}},
 		// What nobody wants is spread evenly.
 		{100, [][levels]float64{{10, 0, 0}, {0, 20, 0}, {0, 0, 0}}, 10, []float64{10 + 70.0/3, 20 + 70.0/3, 70.0 / 3}},
@@ -75,7 +78,7 @@ func TestApportion(t *testing.T) {
 // FuzzApportion checks apportion's contract: the parts add up to the
 // capacity, none is negative; with strict priority, no part at a level is
 // given while a higher level's want somewhere is unmet; with a low share,
-// the lowest level that wants below another gets its part of it.
+// each level that wants below another gets its part of it.
 func FuzzApportion(f *testing.F) {
 	f.Add(100.0, 40.0, 500.0, 30.0, 0.0, 30.0, uint8(0))
 	f.Add(100.0, 400.0, 500.0, 30.0, 0.0, 30.0, uint8(10))
@@ -102,10 +105,11 @@ func FuzzApportion(f *testing.F) {
 			t.Fatalf("apportion(%v, %v) = %v: adds up to %v", c, wants, got, sum)
 		}
 		if lowShare > 0 {
-			// The lowest level is owed min(c/lowShare, its wants) while a
-			// higher one wants; and a part is never over c.
-			if l := lowLevel(wants); l >= 0 {
-				owed := min(c/float64(lowShare), wants[0][l]+wants[1][l])
+			// Each of the k levels below the highest that wants is owed
+			// min(c/lowShare/k, its wants).
+			low := lowLevels(wants)
+			for _, l := range low {
+				owed := min(c/float64(lowShare)/float64(len(low)), wants[0][l]+wants[1][l])
 				if atLow := min(got[0], wants[0][l]) + min(got[1], wants[1][l]); atLow < owed-1e-6*max(c, 1) {
 					t.Fatalf("apportion(%v, %v, %d) = %v: level %d got %v of the %v it is owed", c, wants, lowShare, got, l, atLow, owed)
 				}
@@ -456,4 +460,24 @@ func TestSharesAfterEntryLost(t *testing.T) {
 	lb := joinLane(t, b, "api", batch100)
 	waitShare(t, lb, 50, "the second process, after the first's entry was lost")
 	waitShare(t, la, 50, "the first process, after its entry was lost")
+}
+
+// TestSharesLowShareBelow: one process's Interactive calls want the whole
+// rate while a second process's Normal calls and a third's Batch calls
+// wait. The two below share the tenth that WithLowShare keeps from the
+// Interactive level; the Normal level does not starve.
+func TestSharesLowShareBelow(t *testing.T) {
+	const refresh = 100 * time.Millisecond
+	srv := startRedis(t)
+	var lanes [3]*shareLane
+	for p := range lanes {
+		b := newBackend(t, newClient(t, srv.Addr()), WithRefresh(refresh))
+		defer b.Close()
+		d := sluice.Demand{Rate: 100, Burst: 4, LowShare: 10}
+		d.Waiting[p] = 1000
+		lanes[p] = joinLane(t, b, "api", d)
+	}
+	waitShare(t, lanes[sluice.Interactive], 90, "interactive")
+	waitShare(t, lanes[sluice.Normal], 5, "normal, beside interactive and batch")
+	waitShare(t, lanes[sluice.Batch], 5, "batch, beside interactive and normal")
 }
