@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -529,5 +530,54 @@ func TestBudgetsShared(t *testing.T) {
 	}
 	if !bs.full(0) {
 		t.Error("a shared budget keeps its lane from being forgotten")
+	}
+}
+
+// TestBudgetWaitWokenByWhatChangesIt: a dispatcher that sleeps until the
+// budget holds its first waiter's cost is woken by what changes that
+// wait: a request that needs less of the budget, or none, and comes
+// first; and tokens given back by Report. Without the wake-ups each would
+// wait for the sleep to end, 30 s here.
+func TestBudgetWaitWokenByWhatChangesIt(t *testing.T) {
+	for _, c := range []string{"a cheaper request comes first", "Report gives tokens back"} {
+		t.Run(c, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				tr := mustNew(t, nopBase{}, WithBudget("tokens", 100, time.Minute))
+				ctx := t.Context()
+				req, _ := http.NewRequestWithContext(WithCost(ctx, "tokens", 100), http.MethodGet, "http://api.test/x", nil)
+				first, err := tr.RoundTrip(req) // spends the whole budget
+				if err != nil {
+					t.Fatal(err)
+				}
+				first.Body.Close()
+				var wg sync.WaitGroup
+				defer wg.Wait()
+				start := time.Now()
+				var waited atomic.Int64
+				wg.Go(func() { // 50 tokens: 30 s away
+					if err := getCost(ctx, tr, 50, ""); err != nil {
+						t.Error(err)
+					}
+					waited.Store(int64(time.Since(start)))
+				})
+				synctest.Wait()
+				time.Sleep(time.Second)
+				if c == "Report gives tokens back" {
+					tr.Report(first, "tokens", 10) // 90 back
+					synctest.Wait()
+					if d := time.Duration(waited.Load()); d == 0 || d > 2*time.Second {
+						t.Errorf("a request that 90 tokens given back can pay for still waits (%v)", d)
+					}
+					return
+				}
+				sent := time.Now()
+				if err := get(WithPriority(ctx, Interactive), tr, ""); err != nil {
+					t.Fatal(err)
+				}
+				if d := time.Since(sent); d > time.Second {
+					t.Errorf("an Interactive request that costs nothing waited %v behind a Normal one's refill", d)
+				}
+			})
+		})
 	}
 }

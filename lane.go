@@ -317,9 +317,11 @@ func (l *lane) enqueueLocked(ctx context.Context, p Priority, tn *tenant, ch *ch
 		if !w.dispatches {
 			go l.dispatch()
 		}
-	} else if l.stalled {
+	} else if l.stalled || !l.budgets.empty() {
 		// The dispatcher waits for a release because every tenant with
-		// waiters is at its cap; this waiter's tenant may not be.
+		// waiters is at its cap, and this waiter's tenant may not be; or
+		// for the budgets to hold what the first waiter costs, and this
+		// one may come first and cost less.
 		l.wakeLocked()
 	}
 	return w, nil
@@ -464,7 +466,17 @@ func (l *lane) dropCharge(ch *charge) {
 func (l *lane) dropChargeLocking(ch *charge) {
 	l.lock()
 	l.budgets.answered(ch)
+	l.budgetsMovedLocked()
 	l.unlock()
+}
+
+// budgetsMovedLocked wakes the dispatcher after the budgets changed in a
+// way that may shorten its wait: it sleeps for the time the budgets say
+// its first waiter must wait to pay.
+func (l *lane) budgetsMovedLocked() {
+	if l.q.len() > 0 {
+		l.wakeLocked()
+	}
 }
 
 // adjust charges the budget named name, if the lane has it, the difference
@@ -474,6 +486,7 @@ func (l *lane) adjust(name string, estimate, actual float64) {
 	defer l.unlock()
 	if i := l.budgets.index(name); i >= 0 {
 		l.budgets.adjust(i, l.clk.tick(), estimate, actual)
+		l.budgetsMovedLocked()
 	}
 }
 
@@ -741,6 +754,9 @@ func (l *lane) observe(ctx context.Context, resp *http.Response, sent time.Durat
 	now := l.clk.tick()
 	if l.budgets.observe(now, sent, &left, ch, body.Points) {
 		r.BudgetOut = true // a budget had less left than the attempt cost
+	}
+	if !l.budgets.empty() {
+		l.budgetsMovedLocked()
 	}
 	k := l.pacedLocked(ctx, now, r, l.slot.inUse, p)
 	if k == verdict.Overloaded {
