@@ -116,7 +116,8 @@ func fill(c float64, wants [][levels]float64, l int, given []float64) []float64 
 // apportionWhole is apportion in whole units (attempts in flight): within a
 // level, one unit at a time to the want with the least given at the level
 // that still wants a whole unit more (the first among equals); what is left,
-// one at a time to whoever holds least.
+// one at a time to whoever holds least. The outcome is computed at once
+// (see fillWhole), in time that does not grow with c.
 func apportionWhole(c int, wants [][levels]int) []int {
 	give := make([]int, len(wants))
 	if len(wants) == 0 || c <= 0 {
@@ -124,33 +125,77 @@ func apportionWhole(c int, wants [][levels]int) []int {
 	}
 	left := c
 	at := make([]int, len(wants)) // given at the level
+	top := make([]int, len(wants))
 	for l := range levels {
-		clear(at)
-		for left > 0 {
-			best := -1
-			for i, w := range wants {
-				if w[l]-at[i] >= 1 && (best < 0 || at[i] < at[best]) {
-					best = i
+		for i, w := range wants {
+			at[i], top[i] = 0, max(w[l], 0)
+		}
+		n := fillWhole(left, at, top)
+		for i := range give {
+			give[i] += at[i]
+		}
+		left -= n
+	}
+	for i := range top {
+		top[i] = math.MaxInt
+	}
+	fillWhole(left, give, top)
+	return give
+}
+
+// fillWhole hands out up to left units as if one at a time, each to the
+// first i with the least have[i] among those under top[i], adding them to
+// have; it returns how many it handed out. Every i under the level L that
+// the units reach is raised to min(top[i], L), and the units left over, fewer
+// than the i at L still under their tops, go one each to the first of those.
+func fillWhole(left int, have, top []int) int {
+	need := func(level int) int {
+		n := 0
+		for i, h := range have {
+			if m := min(top[i], level); m > h {
+				n += m - h
+				if n > left {
+					return n // enough to know it is too many
 				}
 			}
-			if best < 0 {
-				break
-			}
-			at[best]++
-			give[best]++
-			left--
+		}
+		return n
+	}
+	lo := math.MaxInt
+	for _, h := range have {
+		lo = min(lo, h)
+	}
+	if len(have) == 0 || left <= 0 {
+		return 0
+	}
+	// The highest level whose need is at most left: need grows with the
+	// level, and lo's is 0.
+	hi := lo + left + 1
+	for lo+1 < hi {
+		mid := lo + (hi-lo)/2
+		if need(mid) <= left {
+			lo = mid
+		} else {
+			hi = mid
 		}
 	}
-	for ; left > 0; left-- {
-		best := 0
-		for i := range give {
-			if give[i] < give[best] {
-				best = i
-			}
+	given := 0
+	for i, h := range have {
+		if m := min(top[i], lo); m > h {
+			given += m - h
+			have[i] = m
 		}
-		give[best]++
 	}
-	return give
+	for i := range have {
+		if given == left {
+			break
+		}
+		if have[i] == lo && top[i] > lo {
+			have[i]++
+			given++
+		}
+	}
+	return given
 }
 
 // burstOf is the burst of a share of rate r out of a budget of rate and

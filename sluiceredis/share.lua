@@ -117,6 +117,50 @@ local function fill(c, f, l, given)
   return give
 end
 
+-- Hands out up to left whole units as if one at a time, each to the first
+-- i with the least have[i] among those under top[i], adding them to have;
+-- returns how many it handed out. Computed at once, as fillWhole in
+-- apportion.go: every i under the level the units reach is raised to it
+-- (or its top), and the units left over go one each to the first of those
+-- at that level still under their tops.
+local function fillWhole(left, have, top)
+  if n == 0 or left < 1 then return 0 end
+  local function need(level)
+    local s = 0
+    for i = 1, n do
+      local m = math.min(top[i], level)
+      if m > have[i] then
+        s = s + m - have[i]
+        if s > left then return s end
+      end
+    end
+    return s
+  end
+  local lo = have[1]
+  for i = 2, n do lo = math.min(lo, have[i]) end
+  local hi = lo + left + 1
+  while lo + 1 < hi do
+    local mid = math.floor((lo + hi) / 2)
+    if need(mid) <= left then lo = mid else hi = mid end
+  end
+  local given = 0
+  for i = 1, n do
+    local m = math.min(top[i], lo)
+    if m > have[i] then
+      given = given + m - have[i]
+      have[i] = m
+    end
+  end
+  for i = 1, n do
+    if given >= left then break end
+    if have[i] == lo and top[i] > lo then
+      have[i] = have[i] + 1
+      given = given + 1
+    end
+  end
+  return given
+end
+
 -- The caller's part of capacity c by the wants in field f: levels in
 -- order, max-min fair within one (water-filling: the smallest wants are
 -- met in full, the rest share equally what is left), then what is left
@@ -152,18 +196,10 @@ local function part(c, f, whole)
   for l = 1, 3 do
     if left <= 0 then break end
     if whole then
-      local at = {}
-      for i = 1, n do at[i] = 0 end
-      while left >= 1 do
-        local best
-        for i = 1, n do
-          if procs[i][f][l] - at[i] >= 1 and (best == nil or at[i] < at[best]) then best = i end
-        end
-        if best == nil then break end
-        at[best] = at[best] + 1
-        give[best] = give[best] + 1
-        left = left - 1
-      end
+      local at, top = {}, {}
+      for i = 1, n do at[i], top[i] = 0, math.max(math.floor(procs[i][f][l]), 0) end
+      left = left - fillWhole(math.floor(left), at, top)
+      for i = 1, n do give[i] = give[i] + at[i] end
     else
       local g = fill(left, f, l, given[l])
       for i = 1, n do
@@ -173,12 +209,9 @@ local function part(c, f, whole)
     end
   end
   if whole then
-    while left >= 1 do
-      local best = 1
-      for i = 2, n do if give[i] < give[best] then best = i end end
-      give[best] = give[best] + 1
-      left = left - 1
-    end
+    local top = {}
+    for i = 1, n do top[i] = math.huge end
+    fillWhole(math.floor(left), give, top)
   elseif left > 0 then
     for i = 1, n do give[i] = give[i] + left / n end
   end

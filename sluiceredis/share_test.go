@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -480,4 +481,101 @@ func TestSharesLowShareBelow(t *testing.T) {
 	waitShare(t, lanes[sluice.Interactive], 90, "interactive")
 	waitShare(t, lanes[sluice.Normal], 5, "normal, beside interactive and batch")
 	waitShare(t, lanes[sluice.Batch], 5, "batch, beside interactive and normal")
+}
+
+// apportionWholeStepwise is apportionWhole's rule taken literally, one
+// unit at a time: the reference FuzzApportionWhole holds it to.
+func apportionWholeStepwise(c int, wants [][levels]int) []int {
+	give := make([]int, len(wants))
+	if len(wants) == 0 || c <= 0 {
+		return give
+	}
+	left := c
+	at := make([]int, len(wants))
+	for l := range levels {
+		clear(at)
+		for left > 0 {
+			best := -1
+			for i, w := range wants {
+				if w[l]-at[i] >= 1 && (best < 0 || at[i] < at[best]) {
+					best = i
+				}
+			}
+			if best < 0 {
+				break
+			}
+			at[best]++
+			give[best]++
+			left--
+		}
+	}
+	for ; left > 0; left-- {
+		best := 0
+		for i := range give {
+			if give[i] < give[best] {
+				best = i
+			}
+		}
+		give[best]++
+	}
+	return give
+}
+
+// FuzzApportionWhole: apportionWhole, which computes its outcome at once,
+// gives what handing out one unit at a time gives.
+func FuzzApportionWhole(f *testing.F) {
+	f.Add(uint16(10), []byte{1, 0, 9, 0, 0, 1, 1, 0, 0})
+	f.Add(uint16(500), []byte{40, 3, 0, 0, 200, 7, 5, 5, 5, 0, 0, 0})
+	f.Fuzz(func(t *testing.T, c uint16, b []byte) {
+		if len(b) > 8*levels {
+			b = b[:8*levels]
+		}
+		wants := make([][levels]int, len(b)/levels)
+		for i := range wants {
+			for l := range levels {
+				wants[i][l] = int(b[i*levels+l]) - 8 // a few negative
+			}
+		}
+		got, want := apportionWhole(int(c), wants), apportionWholeStepwise(int(c), wants)
+		if !slices.Equal(got, want) {
+			t.Fatalf("apportionWhole(%d, %v) = %v, one unit at a time gives %v", c, wants, got, want)
+		}
+	})
+}
+
+// TestSharesLargeInFlightCap: a cap of a million places in flight, shared
+// by ten processes, is apportioned within the default timeout, as a cap
+// of four is: the script's time does not grow with the cap.
+func TestSharesLargeInFlightCap(t *testing.T) {
+	const (
+		refresh = 100 * time.Millisecond
+		procs   = 10
+		places  = 1_000_000
+	)
+	srv := startRedis(t)
+	var lanes []*shareLane
+	for i := range procs {
+		b := newBackend(t, newClient(t, srv.Addr()), WithRefresh(refresh), WithInFlight(places, 30*time.Second))
+		defer b.Close()
+		d := sluice.Demand{Rate: 100, Burst: 4}
+		d.Waiting[sluice.Batch] = 1000 * (i + 1)
+		lanes = append(lanes, joinLane(t, b, "api", d))
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		sum, granted := 0, 0
+		for _, l := range lanes {
+			if n := l.last().s.InFlight; n > 0 {
+				sum += n
+				granted++
+			}
+		}
+		if granted == procs && sum == places {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d processes granted places, %d of %d in all, 5 s after they joined", granted, procs, sum, places)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
