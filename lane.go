@@ -731,8 +731,10 @@ func (l *lane) releaseLocked(h *hold, k verdict.Kind, sample bool, d time.Durati
 // was granted at sent, on the lane's clock; quota: the response's quotas
 // are the lane's to read. It is called only for responses
 // for which reads is true; the parsing happens before the lane's lock is
-// taken. It returns what the attempt was to the server (see verdict).
-func (l *lane) observe(ctx context.Context, resp *http.Response, sent time.Duration, p Priority, ch *charge, body verdict.Signal, quota bool) verdict.Kind {
+// taken. It returns what the attempt was to the server (see verdict), and
+// false, having kept nothing, if the lane was forgotten: what the
+// response says is then the live lane's to read.
+func (l *lane) observe(ctx context.Context, resp *http.Response, sent time.Duration, p Priority, ch *charge, body verdict.Signal, quota bool) (verdict.Kind, bool) {
 	wall := time.Now()
 	r := pace.ReadReply(resp, wall, l.cfg.maxRetryAfter)
 	r.Sent, r.Body = sent, body
@@ -751,6 +753,9 @@ func (l *lane) observe(ctx context.Context, resp *http.Response, sent time.Durat
 
 	l.lock()
 	defer l.unlock()
+	if l.isDead() {
+		return verdict.Of(resp.StatusCode), false
+	}
 	now := l.clk.tick()
 	if l.budgets.observe(now, sent, &left, ch, body.Points) {
 		r.BudgetOut = true // a budget had less left than the attempt cost
@@ -762,7 +767,7 @@ func (l *lane) observe(ctx context.Context, resp *http.Response, sent time.Durat
 	if k == verdict.Overloaded {
 		l.overloadedLocked(ctx, now, sent, r.Status, p)
 	}
-	return k
+	return k, true
 }
 
 // pacedLocked passes r, seen at now with inFlight attempts in flight, to the
@@ -886,10 +891,14 @@ func (l *lane) limitMovedLocked(ch limitChange) {
 // (see frameWatch): for an attempt sent at sent, k is Throttled (a rate
 // limit, read as a 429 without headers would be) or Overloaded (read as an
 // overload: the in-flight limit is cut). The attempt's slot may be back
-// already: only the lane's pace and limit learn.
-func (l *lane) streamFailed(ctx context.Context, k verdict.Kind, sent time.Duration, p Priority) {
+// already: only the lane's pace and limit learn. It reports false, having
+// learned nothing, if the lane was forgotten.
+func (l *lane) streamFailed(ctx context.Context, k verdict.Kind, sent time.Duration, p Priority) bool {
 	l.lock()
 	defer l.unlock()
+	if l.isDead() {
+		return false
+	}
 	now := l.clk.tick()
 	switch k {
 	case verdict.Throttled:
@@ -897,4 +906,5 @@ func (l *lane) streamFailed(ctx context.Context, k verdict.Kind, sent time.Durat
 	case verdict.Overloaded:
 		l.overloadedLocked(ctx, now, sent, 0, p)
 	}
+	return true
 }

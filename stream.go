@@ -32,6 +32,7 @@ const firstFrameLimit = 4 << 10
 // and looks at nothing past the first event.
 type frameWatch struct {
 	rc    io.ReadCloser
+	t     *Transport
 	l     *lane
 	ctx   context.Context
 	p     Priority
@@ -61,7 +62,13 @@ func (w *frameWatch) see(b []byte, end bool) {
 	}
 	w.done, w.first = true, nil
 	if k := frameKind(ev); k != verdict.Served {
-		w.l.streamFailed(w.ctx, k, w.sent, w.p)
+		// The stream's slot went back with its headers: its lane may have
+		// been forgotten since, and the event is then the live lane's.
+		for l, sent := w.l, w.sent; !l.streamFailed(w.ctx, k, sent, w.p); {
+			gone := l
+			l = w.t.relane(gone)
+			sent = l.clk.ticks(gone.clk.timeOf(sent))
+		}
 	}
 }
 

@@ -148,3 +148,29 @@ func TestHoldStream(t *testing.T) {
 		}
 	})
 }
+
+// TestStreamRefusalAfterItsLaneWasForgotten: a stream gives its slot back
+// with its headers, so its lane may be forgotten while the caller holds
+// it. A first event read after that, one that says the caller is
+// rate-limited, is the live lane's to learn: it counts the refusal.
+func TestStreamRefusalAfterItsLaneWasForgotten(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr := mustNew(t, sseRefusing{}, WithLaneIdle(time.Minute), WithRetry(0))
+		req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, "http://api.test/v1/messages", nil)
+		resp, err := tr.RoundTrip(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		old := tr.find("api.test")
+		time.Sleep(3 * time.Minute) // idle: the sweep forgets the lane
+		if tr.find("api.test") == old {
+			t.Fatal("the idle lane was not forgotten")
+		}
+		io.Copy(io.Discard, resp.Body) // the refusal, read now
+		resp.Body.Close()
+		ls, ok := tr.LaneStats("api.test")
+		if !ok || ls.Levels[Normal].Throttled != 1 {
+			t.Errorf("the live lane after the stream's refusal: found %v, throttled %d; want 1", ok, ls.Levels[Normal].Throttled)
+		}
+	})
+}

@@ -575,3 +575,48 @@ func TestSublimitRouteKeptWhileCooling(t *testing.T) {
 		})
 	}
 }
+
+// A sub-limit lane that a response names, forgotten by the sweep between
+// the moment the response found it and the moment it reads the response,
+// does not take what the response says with it: the sub-limit's live lane
+// holds the wait a 429 asks for, and the next call on a route filed under
+// it is refused.
+func TestSublimitNamedLaneForgottenWhileRead(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var sent atomic.Int64
+		base := rtFunc(func(r *http.Request) (*http.Response, error) {
+			h := http.Header{"X-Ratelimit-Resource": {"core"}, "X-Ratelimit-Limit": {"5000"}, "X-Ratelimit-Remaining": {"4999"}}
+			status := http.StatusOK
+			if sent.Add(1) == 2 {
+				status = http.StatusTooManyRequests
+				h.Set("X-Ratelimit-Remaining", "0")
+				h.Set("Retry-After", "600")
+			}
+			return &http.Response{StatusCode: status, Header: h, Body: http.NoBody, Request: r}, nil
+		})
+		tr := mustNew(t, base, WithRetry(0))
+		if err := call(t.Context(), tr, "http://api.test/repos/o/r"); err != nil { // files the route under core
+			t.Fatal(err)
+		}
+		var once sync.Once
+		testHookNamed = func(on *lane) {
+			once.Do(func() { // the sweep forgets it, as it does an idle lane
+				on.lock()
+				on.flags.Or(laneDead)
+				on.unlock()
+				tr.lanes.CompareAndDelete(on.key, on)
+			})
+		}
+		defer func() { testHookNamed = nil }()
+		// A route not filed yet, whose 429 names core.
+		if err := call(t.Context(), tr, "http://api.test/users/u"); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+		defer cancel()
+		err := call(ctx, tr, "http://api.test/repos/o/r")
+		if n := sent.Load(); n != 2 || !errors.Is(err, ErrRejected) {
+			t.Errorf("a call on core in the wait its 429 asked for: %v, %d calls sent; want a refusal and 2", err, n)
+		}
+	})
+}

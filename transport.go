@@ -351,7 +351,7 @@ func (t *Transport) attempt(l *lane, req *http.Request, p Priority, id string, e
 	if stream := isStream(resp); stream {
 		// A stream's first event may be an error the headers did not say.
 		if h.kind == verdict.Served && on != nil {
-			resp.Body = &frameWatch{rc: resp.Body, l: on, ctx: ctx, p: p, sent: sent}
+			resp.Body = &frameWatch{rc: resp.Body, t: t, l: on, ctx: ctx, p: p, sent: sent}
 		}
 		if !holdsStream(ctx) {
 			h.Done(h.kind)
@@ -443,6 +443,9 @@ func (t *Transport) read(ctx context.Context, l *lane, req *http.Request, resp *
 			filedAs = s.l
 		}
 		on = t.named(l, req, name, bucket, filedAs) // nil: past maxSublimits
+		if testHookNamed != nil {
+			testHookNamed(on)
+		}
 	case caller && !global:
 		on = s.l
 	}
@@ -468,12 +471,25 @@ func (t *Transport) read(ctx context.Context, l *lane, req *http.Request, resp *
 	default:
 		sent = on.clk.ticks(l.clk.timeOf(h.at))
 	}
-	k := on.observe(ctx, resp, sent, p, ch, body, quota)
+	k, live := on.observe(ctx, resp, sent, p, ch, body, quota)
+	for !live {
+		// A lane the response named, on which the attempt holds nothing
+		// (a held lane is not forgotten), was forgotten since it was
+		// found: what the response says goes to the live one.
+		gone := on
+		on = t.relane(gone)
+		sent = on.clk.ticks(gone.clk.timeOf(sent))
+		k, live = on.observe(ctx, resp, sent, p, nil, body, quota)
+	}
 	if on == l && l.be() != nil {
 		l.shareCooldown()
 	}
 	return k, on, sent
 }
+
+// testHookNamed, set only by tests, sees the lane a response names, once
+// it is found and before it reads the response.
+var testHookNamed func(*lane)
 
 // hostRefusal reports a refusal of the host by a response that names a
 // limit that did not make it: a 429, or a 403 with Retry-After or a
