@@ -50,6 +50,8 @@ type backend struct {
 
 	mu        sync.Mutex
 	budgets   map[string]*budget
+	gen       uint64        // sweeps of budgets so far; see sweepLocked
+	sweepAt   int           // the size of budgets at which it is swept next
 	renewing  bool          // a goroutine renews the leases; see keepRenewing
 	releasing bool          // a goroutine gives back orphans; see keepReleasing
 	idle      chan struct{} // capacity 1: Done gave back a budget's last lease
@@ -68,6 +70,11 @@ type budget struct {
 	// key lives on one master, and a dead master sends only its own keys
 	// to their fallbacks.
 	health health
+
+	// Under backend.mu, but for users' decrement: the sweep of budgets
+	// that it was last looked up in, and the calls that hold it.
+	gen   uint64
+	users atomic.Int32
 
 	mu      sync.Mutex
 	cool    time.Time     // the latest cooldown end this process knows of
@@ -181,6 +188,7 @@ func open(name string, client redis.UniversalClient, shares bool, opts []Option)
 		self:    hex.EncodeToString(id[:]),
 		rand:    mrand.Float64,
 		budgets: make(map[string]*budget),
+		sweepAt: minSweep,
 		idle:    make(chan struct{}, 1),
 		back:    make(chan struct{}, 1),
 		done:    make(chan struct{}),
@@ -209,6 +217,7 @@ func (b *backend) take(ctx context.Context, key string, rate float64, burst int)
 	}
 	defer b.leave()
 	bg := b.budget(key)
+	defer unuse(bg)
 	by := sluice.TakerOf(ctx)
 	now := time.Now()
 	bg.mu.Lock()
@@ -519,6 +528,7 @@ func (b *backend) cool(ctx context.Context, key string, until time.Time) error {
 	}
 	defer b.leave()
 	bg := b.budget(key)
+	defer unuse(bg)
 	now := time.Now()
 	bg.mu.Lock()
 	bg.prune(now)
@@ -555,15 +565,54 @@ func (b *backend) cool(ctx context.Context, key string, until time.Time) error {
 	return nil
 }
 
+// budget returns key's budget, held for the caller until it calls unuse:
+// one that no call holds, that holds nothing and that no call has looked
+// up since the sweep before last is dropped (see sweepLocked).
 func (b *backend) budget(key string) *budget {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	bg := b.budgets[key]
 	if bg == nil {
+		if len(b.budgets) >= b.sweepAt {
+			b.sweepLocked(time.Now())
+		}
 		bg = &budget{key: key, keys: newKeys(b.cfg.prefix, key), health: health{every: b.cfg.probeEvery}}
 		b.budgets[key] = bg
 	}
+	bg.gen = b.gen
+	bg.users.Add(1)
 	return bg
+}
+
+// unuse lets go of a budget that budget returned.
+func unuse(bg *budget) { bg.users.Add(-1) }
+
+// minSweep is the least size of budgets at which it is swept.
+const minSweep = 1024
+
+// sweepLocked drops the budgets of keys no longer used, so that a process
+// that takes tokens for many keys, a key per tenant or per model, keeps
+// only those in use: each time budgets has doubled since the last sweep,
+// which costs a constant time a new key. A budget is dropped when no call
+// holds it, it was not looked up since the sweep before this one, and it
+// holds nothing: no reservation, lease or lease to give back, no
+// cooldown, no fallback, and Redis answers for it. New lookups wait for
+// b.mu, which the sweep holds, so none finds a budget being dropped.
+func (b *backend) sweepLocked(now time.Time) {
+	b.gen++
+	for key, bg := range b.budgets {
+		if bg.gen+1 >= b.gen || bg.users.Load() != 0 {
+			continue
+		}
+		bg.mu.Lock()
+		idle := len(bg.pending) == 0 && len(bg.held) == 0 && len(bg.release) == 0 && len(bg.orphans) == 0 &&
+			!bg.fallen && !now.Before(bg.cool)
+		bg.mu.Unlock()
+		if idle && bg.health.up() {
+			delete(b.budgets, key)
+		}
+	}
+	b.sweepAt = max(2*len(b.budgets), minSweep)
 }
 
 // fallback serves a Take from the local budget while Redis is unreachable.

@@ -3,6 +3,7 @@ package sluiceredis
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -217,5 +218,33 @@ func TestTakeHonoursCallerContext(t *testing.T) {
 	cancel()
 	if _, err := b.Take(ctx, "api", 1, 1); !errors.Is(err, context.Canceled) {
 		t.Fatalf("Take with a cancelled context: %v", err)
+	}
+}
+
+// TestBudgetsOfIdleKeysDropped: a process that takes tokens for many keys,
+// one after another, keeps the budgets of the keys in use, not of every
+// key it ever took from; a key still cooling down keeps its budget.
+func TestBudgetsOfIdleKeysDropped(t *testing.T) {
+	srv := startRedis(t)
+	tk := newTokens(t, newClient(t, srv.Addr()))
+	ctx := context.Background()
+	if err := tk.Cool(ctx, "cooling", time.Now().Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	const keys = 10 * minSweep
+	for i := range keys {
+		if _, err := tk.Take(ctx, fmt.Sprintf("key-%d", i), 1000, 10); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tk.mu.Lock()
+	n := len(tk.budgets)
+	_, cooling := tk.budgets["cooling"]
+	tk.mu.Unlock()
+	if n > 3*minSweep {
+		t.Errorf("%d budgets kept after %d keys taken from one at a time, want at most %d", n, keys, 3*minSweep)
+	}
+	if !cooling {
+		t.Error("the budget of a key that cools down for an hour was dropped")
 	}
 }
