@@ -8,6 +8,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/sluice-go/sluice"
 )
 
@@ -242,8 +244,24 @@ func (b *backend) closeShares() {
 		for _, m := range sk.lanes {
 			m.grant(sluice.Share{Burst: 1, InFlight: 0})
 		}
+	}
+	// In pipelines, a timeout each: a Redis that does not answer costs
+	// Close one timeout, not one a key, and the shares it keeps end with
+	// their leases.
+	for chunk := range slices.Chunk(keys, closeChunk) {
 		ctx, cancel := context.WithTimeout(context.Background(), b.cfg.timeout)
-		b.client.HDel(ctx, sk.redis[0], b.self)
+		_, err := b.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for _, sk := range chunk {
+				p.HDel(ctx, sk.redis[0], b.self)
+			}
+			return nil
+		})
 		cancel()
+		if err != nil && unreachable(err) {
+			return
+		}
 	}
 }
+
+// closeChunk is how many shares Close gives back in one pipeline.
+const closeChunk = 512

@@ -3,6 +3,7 @@ package sluiceredis
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -196,5 +197,49 @@ func TestCloseWithRedisDown(t *testing.T) {
 	// One timeout, not one per budget; seconds of slack for a loaded machine.
 	if took > 2*time.Second {
 		t.Errorf("Close took %v on a stalled Redis; the timeout is %v", took, DefaultTimeout)
+	}
+}
+
+// TestCloseSharesWithRedisDown: a Backend closed while Redis does not
+// answer gives up on its shares within about a timeout, however many keys
+// it shares; with Redis up, it gives every share back.
+func TestCloseSharesWithRedisDown(t *testing.T) {
+	const keys = 200
+	for _, down := range []bool{false, true} {
+		t.Run(fmt.Sprintf("down=%v", down), func(t *testing.T) {
+			srv := startRedis(t)
+			c := newClient(t, srv.Addr())
+			b := newBackend(t, c, WithRefresh(100*time.Millisecond), WithTimeout(DefaultTimeout))
+			var lanes []*shareLane
+			for i := range keys {
+				lanes = append(lanes, joinLane(t, b, fmt.Sprintf("key-%d", i), batch100))
+			}
+			for _, l := range lanes {
+				waitShare(t, l, 100, "alone")
+			}
+			if down {
+				if err := srv.Pause(); err != nil {
+					t.Fatal(err)
+				}
+				defer srv.Resume()
+			}
+			start := time.Now()
+			b.Close()
+			took := time.Since(start)
+			t.Logf("Close of %d shares: %v", keys, took)
+			// Seconds of slack for a loaded machine: one timeout a key
+			// would be 10 s.
+			if down && took > 2*time.Second {
+				t.Errorf("Close took %v on a stalled Redis with %d shares; the timeout is %v", took, keys, DefaultTimeout)
+			}
+			if down {
+				return
+			}
+			for i := range keys {
+				if n := c.HLen(context.Background(), newKeys(DefaultPrefix, fmt.Sprintf("key-%d", i)).shares()).Val(); n != 0 {
+					t.Fatalf("key-%d: %d entries left after Close", i, n)
+				}
+			}
+		})
 	}
 }
