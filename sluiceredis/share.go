@@ -58,7 +58,9 @@ const (
 	backedUpFor   = 2 // a refresh divided by this
 
 	// retryRefreshes: a key whose refresh failed is refreshed again this
-	// many times a refresh until Redis answers for it.
+	// many times in the refresh that follows, so that a key whose master
+	// failed over is back soon; then once a refresh, until Redis answers
+	// for it, so that an outage costs Redis no more calls than its end.
 	retryRefreshes = 4
 
 	// refreshParallel is how many batches of keys' refreshes run at once,
@@ -92,6 +94,7 @@ type shareKey struct {
 	lanes   []*member // guarded by shares.mu
 	fresh   bool      // a lane joined since the last refresh; guarded by shares.mu
 	next    time.Time // when to refresh next
+	failed  int       // refreshes failed in a row (see retryRefreshes)
 	sent    time.Time // when the last refresh began; guarded by shares.mu
 	nudged  time.Time // when a name brought the next refresh forward to; guarded by shares.mu
 	// interactive: the last refresh found Interactive demand, and watched
@@ -471,7 +474,7 @@ func (b *backend) conclude(p *refreshing, r shareReply, err error) {
 		if sk.fallen {
 			b.cfg.logger.Info("sluiceredis: redis answers again; using the leased share", "key", sk.key)
 		}
-		sk.leased, sk.fallen, sk.fellTo = true, false, 0
+		sk.leased, sk.fallen, sk.fellTo, sk.failed = true, false, 0, 0
 		sk.budgets.fell = time.Time{}
 		sk.until = sent.Add(shareLeases * b.cfg.refresh)
 		// Taken whatever version sk holds: a push is applied only while
@@ -501,9 +504,11 @@ func (b *backend) conclude(p *refreshing, r shareReply, err error) {
 		if now.After(sk.until) || !sk.leased {
 			b.fallbackShare(sk, lanes, wants, places, rate, burst, lowShare, err)
 		}
-		// Asked again sooner than at its turn, so that a key whose
-		// master failed over is back within a refresh of it.
-		next = b.cfg.refresh / retryRefreshes
+		// Asked again sooner than at its turn, for a refresh, so that a
+		// key whose master failed over is back within a refresh of it.
+		if sk.failed++; sk.failed <= retryRefreshes {
+			next = b.cfg.refresh / retryRefreshes
+		}
 	}
 	// Each process refreshes at its own phase, a little off the interval,
 	// so that a fleet that starts together does not refresh together.

@@ -579,3 +579,34 @@ func TestSharesLargeInFlightCap(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// TestSharesOutageCalls: while Redis does not answer for a key, the key is
+// tried again four times in the refresh after its call failed, so that a
+// failover is caught soon, and then once a refresh: a long outage costs
+// Redis no more calls than a refresh each.
+func TestSharesOutageCalls(t *testing.T) {
+	const refresh = 100 * time.Millisecond
+	srv := startRedis(t)
+	c := newClient(t, srv.Addr())
+	b := newBackend(t, c, WithRefresh(refresh), WithTimeout(10*time.Millisecond))
+	defer b.Close()
+	l := joinLane(t, b, "api", batch100)
+	waitShare(t, l, 100, "alone")
+	n := countCalls(c)
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	const outage = 3 * time.Second // 30 refreshes
+	time.Sleep(outage)
+	calls := n.n.Load()
+	if err := srv.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d calls in an outage of %v at a refresh of %v", calls, outage, refresh)
+	// Once a refresh after the first refresh's retries: 57 calls here, each
+	// failed refresh with its reload of the slots' map; four a refresh
+	// throughout made 151.
+	if calls > 100 {
+		t.Errorf("%d calls to an unanswering Redis in %v at a refresh of %v, want about one a refresh", calls, outage, refresh)
+	}
+}
