@@ -140,7 +140,7 @@
 // sees an error. Health is per key, so on a Redis Cluster a dead master
 // sends only its own keys to the fallback; and a key whose call failed
 // has the client reload its map of the slots and is tried again four times
-// in the refresh that follows, then once a refresh, so that it is back
+// a refresh for twice its lease, then once a refresh, so that it is back
 // within a refresh of its replica taking over (120-260ms at a refresh of 500ms; go test -run TestClusterFailover
 // -v). Give a ClusterClient DialerRetries: 1, so that a call to a dead
 // master fails at once rather than after go-redis's five dials, or at

@@ -58,10 +58,12 @@ const (
 	backedUpFor   = 2 // a refresh divided by this
 
 	// retryRefreshes: a key whose refresh failed is refreshed again this
-	// many times in the refresh that follows, so that a key whose master
-	// failed over is back soon; then once a refresh, until Redis answers
-	// for it, so that an outage costs Redis no more calls than its end.
+	// many times a refresh for retryFor refreshes (twice its lease), so
+	// that a key whose master failed over is back soon; then once a
+	// refresh, until Redis answers for it, so that a long outage costs
+	// Redis no more calls than a healthy key.
 	retryRefreshes = 4
+	retryFor       = 2 * shareLeases
 
 	// refreshParallel is how many batches of keys' refreshes run at once,
 	// and refreshBatch how many keys a batch holds (see refreshDue).
@@ -506,7 +508,7 @@ func (b *backend) conclude(p *refreshing, r shareReply, err error) {
 		}
 		// Asked again sooner than at its turn, for a refresh, so that a
 		// key whose master failed over is back within a refresh of it.
-		if sk.failed++; sk.failed <= retryRefreshes {
+		if sk.failed++; sk.failed <= retryRefreshes*retryFor {
 			next = b.cfg.refresh / retryRefreshes
 		}
 	}
