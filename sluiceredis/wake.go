@@ -198,13 +198,35 @@ func (w *wakers) sweep(ps *redis.PubSub) bool {
 		return true
 	}
 	w.mu.Unlock()
-	if len(drop) > 0 {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		ps.Unsubscribe(ctx, drop...)
-		cancel()
+	if len(drop) == 0 {
+		return false
+	}
+	if testHookSwept != nil {
+		testHookSwept()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	ps.Unsubscribe(ctx, drop...)
+	// A Take that came meanwhile subscribed a dropped channel afresh,
+	// perhaps before the unsubscribe went out: it is subscribed again,
+	// after it, on the same connection.
+	var again []string
+	w.mu.Lock()
+	for _, ch := range drop {
+		if w.chans[ch] != nil {
+			again = append(again, ch)
+		}
+	}
+	w.mu.Unlock()
+	if len(again) > 0 {
+		ps.Subscribe(ctx, again...)
 	}
 	return false
 }
+
+// testHookSwept, set only by tests, runs when sweep has dropped channels
+// from its map and not yet unsubscribed them.
+var testHookSwept func()
 
 // close closes the subscription at Close; the reader then exits.
 func (w *wakers) close() {

@@ -154,3 +154,49 @@ func inFlightWaitCalls(t *testing.T, addr string, hold time.Duration) {
 		t.Errorf("the fleet kept %.2f of its places busy, under %.2f", got, floor)
 	}
 }
+
+// TestWakersSweepRacesASubscribe: a Take that subscribes a channel afresh
+// just as the sweep drops it, after the sweep let go of its lock and
+// before its unsubscribe went out, stays subscribed: its waiters are woken
+// by the releases published there, rather than polling.
+func TestWakersSweepRacesASubscribe(t *testing.T) {
+	srv := startRedis(t)
+	c := newClient(t, srv.Addr())
+	b := newTokens(t, c, WithInFlight(1, time.Minute))
+	ctx := context.Background()
+	idle, busy := b.budget("idle"), b.budget("busy")
+	unuse(idle)
+	unuse(busy)
+	b.waitFreed(idle, time.Millisecond) // subscribes both channels
+	b.waitFreed(busy, time.Millisecond)
+	ch := idle.keys.freed()
+	w := &b.wakers
+	w.mu.Lock()
+	w.chans[ch].last = time.Now().Add(-2 * subIdle) // idle: the sweep drops it
+	ps := w.ps
+	w.mu.Unlock()
+	hooked := make(chan struct{})
+	var once sync.Once
+	testHookSwept = func() {
+		once.Do(func() {
+			b.waitFreed(idle, time.Millisecond) // a Take subscribes it afresh
+			close(hooked)
+		})
+	}
+	defer func() { testHookSwept = nil }()
+	w.sweep(ps)
+	<-hooked
+	deadline := time.Now().Add(2 * time.Second)
+	for stable := 0; stable < 3; {
+		n := c.Publish(ctx, ch, "nobody").Val()
+		if n == 1 {
+			stable++
+		} else {
+			stable = 0
+			if time.Now().After(deadline) {
+				t.Fatalf("%s has %d subscribers after the sweep raced a fresh subscribe, want 1", ch, n)
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
