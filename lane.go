@@ -474,7 +474,7 @@ func (l *lane) dropChargeLocking(ch *charge) {
 // way that may shorten its wait: it sleeps for the time the budgets say
 // its first waiter must wait to pay.
 func (l *lane) budgetsMovedLocked() {
-	if l.q.len() > 0 {
+	if l.q.len() > 0 && !l.budgets.empty() {
 		l.wakeLocked()
 	}
 }
@@ -760,9 +760,7 @@ func (l *lane) observe(ctx context.Context, resp *http.Response, sent time.Durat
 	if l.budgets.observe(now, sent, &left, ch, body.Points) {
 		r.BudgetOut = true // a budget had less left than the attempt cost
 	}
-	if !l.budgets.empty() {
-		l.budgetsMovedLocked()
-	}
+	l.budgetsMovedLocked()
 	k := l.pacedLocked(ctx, now, r, l.slot.inUse, p)
 	if k == verdict.Overloaded {
 		l.overloadedLocked(ctx, now, sent, r.Status, p)

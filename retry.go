@@ -88,12 +88,12 @@ func (t *Transport) do(l *lane, req *http.Request, p Priority, id string) (*http
 	for n := 0; ; n++ {
 		resp, first, err := t.attempt(l, areq, p, id, enq, n+1)
 		for err == errLaneGone {
-			gone := l
-			l = t.relane(l)
-			if enq != firstAttempt {
-				// Each lane counts from its creation: the first attempt
-				// came no later than the new lane did.
-				enq = max(l.clk.ticks(gone.clk.timeOf(enq)), 0)
+			if enq == firstAttempt {
+				l = t.relane(l)
+			} else {
+				// The first attempt came no later than the new lane did.
+				l, enq = t.relaneAt(l, enq)
+				enq = max(enq, 0)
 			}
 			resp, first, err = t.attempt(l, areq, p, id, enq, n+1)
 		}

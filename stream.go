@@ -65,9 +65,7 @@ func (w *frameWatch) see(b []byte, end bool) {
 		// The stream's slot went back with its headers: its lane may have
 		// been forgotten since, and the event is then the live lane's.
 		for l, sent := w.l, w.sent; !l.streamFailed(w.ctx, k, sent, w.p); {
-			gone := l
-			l = w.t.relane(gone)
-			sent = l.clk.ticks(gone.clk.timeOf(sent))
+			l, sent = w.t.relaneAt(l, sent)
 		}
 	}
 }

@@ -126,6 +126,13 @@ func (t *Transport) relane(dead *lane) *lane {
 	return t.laneSlow(dead.key, dead.cfg)
 }
 
+// relaneAt is relane, and at, a reading of the forgotten lane's clock, on
+// the live lane's: each lane counts from its creation.
+func (t *Transport) relaneAt(dead *lane, at time.Duration) (*lane, time.Duration) {
+	l := t.relane(dead)
+	return l, l.clk.ticks(dead.clk.timeOf(at))
+}
+
 // laneSlow returns the live lane for key, with the options cfg, creating
 // it if there is none, or only a forgotten one not yet removed from the
 // map.
@@ -476,9 +483,7 @@ func (t *Transport) read(ctx context.Context, l *lane, req *http.Request, resp *
 		// A lane the response named, on which the attempt holds nothing
 		// (a held lane is not forgotten), was forgotten since it was
 		// found: what the response says goes to the live one.
-		gone := on
-		on = t.relane(gone)
-		sent = on.clk.ticks(gone.clk.timeOf(sent))
+		on, sent = t.relaneAt(on, sent)
 		k, live = on.observe(ctx, resp, sent, p, nil, body, quota)
 	}
 	if on == l && l.be() != nil {
