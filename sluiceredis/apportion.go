@@ -161,13 +161,10 @@ func fillWhole(left int, have, top []int) int {
 		}
 		return n
 	}
-	lo := math.MaxInt
-	for _, h := range have {
-		lo = min(lo, h)
-	}
 	if len(have) == 0 || left <= 0 {
 		return 0
 	}
+	lo := slices.Min(have)
 	// The highest level whose need is at most left: need grows with the
 	// level, and lo's is 0.
 	hi := lo + left + 1

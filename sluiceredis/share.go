@@ -506,8 +506,9 @@ func (b *backend) conclude(p *refreshing, r shareReply, err error) {
 		if now.After(sk.until) || !sk.leased {
 			b.fallbackShare(sk, lanes, wants, places, rate, burst, lowShare, err)
 		}
-		// Asked again sooner than at its turn, for a refresh, so that a
-		// key whose master failed over is back within a refresh of it.
+		// Asked again sooner than at its turn, for twice its lease (see
+		// retryRefreshes), so that a key whose master failed over is back
+		// within about a refresh of it.
 		if sk.failed++; sk.failed <= retryRefreshes*retryFor {
 			next = b.cfg.refresh / retryRefreshes
 		}

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/sluice-go/sluice"
 )
 
@@ -267,21 +269,27 @@ func TestSharesOutage(t *testing.T) {
 	waitShare(t, lb, 60, "batch after the outage")
 }
 
+// putEntry writes a process's entry among the shares of key "api", its
+// lease ending a second from now on Redis's clock; fields are the entry's
+// after its expiry (see share.lua).
+func putEntry(t *testing.T, c *redis.Client, id, fields string) {
+	t.Helper()
+	ctx := context.Background()
+	tm, err := c.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.HSet(ctx, newKeys(DefaultPrefix, "api").shares(), id, fmt.Sprintf("%d %s", tm.Add(time.Second).UnixMicro(), fields))
+}
+
 // TestSharesDeadProcess: a process that dies holds its share until its
 // lease ends, and not after.
 func TestSharesDeadProcess(t *testing.T) {
 	const refresh = 100 * time.Millisecond
 	srv := startRedis(t)
 	c := newClient(t, srv.Addr())
-	ctx := context.Background()
-	tm, err := c.Time(ctx).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
 	// A dead process's entry: it held 70/s, and its lease ends in 1s.
-	key := newKeys(DefaultPrefix, "api").shares()
-	exp := tm.Add(time.Second).UnixMicro()
-	c.HSet(ctx, key, "dead", fmt.Sprintf("%d 100 4 0 70 -1 0 0 500 0 0 0", exp))
+	putEntry(t, c, "dead", "100 4 0 70 -1 0 0 500 0 0 0")
 	a := newBackend(t, c, WithRefresh(refresh))
 	defer a.Close()
 	l := joinLane(t, a, "api", batch100)
@@ -441,19 +449,13 @@ func TestSharesAfterEntryLost(t *testing.T) {
 	const refresh = 50 * time.Millisecond
 	srv := startRedis(t)
 	c := newClient(t, srv.Addr())
-	ctx := context.Background()
-	tm, err := c.Time(ctx).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
 	a := newBackend(t, c, WithRefresh(refresh))
 	defer a.Close()
 	// A's entry as a long uptime leaves it.
-	key := newKeys(DefaultPrefix, "api").shares()
-	c.HSet(ctx, key, a.self, fmt.Sprintf("%d 100 4 0 100 -1 0 0 100 0 0 0 1000000", tm.Add(time.Second).UnixMicro()))
+	putEntry(t, c, a.self, "100 4 0 100 -1 0 0 100 0 0 0 1000000")
 	la := joinLane(t, a, "api", batch100)
 	waitShare(t, la, 100, "alone")
-	if err := c.Del(ctx, key).Err(); err != nil {
+	if err := c.Del(context.Background(), newKeys(DefaultPrefix, "api").shares()).Err(); err != nil {
 		t.Fatal(err)
 	}
 	b := newBackend(t, newClient(t, srv.Addr()), WithRefresh(refresh))
