@@ -134,9 +134,12 @@
 // then it falls back to a local share of the rate divided by the number of
 // processes at its last refresh (WithFallbackShare of it if it never had
 // one), 95-100% of it at random per outage so that processes do not send
-// in step. The first refresh that Redis answers ends the fallback, and
-// takes no more than the fallback's rate: Redis has forgotten the entries
-// meanwhile (they expired on its clock, or it restarted empty). No caller
+// in step. The first refresh that Redis answers ends the fallback; it
+// takes no more than the share the process held (the fallback's rate, or
+// its lease's if the lease outlasted the outage): Redis may have
+// forgotten the entries meanwhile (they expired on its clock, it restarted
+// empty, or a failover lost them) while the other processes still send at
+// their fallback rates until they reach it again. No caller
 // sees an error. Health is per key, so on a Redis Cluster a dead master
 // sends only its own keys to the fallback; and a key whose call failed
 // has the client reload its map of the slots and is tried again four times

@@ -2,6 +2,7 @@ package sluiceredis
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"net"
 	"os"
@@ -148,6 +149,43 @@ func (c *counter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proc
 // countCalls adds a counter to c.
 func countCalls(c *redis.Client) *counter {
 	n := new(counter)
+	c.AddHook(n)
+	return n
+}
+
+// cutter is a go-redis hook that fails every call while cut is set, as a
+// network that drops them would.
+type cutter struct{ cut atomic.Bool }
+
+var errCut = errors.New("test: the network to Redis is cut")
+
+func (c *cutter) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (c *cutter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if c.cut.Load() {
+			cmd.SetErr(errCut)
+			return errCut
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (c *cutter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if c.cut.Load() {
+			for _, cmd := range cmds {
+				cmd.SetErr(errCut)
+			}
+			return errCut
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// cutCalls adds a cutter to c.
+func cutCalls(c *redis.Client) *cutter {
+	n := new(cutter)
 	c.AddHook(n)
 	return n
 }

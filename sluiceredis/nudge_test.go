@@ -29,7 +29,7 @@ func TestShareMovesAtOnce(t *testing.T) {
 	ask := func(id string, w [levels]float64) shareReply {
 		t.Helper()
 		r, err := runShare(ctx, c, [2]string{k.shares(), k[1]}, shareArgs{
-			self: id, lease: 10 * time.Second, rate: 100, burst: 4, wants: w, channel: k.moved(),
+			self: id, lease: 10 * time.Second, rate: 100, burst: 4, wants: w, most: -1, channel: k.moved(),
 		})
 		if err != nil {
 			t.Fatal(err)

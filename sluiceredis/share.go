@@ -128,10 +128,7 @@ type shareKey struct {
 	keyBurst int
 	fallen   bool // the share is the local fallback (see fallbackShare)
 	// fellTo is the fallback's rate while fallen, 0 otherwise: the first
-	// share after an outage takes no more. A Redis that comes back has
-	// lost the entries of the outage (they expired on its clock, or it
-	// restarted empty), so it would give the first process to ask the
-	// whole rate while the others still send at their fallback rates.
+	// share after an outage takes no more (see most).
 	fellTo float64
 	frac   float64 // the fallback's fraction of the rate, for this outage
 
@@ -453,8 +450,24 @@ func (b *backend) prepare(sk *shareKey) *refreshing {
 		args: shareArgs{
 			self: b.self, lease: shareLeases * b.cfg.refresh,
 			rate: rate, burst: burst, cap: b.cfg.leases, inFlight: inFlight,
-			wants: total, places: ptotal, most: sk.fellTo, channel: sk.channel, lowShare: lowShare,
+			wants: total, places: ptotal, most: sk.most(), channel: sk.channel, lowShare: lowShare,
 		}}
+}
+
+// most is the most rate the next refresh of sk takes; negative: no bound.
+// After a failed call it is what sk holds (the fallback's rate, or the
+// lease's): Redis may have lost the others' entries meanwhile (they
+// expired on its clock, or a failover lost them), and would give the
+// first process to ask the whole rate while the others still send at
+// their fallback rates until they reach it again.
+func (sk *shareKey) most() float64 {
+	switch {
+	case sk.fallen && sk.fellTo > 0:
+		return sk.fellTo
+	case !sk.fallen && sk.failed > 0 && sk.leased:
+		return sk.rate
+	}
+	return -1
 }
 
 // conclude takes Redis's answer r (or err) to p's call: it hands the lanes
@@ -715,7 +728,7 @@ type shareArgs struct {
 	inFlight int
 	wants    [levels]float64
 	places   [levels]float64
-	most     float64 // the most rate to take; 0: no bound
+	most     float64 // the most rate to take; negative: no bound
 	channel  string  // where to name the processes to refresh now (see nudges)
 	lowShare int     // the part of the levels below the highest that wants (see apportion)
 }

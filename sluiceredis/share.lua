@@ -15,7 +15,7 @@
 -- ARGV[3] rate (tokens a second; 0: not paced)   ARGV[4] burst
 -- ARGV[5] in-flight cap (0: none)   ARGV[6] attempts in flight now
 -- ARGV[7..9] rate wanted per level   ARGV[10..12] places wanted per level
--- ARGV[13] the most rate the caller takes (0: no such bound)
+-- ARGV[13] the most rate the caller takes (negative: no such bound)
 -- ARGV[14] the channel on which to name processes (see below)
 -- ARGV[15] the low share (see part; 0: strict priority)
 --
@@ -231,7 +231,7 @@ if rate > 0 then
   if gr < want - 1e-9 then short = 1 end
   owed = want - gr
   local most = tonumber(ARGV[13])
-  if most > 0 then gr = math.min(gr, most) end
+  if most >= 0 then gr = math.min(gr, most) end
 end
 local gp = -1
 if cap > 0 then

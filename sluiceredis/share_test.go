@@ -269,6 +269,65 @@ func TestSharesOutage(t *testing.T) {
 	waitShare(t, lb, 60, "batch after the outage")
 }
 
+// TestSharesFirstAfterAFailedCall: process b loses Redis, its entry
+// expires on Redis's clock, and it falls back to half the rate; process
+// a's calls fail too, for less than its lease. Redis, which no longer
+// knows of b, would grant a the whole rate at a's first answered refresh
+// while b still sends at its fallback rate: a takes no more than the half
+// it held until b is back.
+func TestSharesFirstAfterAFailedCall(t *testing.T) {
+	const refresh = 200 * time.Millisecond
+	srv := startRedis(t)
+	ca, cb := newClient(t, srv.Addr()), newClient(t, srv.Addr())
+	cutA, cutB := cutCalls(ca), cutCalls(cb)
+	var lg logs
+	a := newBackend(t, ca, WithRefresh(refresh), WithLogger(slog.New(&lg)))
+	b := newBackend(t, cb, WithRefresh(refresh))
+	defer a.Close()
+	defer b.Close()
+	la, lb := joinLane(t, a, "api", batch100), joinLane(t, b, "api", batch100)
+	waitShare(t, la, 50, "a")
+	waitShare(t, lb, 50, "b")
+
+	// b's last call is sent before cut, so its entry expires by cut plus
+	// a lease (600ms). a's last call is sent after cut plus 280ms (a
+	// refresh and a tenth before its calls fail), so its lease outlasts
+	// its calls' failures, from cut plus 500ms to 700ms.
+	cut := time.Now()
+	cutB.cut.Store(true)
+	time.Sleep(shareLeases*refresh - refresh/2)
+	cutA.cut.Store(true)
+	time.Sleep(refresh)
+	back := time.Now()
+	cutA.cut.Store(false)
+	for len(la.since(back)) == 0 {
+		if time.Since(back) > 2*refresh {
+			t.Fatalf("no share for a %v after its calls were answered again", time.Since(back))
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if n := newClient(t, srv.Addr()).HLen(context.Background(), newKeys(DefaultPrefix, "api").shares()).Val(); n != 1 {
+		t.Fatalf("%d entries once a was answered again, want a's alone (b's expired)", n)
+	}
+	if lg.count(slog.LevelWarn) > 0 {
+		t.Log("a fell back too (a late runner): its first share is bounded by its fallback's rate")
+	}
+	time.Sleep(refresh / 2)
+	for _, c := range []struct {
+		l    *shareLane
+		what string
+	}{{la, "a"}, {lb, "b"}} {
+		for _, g := range c.l.since(cut) {
+			if g.s.Rate > 50+1e-9 {
+				t.Errorf("%s: share %v %v after b's calls were cut, over the 50 it held", c.what, g.s.Rate, g.at.Sub(cut).Round(time.Millisecond))
+			}
+		}
+	}
+	cutB.cut.Store(false)
+	waitShare(t, lb, 50, "b, answered again")
+	waitShare(t, la, 50, "a, beside b")
+}
+
 // putEntry writes a process's entry among the shares of key "api", its
 // lease ending a second from now on Redis's clock; fields are the entry's
 // after its expiry (see share.lua).
