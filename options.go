@@ -308,9 +308,14 @@ func WithRetryPolicy(p retryablehttp.CheckRetry) Option {
 	})
 }
 
-// WithBackoff sets how long to wait before a retry when the server named no
-// time. Default: exponential with full jitter, capped by the request's
-// deadline.
+// WithBackoff sets how long to wait before a retry, held to
+// WithMaxRetryAfter. It is called for every retry, with the answer that
+// caused it; retryablehttp.DefaultBackoff waits a 429's or a 503's
+// Retry-After, and so does the lane's pause. Default: no wait after an
+// answer that names a time the lane pauses for (its pause holds the
+// retry back, in its place in the queue), the time named after any other,
+// and otherwise a random wait up to 250ms x 2^n (full jitter), at most
+// 10s.
 func WithBackoff(b retryablehttp.Backoff) Option {
 	return optionFunc(func(c *config) error {
 		if b == nil {
@@ -322,7 +327,8 @@ func WithBackoff(b retryablehttp.Backoff) Option {
 }
 
 // WithMaxRetryAfter caps how long a server's Retry-After or rate-limit reset
-// may pause a lane. Default DefaultMaxRetryAfter (10 minutes).
+// may pause a lane, and how long a retry's backoff waits. Default
+// DefaultMaxRetryAfter (10 minutes).
 func WithMaxRetryAfter(d time.Duration) Option {
 	return optionFunc(func(c *config) error {
 		if d <= 0 {

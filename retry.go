@@ -1,6 +1,7 @@
 package sluice
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/sluice-go/sluice/internal/headers"
 	"github.com/sluice-go/sluice/internal/stats"
+	"github.com/sluice-go/sluice/internal/verdict"
 )
 
 const (
@@ -85,6 +87,7 @@ func (t *Transport) do(l *lane, req *http.Request, p Priority, id string) (*http
 	ctx := req.Context()
 	enq := firstAttempt
 	areq := req
+	var kept *http.Response // the last answer, read, while a retry of it is on its way
 	for n := 0; ; n++ {
 		resp, first, err := t.attempt(l, areq, p, id, enq, n+1)
 		for err == errLaneGone {
@@ -97,6 +100,10 @@ func (t *Transport) do(l *lane, req *http.Request, p Priority, id string) (*http
 			}
 			resp, first, err = t.attempt(l, areq, p, id, enq, n+1)
 		}
+		if kept != nil && (errors.Is(err, ErrRejected) || errors.Is(err, ErrClosed)) {
+			// The retry was not sent: the answer that caused it stands.
+			return kept, nil
+		}
 		enq = first
 		if resp != nil && areq != req {
 			resp.Request = req
@@ -105,8 +112,15 @@ func (t *Transport) do(l *lane, req *http.Request, p Priority, id string) (*http
 			return resp, err
 		}
 		wait := t.backoff(n, resp)
-		if dl, ok := ctx.Deadline(); ok && time.Until(dl) <= wait {
-			return resp, err // a retry could not finish in time
+		// The retry waits in the lane as well (a cooldown the answer began,
+		// the pace): it is made only if it can be served within the
+		// request's deadline and its level's WithMaxWait.
+		est := max(wait, l.waitEstimate(p))
+		if dl, ok := ctx.Deadline(); ok && time.Until(dl) <= est {
+			return resp, err
+		}
+		if mw := t.cfg.maxWait[p]; mw > 0 && est > mw {
+			return resp, err
 		}
 		next, rerr := rewind(req)
 		if rerr != nil {
@@ -129,7 +143,7 @@ func (t *Transport) do(l *lane, req *http.Request, p Priority, id string) (*http
 			}
 			ev.push(ctx, &e)
 		}
-		discard(resp)
+		kept = keep(resp)
 		if wait > 0 {
 			timer := time.NewTimer(wait)
 			select {
@@ -158,8 +172,9 @@ func retryAttrs(l *lane, n int, resp *http.Response, err error, wait time.Durati
 
 // sdkRetryHeaders name headers that SDKs which retry on their own send with
 // every attempt: X-Stainless-Retry-Count (openai-go, anthropic-sdk-go and
-// the other Stainless SDKs) and X-Stripe-Client-User-Agent (stripe-go).
-var sdkRetryHeaders = [...]string{"X-Stainless-Retry-Count", "X-Stripe-Client-User-Agent"}
+// the other Stainless SDKs), X-Stripe-Client-User-Agent (stripe-go) and
+// Amz-Sdk-Request (aws-sdk-go-v2, "attempt=1; max=3").
+var sdkRetryHeaders = [...]string{"X-Stainless-Retry-Count", "X-Stripe-Client-User-Agent", "Amz-Sdk-Request"}
 
 // sdkRetries reports whether req comes from an SDK that retries on its own,
 // so that sluice's retries would multiply its attempts.
@@ -293,25 +308,27 @@ func idempotent(req *http.Request) bool {
 	return a || b
 }
 
-// backoff returns how long to wait before retry n+1.
+// backoff returns how long to wait before retry n+1, at most
+// WithMaxRetryAfter.
 func (t *Transport) backoff(n int, resp *http.Response) time.Duration {
 	if t.cfg.backoff != nil {
-		return max(0, t.cfg.backoff(retryMinWait, retryMaxWait, n, resp))
+		return min(max(0, t.cfg.backoff(retryMinWait, retryMaxWait, n, resp)), t.cfg.maxRetryAfter)
 	}
 	return defaultBackoff(n, resp, t.cfg.maxRetryAfter)
 }
 
-// defaultBackoff waits nothing after a 429, or a response that named a
-// time: the lane's pace and cooldown already hold the retry back as long as
-// the server asked, and waiting again would waste budget. Otherwise it waits
+// defaultBackoff waits nothing after a response that named a time the lane
+// pauses for (see verdict.Kind.Refused): the lane's cooldown holds the
+// retry back as long as the server asked, in its place in the queue. Any
+// other response that named a time is waited for here. Otherwise it waits
 // a random time up to retryMinWait x 2^n, capped at retryMaxWait.
 func defaultBackoff(n int, resp *http.Response, maxRA time.Duration) time.Duration {
 	if resp != nil {
-		if resp.StatusCode == http.StatusTooManyRequests {
-			return 0
-		}
-		if _, ok := headers.RetryAfter(resp.Header, time.Now(), maxRA); ok {
-			return 0
+		if ra, ok := headers.RetryAfter(resp.Header, time.Now(), maxRA); ok {
+			if verdict.Classify(resp.StatusCode, true, false, verdict.Signal{}).Refused() {
+				return 0
+			}
+			return ra
 		}
 	}
 	d := retryMaxWait
@@ -336,12 +353,20 @@ func rewind(req *http.Request) (*http.Request, error) {
 	return next, nil
 }
 
-// discard drains a response that will not be returned (up to drainLimit, so
-// that its connection can be reused) and closes it, which releases its slot.
-func discard(resp *http.Response) {
+// keep reads a response that a retry replaces (up to drainLimit, so that
+// its connection can be reused) and closes it, which releases its slot.
+// It returns a copy that holds the body read, to stand if the retry is not
+// sent, or nil if resp is nil or its body was longer or failed.
+func keep(resp *http.Response) *http.Response {
 	if resp == nil {
-		return
+		return nil
 	}
-	io.CopyN(io.Discard, resp.Body, drainLimit)
+	b, err := io.ReadAll(io.LimitReader(resp.Body, drainLimit+1))
 	resp.Body.Close()
+	if err != nil || len(b) > drainLimit {
+		return nil
+	}
+	c := *resp
+	c.Body = io.NopCloser(bytes.NewReader(b))
+	return &c
 }

@@ -344,7 +344,7 @@ func TestBudgetRefusalLogged(t *testing.T) {
 // TestSDKRequestsNotRetried: a request from an SDK that retries on
 // its own (its marker header) is attempted once by sluice: the SDK decides.
 func TestSDKRequestsNotRetried(t *testing.T) {
-	for _, marker := range []string{"X-Stainless-Retry-Count: 0", "X-Stainless-Retry-Count: 2", "X-Stripe-Client-User-Agent: {}"} {
+	for _, marker := range []string{"X-Stainless-Retry-Count: 0", "X-Stainless-Retry-Count: 2", "X-Stripe-Client-User-Agent: {}", "Amz-Sdk-Request: attempt=1; max=3"} {
 		t.Run(marker, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				base := &countBase{status: 429}

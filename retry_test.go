@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -222,4 +223,147 @@ func TestRetryOnANewLaneKeepsItsPlace(t *testing.T) {
 			t.Errorf("served on the new lane: %v; want the retry before the request that came after it", got)
 		}
 	})
+}
+
+// atBase answers every request with status, hdr and body, and records when
+// each attempt came.
+type atBase struct {
+	status int
+	hdr    http.Header
+	body   string
+	mu     sync.Mutex
+	at     []time.Time
+}
+
+func (b *atBase) RoundTrip(req *http.Request) (*http.Response, error) {
+	if req.Body != nil {
+		io.Copy(io.Discard, req.Body)
+		req.Body.Close()
+	}
+	b.mu.Lock()
+	b.at = append(b.at, time.Now())
+	b.mu.Unlock()
+	h := http.Header{}
+	for k, v := range b.hdr {
+		h[k] = v
+	}
+	return &http.Response{StatusCode: b.status, Header: h, Body: io.NopCloser(strings.NewReader(b.body)), Request: req}, nil
+}
+
+func (b *atBase) attempts() []time.Time {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return slices.Clone(b.at)
+}
+
+// TestRetryThatCannotBeServedInTime: a 429 whose Retry-After outlasts the
+// request's deadline, or its level's WithMaxWait, is not retried: the
+// caller gets the server's answer, not a refusal of the retry.
+func TestRetryThatCannotBeServedInTime(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		opts []Option
+		dl   time.Duration // 0: none
+	}{
+		{"deadline", nil, 5 * time.Second},
+		{"max-wait", []Option{WithMaxWait(Normal, time.Second)}, 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				base := &atBase{status: 429, hdr: http.Header{"Retry-After": {"30"}}, body: "slow down"}
+				tr := mustNew(t, base, c.opts...)
+				ctx := context.Background()
+				if c.dl > 0 {
+					var cancel context.CancelFunc
+					ctx, cancel = context.WithTimeout(ctx, c.dl)
+					defer cancel()
+				}
+				req, _ := http.NewRequestWithContext(ctx, "GET", "http://api.test/x", nil)
+				resp, err := tr.RoundTrip(req)
+				if err != nil {
+					t.Fatalf("the server's 429 was replaced by %v", err)
+				}
+				b, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != 429 || string(b) != "slow down" {
+					t.Errorf("got %d %q, want the server's 429 and its body", resp.StatusCode, b)
+				}
+				if n := len(base.attempts()); n != 1 {
+					t.Errorf("%d attempts, want 1", n)
+				}
+			})
+		})
+	}
+}
+
+// TestRetryRefusedLeavesTheAnswer: a retry that is not sent (here, the
+// Transport closed during its backoff) leaves the caller the answer that
+// caused it, body and all, with a nil error.
+func TestRetryRefusedLeavesTheAnswer(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		base := &atBase{status: 500, body: "upstream failed"}
+		tr := mustNew(t, base)
+		type result struct {
+			resp *http.Response
+			err  error
+		}
+		done := make(chan result)
+		go func() {
+			req, _ := http.NewRequest("GET", "http://api.test/x", nil)
+			resp, err := tr.RoundTrip(req)
+			done <- result{resp, err}
+		}()
+		synctest.Wait() // in the retry's backoff
+		tr.Close()
+		r := <-done
+		if r.err != nil {
+			t.Fatalf("the server's 500 was replaced by %v", r.err)
+		}
+		b, _ := io.ReadAll(r.resp.Body)
+		r.resp.Body.Close()
+		if r.resp.StatusCode != 500 || string(b) != "upstream failed" {
+			t.Errorf("got %d %q, want the server's 500 and its body", r.resp.StatusCode, b)
+		}
+		if n := len(base.attempts()); n != 1 {
+			t.Errorf("%d attempts, want 1", n)
+		}
+	})
+}
+
+// TestRetryWaitsForTheTimeNamed: an answer that names a time the lane does
+// not pause for (a 500 with Retry-After) is retried no sooner; a
+// WithBackoff is held to WithMaxRetryAfter, as the lane's pause is.
+func TestRetryWaitsForTheTimeNamed(t *testing.T) {
+	for _, c := range []struct {
+		name     string
+		status   int
+		ra       string
+		opts     []Option
+		min, max time.Duration // between the first attempt and the second
+	}{
+		{"500", 500, "30", nil, 30 * time.Second, 31 * time.Second},
+		{"520", 520, "30", nil, 30 * time.Second, 31 * time.Second},
+		{"429 backoff", 429, "86400", []Option{WithBackoff(retryablehttp.DefaultBackoff), WithMaxRetryAfter(time.Minute)},
+			time.Minute, time.Minute + time.Second},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				base := &atBase{status: c.status, hdr: http.Header{"Retry-After": {c.ra}}}
+				tr := mustNew(t, base, c.opts...)
+				req, _ := http.NewRequest("GET", "http://api.test/x", nil)
+				resp, err := tr.RoundTrip(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				resp.Body.Close()
+				at := base.attempts()
+				if len(at) < 2 {
+					t.Fatalf("%d attempts, want a retry", len(at))
+				}
+				if d := at[1].Sub(at[0]); d < c.min || d > c.max {
+					t.Errorf("retry %v after the first attempt, want %v to %v", d, c.min, c.max)
+				}
+			})
+		})
+	}
 }

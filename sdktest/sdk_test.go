@@ -16,6 +16,9 @@ import (
 
 	"github.com/anthropics/anthropic-sdk-go/v2"
 	aoption "github.com/anthropics/anthropic-sdk-go/v2/option"
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/aws/retry"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 	"github.com/stripe/stripe-go/v82"
@@ -148,4 +151,27 @@ func TestStripe500(t *testing.T) {
 
 func TestStripe429LockTimeout(t *testing.T) {
 	compare(t, 3, `{"error":{"code":"lock_timeout","type":"invalid_request_error"}}`, http.StatusTooManyRequests, nil, stripeCall)
+}
+
+func s3Call(ctx context.Context, c *http.Client, url string) error {
+	client := s3.New(s3.Options{
+		Region:       "us-east-1",
+		BaseEndpoint: aws.String(url),
+		UsePathStyle: true,
+		HTTPClient:   c,
+		Credentials:  aws.AnonymousCredentials{},
+		// The SDK's own retryer, waiting less between its attempts.
+		Retryer: retry.NewStandard(func(o *retry.StandardOptions) { o.MaxBackoff = 50 * time.Millisecond }),
+	})
+	_, err := client.GetObject(ctx, &s3.GetObjectInput{Bucket: aws.String("b"), Key: aws.String("k")})
+	return err
+}
+
+// s3Error is an error body of S3's REST-XML protocol.
+const s3Error = `<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code><Message>test</Message></Error>`
+
+// aws-sdk-go-v2 makes three attempts of a call that a 503 answers, each
+// marked Amz-Sdk-Request: a GET, which sluice would retry too.
+func TestAWS503(t *testing.T) {
+	compare(t, 3, s3Error, http.StatusServiceUnavailable, nil, s3Call)
 }
