@@ -363,17 +363,22 @@ func (bs *budgets) reconcile(i int, remaining int64, now, sent time.Duration, ch
 
 // uncounted returns what a server's count in answer to the attempt of
 // charge ch (nil: none) may not have counted of budget i: the costs
-// granted since ch, and those granted before it and not answered yet.
+// granted since ch, and those granted before it and not answered yet. An
+// attempt without a charge has no mark of what was granted before it: the
+// costs not answered yet are taken as uncounted, all of them.
 func (bs *budgets) uncounted(i int, ch *charge) (since, before float64) {
-	since = bs.bs[i].sent
-	if ch != nil {
-		since -= ch.mark[i] + ch.cost[i]
+	if ch == nil {
 		for _, o := range bs.out {
-			if o == ch {
-				break
-			}
-			before += o.cost[i] // granted before ch, not answered yet
+			before += o.cost[i]
 		}
+		return 0, before
+	}
+	since = bs.bs[i].sent - ch.mark[i] - ch.cost[i]
+	for _, o := range bs.out {
+		if o == ch {
+			break
+		}
+		before += o.cost[i] // granted before ch, not answered yet
 	}
 	return since, before
 }

@@ -581,3 +581,45 @@ func TestBudgetWaitWokenByWhatChangesIt(t *testing.T) {
 		})
 	}
 }
+
+// TestBudgetCountOfACallWithoutCost: a call that carries no cost (a list
+// of models, say) is answered with the server's count, as every OpenAI
+// response is. The count is taken less what is not answered yet, not less
+// every cost the lane ever granted: after 12,000 tokens spent over three
+// minutes, a full server bucket lets the next call go at once.
+func TestBudgetCountOfACallWithoutCost(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var mu sync.Mutex
+		remaining := 6000
+		base := &fakeBase{answer: func(req *http.Request) *http.Response {
+			mu.Lock()
+			defer mu.Unlock()
+			remaining -= int(CostFrom(req.Context(), "tokens"))
+			resp := answerWith(0, 200)(nil)
+			resp.Header.Set("X-Ratelimit-Limit-Tokens", "6000")
+			resp.Header.Set("X-Ratelimit-Remaining-Tokens", strconv.Itoa(remaining))
+			resp.Header.Set("X-Ratelimit-Reset-Tokens", "1m0s")
+			return resp
+		}}
+		tr := mustNew(t, base, WithBudget("tokens", 6000, time.Minute)) // 100 a second
+		for range 3 {
+			if err := getCost(t.Context(), tr, 4000, ""); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(time.Minute)
+			mu.Lock()
+			remaining = 6000 // the server's bucket is full again
+			mu.Unlock()
+		}
+		if err := get(t.Context(), tr, ""); err != nil { // no cost: the server says 6,000 remain
+			t.Fatal(err)
+		}
+		start := time.Now()
+		if err := getCost(t.Context(), tr, 1000, ""); err != nil {
+			t.Fatal(err)
+		}
+		if d := time.Since(start); d > 0 {
+			t.Errorf("a call of 1,000 tokens waited %v with the server's bucket full", d)
+		}
+	})
+}
