@@ -724,3 +724,45 @@ func TestSampledLaneStillLearns(t *testing.T) {
 		}
 	})
 }
+
+// TestAdaptiveRareSlowCalls: one call in twenty takes 30 s, the others
+// 200 ms, and 60 callers keep a lane at 10/s backed up. By Little's law
+// about 17 calls are in flight at the rate; a limit sized by the recent
+// latency alone left the slow calls every slot, and the lane served half
+// its rate. It serves its rate.
+func TestAdaptiveRareSlowCalls(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var n, served atomic.Int64
+		base := rtFunc(func(req *http.Request) (*http.Response, error) {
+			d := 200 * time.Millisecond
+			if n.Add(1)%20 == 0 {
+				d = 30 * time.Second
+			}
+			time.Sleep(d)
+			served.Add(1)
+			return &http.Response{StatusCode: 200, Header: http.Header{}, Body: io.NopCloser(strings.NewReader("ok")), Request: req}, nil
+		})
+		tr := mustNew(t, base, WithRetry(0), WithRate(600, time.Minute))
+		ctx, cancel := context.WithCancel(t.Context())
+		var wg sync.WaitGroup
+		for range 60 {
+			wg.Go(func() {
+				for ctx.Err() == nil {
+					get(ctx, tr, "")
+				}
+			})
+		}
+		time.Sleep(time.Minute) // the slow calls' first round
+		from := served.Load()
+		const d = 4 * time.Minute
+		time.Sleep(d)
+		got := float64(served.Load()-from) / d.Seconds()
+		cancel()
+		wg.Wait()
+		s, _ := tr.Stats().Lane("api.test")
+		t.Logf("served %.2f/s of 10/s; limit %d", got, s.Limit)
+		if got < 9 {
+			t.Errorf("served %.2f/s, want the rate (10/s) within 10%%", got)
+		}
+	})
+}

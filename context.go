@@ -114,7 +114,11 @@ type holdStreamKey struct{}
 // minutes would otherwise hold back the lane's quick calls, and teach the
 // adaptive limit a latency that starves them. Its rate token was spent
 // when it was sent, as for any request. Use HoldStream where the server
-// limits concurrent streams, not only their rate.
+// limits concurrent streams, not only their rate: its refusals of more
+// streams (an overload, a 429) then cut the lane's in-flight limit, and
+// WithConcurrency's maximum bounds what is in flight. A held stream that
+// outlasts the lane's other calls by far is counted beside the limit
+// that their latency sizes, so that they keep their places.
 func HoldStream(ctx context.Context) context.Context {
 	return context.WithValue(ctx, holdStreamKey{}, true)
 }

@@ -73,9 +73,18 @@ func (l *lane) run(ctx context.Context, own *waiter) {
 			l.unlock()
 			continue
 		}
+		// The slots held by attempts long in flight raise the limit (see
+		// limiter.long).
+		if servable && !l.slot.free() {
+			if l.markLongLocked(tick); l.slot.free() {
+				l.unlock()
+				continue
+			}
+		}
 		// Sleep until the cooldown ends or the token is due. When the
-		// token is there but no slot is free, only a release (or a larger
-		// limit) can help: wait for a kick alone.
+		// token is there but no slot is free, only a release, a larger
+		// limit or an attempt that turns long can help: wait for a kick,
+		// or for that.
 		l.stalled = !servable
 		var d time.Duration = -1
 		late = false
@@ -88,6 +97,8 @@ func (l *lane) run(ctx context.Context, own *waiter) {
 		case !l.perToken && l.slot.free():
 			d = max(l.pace.TokenDelay(tick), l.budgets.payDelay(tick, next.charge))
 			late = l.pace.PaceRate() > 0
+		case !l.slot.free() && l.slot.longAt > tick:
+			d = l.slot.longAt - tick
 		}
 		precise := late && d < timerGrain && pace.TokenTime(l.pace.PaceRate()) < preciseLag
 		l.unlock()

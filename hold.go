@@ -28,6 +28,7 @@ type hold struct {
 	tn            *tenant
 	ch            *charge      // what it cost the lane's budgets
 	timed, spaced bool         // spaced: the lane wants to know when it is written (see lane.traceWrite)
+	long          bool         // counted in the limiter's long, under the lane's lock (see lane.markLongLocked)
 	look          bool         // its response's headers are looked at (see lane.reads)
 	kind          verdict.Kind // the response's, once it came
 	nth           int          // the pacer's count of grants just after this one (see pace.Pacer.Refund)
@@ -140,11 +141,42 @@ func (l *lane) fillLocked(h *hold, tn *tenant, at, wait time.Duration) *hold {
 	return h
 }
 
+// markLongLocked counts the holds of a paced lane in flight since before
+// now less the limiter's outlier time as long (see limiter.long), which
+// raises the limit by one for each, and notes when the next may be.
+// Called by the dispatcher when no slot is free, at most once by then.
+func (l *lane) markLongLocked(now time.Duration) {
+	o, r := l.slot.outlier(), l.currentRateLocked()
+	if o <= 0 || r == 0 || now < l.slot.longAt {
+		return
+	}
+	// Held from now on, an attempt turns long no sooner than this.
+	n, next := int32(0), now+o
+	for _, h := range l.held {
+		switch due := h.start + o; {
+		case h.long:
+		case due <= now:
+			h.long = true
+			n++
+		case due < next:
+			next = due
+		}
+	}
+	l.slot.longAt = next
+	if n > 0 {
+		l.limitMovedLocked(l.slot.addLong(n, r))
+	}
+}
+
 // unholdLocked takes h, whose return its caller claimed, off the lane's
 // list.
 func (l *lane) unholdLocked(h *hold) {
 	if h.idx < 0 {
 		return // a prepaid grant given back before it was settled
+	}
+	if h.long {
+		h.long = false
+		l.slot.long--
 	}
 	last := len(l.held) - 1
 	if h.idx != last {

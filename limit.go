@@ -53,6 +53,10 @@ type limiter struct {
 
 	w, dev float64 // smoothed latency and its mean deviation, in seconds
 
+	// longAt is when the next attempt in flight may turn long (see long);
+	// 0: at the next look.
+	longAt time.Duration
+
 	// The current window, from start; started is false before the first
 	// sample.
 	start   time.Duration
@@ -77,9 +81,17 @@ type limiter struct {
 	sumL float64 // in-flight counts at completion
 
 	means [baselineWindows]float64 // means of recent windows, 0: none
-	next  int                      // where the next mean goes in means
-	prevX float64                  // completions per second of the previous window
-	prevL float64                  // mean in-flight count of the previous window
+	next  int32                    // where the next mean goes in means
+	// long counts the attempts in flight that outlasted outlier when the
+	// lane looked (see lane.markLongLocked), until they end. A paced
+	// lane's limit is Little's law's for the others, plus one for each:
+	// the rare call of 30 s among calls of 200 ms, or a stream held
+	// (HoldStream), would otherwise keep the places that W, back at
+	// 200 ms within a few samples, sizes for the quick calls, and the lane
+	// would fall short of its rate.
+	long  int32
+	prevX float64 // completions per second of the previous window
+	prevL float64 // mean in-flight count of the previous window
 
 	cap      int   // cap on the limit from the gradient; 0: none
 	sinceCut int32 // windows since the last cut, from 1; 0: none yet
@@ -303,7 +315,7 @@ func (s *limiter) target(rate float64) int {
 		s.cap, s.held, s.slow = 0, false, false
 	}
 	n := s.max
-	if f := math.Ceil((rate*s.w + devWeight*math.Sqrt(rate*s.dev)) * (1 + littleMargin)); f < float64(n) {
+	if f := math.Ceil((rate*s.w+devWeight*math.Sqrt(rate*s.dev))*(1+littleMargin)) + float64(s.long); f < float64(n) {
 		n = int(f)
 	}
 	if s.cap > 0 {
@@ -313,6 +325,23 @@ func (s *limiter) target(rate float64) int {
 		n = min(n, s.over)
 	}
 	return n
+}
+
+// outlier returns how long an attempt may be in flight before it counts
+// as long (see long): TCP's retransmission timeout, W + 4·D (RFC 6298).
+// It returns 0 (none counts) before the first sample.
+func (s *limiter) outlier() time.Duration {
+	if !s.started {
+		return 0
+	}
+	return secs(s.w + 4*s.dev)
+}
+
+// addLong counts n more attempts in flight as long, and returns what
+// became of the limit at rate.
+func (s *limiter) addLong(n int32, rate float64) limitChange {
+	s.long += n
+	return s.set(s.target(rate))
 }
 
 // endWindow closes the current window at now: it updates the baseline and

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -145,6 +146,68 @@ func TestHoldStream(t *testing.T) {
 		defer resp.Body.Close()
 		if s, _ := tr.Stats().Lane("api.test"); s.InFlight != 0 {
 			t.Errorf("stream by default: %d in flight after its headers, want 0", s.InFlight)
+		}
+	})
+}
+
+// TestHeldStreamsDoNotStarveQuickCalls: on a lane paced at 10/s, six
+// callers hold streams of a minute (HoldStream) while four make quick
+// calls of 200 ms. A held stream outlasts the latency of the quick calls
+// by far: its slot is counted beside the limit that Little's law sizes
+// for them, and the quick calls keep the rate the streams leave. (Sized
+// by the recent latency alone, the limit left the streams every slot, and
+// the quick calls got none in most quarters of a minute.)
+func TestHeldStreamsDoNotStarveQuickCalls(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		base := rtFunc(func(req *http.Request) (*http.Response, error) {
+			if strings.HasSuffix(req.URL.Path, "/stream") {
+				time.Sleep(300 * time.Millisecond)
+				return &http.Response{StatusCode: 200, Header: http.Header{"Content-Type": {"text/event-stream"}},
+					Body: &sseBody{n: 2, interval: time.Minute}, Request: req}, nil
+			}
+			time.Sleep(200 * time.Millisecond)
+			return &http.Response{StatusCode: 200, Header: http.Header{}, Body: io.NopCloser(strings.NewReader("ok")), Request: req}, nil
+		})
+		tr := mustNew(t, base, WithRetry(0), WithRate(600, time.Minute))
+		ctx, cancel := context.WithCancel(t.Context())
+		var quick atomic.Int64
+		call := func(ctx context.Context, path string) error {
+			req, _ := http.NewRequestWithContext(ctx, "POST", "http://api.test"+path, nil)
+			resp, err := tr.RoundTrip(req)
+			if err != nil {
+				return err
+			}
+			io.Copy(io.Discard, resp.Body)
+			return resp.Body.Close()
+		}
+		var wg sync.WaitGroup
+		for range 4 {
+			wg.Go(func() {
+				for ctx.Err() == nil {
+					if call(ctx, "/quick") == nil {
+						quick.Add(1)
+					}
+				}
+			})
+		}
+		for range 6 {
+			wg.Go(func() {
+				for ctx.Err() == nil {
+					call(HoldStream(ctx), "/stream")
+				}
+			})
+		}
+		time.Sleep(time.Minute)
+		from := quick.Load()
+		const d = 4 * time.Minute
+		time.Sleep(d)
+		got := float64(quick.Load()-from) / d.Seconds()
+		cancel()
+		wg.Wait()
+		t.Logf("quick calls: %.2f/s beside six held streams, at 10/s", got)
+		// The streams take one token a minute each: 0.1/s.
+		if got < 0.9*(10-0.1) {
+			t.Errorf("quick calls served at %.2f/s, want the rate the streams leave (9.9/s) within 10%%", got)
 		}
 	})
 }
