@@ -54,7 +54,8 @@ const forEachPoll = 50 * time.Millisecond
 // is its cause, see context.Cause) or panics. Once that context is done,
 // ForEach takes no more items, waits for the calls already started, and
 // returns: the first non-nil error returned by fn if there is one, otherwise
-// ctx.Err() if ctx ended before every item was taken, otherwise nil. No
+// ctx.Err() if ctx ended before every item was taken (items is then asked
+// for one more, which is not run, to tell), otherwise nil. No
 // goroutine started by ForEach outlives it, whatever happens.
 //
 // Panics. A panic in fn is not swallowed: it cancels the rest as an error
@@ -93,20 +94,29 @@ func ForEach[T any](ctx context.Context, t *Transport, items iter.Seq[T], fn fun
 	}()
 
 	// Wait for room before taking each item, not after: the iterator is
-	// asked for an item only when it can start at once.
+	// asked for an item only when it can start at once. If the caller's
+	// ctx ends meanwhile, and no call failed, it is asked once more, to
+	// tell whether every item was taken.
 	complete := true // every item was taken
 	if items != nil {
-		complete = f.await(ctx)
-		if complete {
-			for item := range items {
-				f.live.Add(1)
-				f.wg.Add(1)
-				go f.run(func() error { return fn(ctx, item) })
-				if !f.await(ctx) {
-					complete = false
-					break
+		next, stop := iter.Pull(items)
+		defer stop()
+		for {
+			if !f.await(ctx) {
+				complete = false
+				if parent.Err() != nil && !f.failed() {
+					_, more := next()
+					complete = !more
 				}
+				break
 			}
+			item, ok := next()
+			if !ok {
+				break
+			}
+			f.live.Add(1)
+			f.wg.Add(1)
+			go f.run(func() error { return fn(ctx, item) })
 		}
 	}
 	f.wg.Wait()
@@ -138,6 +148,14 @@ type fanout struct {
 	err      error       // the first error returned by fn
 	panicked *PanicError // the first panic in fn
 	goexit   bool        // fn called runtime.Goexit
+}
+
+// failed reports whether a call of fn returned an error, panicked or
+// called runtime.Goexit.
+func (f *fanout) failed() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.err != nil || f.panicked != nil || f.goexit
 }
 
 // await blocks until one more item goroutine may start, and reports true;

@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"io"
 	"iter"
+	"math"
 	"net/http"
 	"runtime"
 	"runtime/metrics"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -241,8 +243,9 @@ func TestForEachContextCancelStopsReading(t *testing.T) {
 		if f := finished.Load(); f != 11 {
 			t.Errorf("%d requests finished, want 11", f)
 		}
-		if p := c.pulled.Load(); p > 11+2+ForEachLookahead {
-			t.Errorf("%d items read, want no more than started", p)
+		// One more is read, not started, to tell whether it was the last.
+		if p := c.pulled.Load(); p > 11+2+ForEachLookahead+1 {
+			t.Errorf("%d items read, want no more than started and one", p)
 		}
 		if err := ForEach(ctx, tr, c.seq(), func(context.Context, int) error {
 			t.Error("fn called with a done context")
@@ -532,5 +535,69 @@ func BenchmarkForEach(b *testing.B) {
 			}
 			return g.Wait()
 		})
+	})
+}
+
+// TestForEachAllTakenAsCtxEnds: ctx ends while ForEach waits for room
+// after starting the last item; every item was taken and every call
+// succeeds, so ForEach returns nil, as an errgroup would.
+func TestForEachAllTakenAsCtxEnds(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr := mustNew(t, &fakeBase{})
+		ctx, cancel := context.WithTimeout(t.Context(), 500*time.Millisecond)
+		defer cancel()
+		var ran atomic.Int64
+		// As many items as the bound: the minimum limit and the lookahead.
+		items := slices.Values(make([]int, DefaultMinConcurrency+ForEachLookahead))
+		err := ForEach(ctx, tr, items, func(ctx context.Context, _ int) error {
+			time.Sleep(time.Second) // ends after ctx, and ignores it
+			ran.Add(1)
+			return nil
+		})
+		if err != nil || ran.Load() != DefaultMinConcurrency+ForEachLookahead {
+			t.Errorf("ran %d of %d, ForEach returned %v; want all and nil", ran.Load(), DefaultMinConcurrency+ForEachLookahead, err)
+		}
+		// An item left when ctx ends is not run, and ctx's error is returned.
+		ran.Store(0)
+		ctx, cancel = context.WithTimeout(t.Context(), 500*time.Millisecond)
+		defer cancel()
+		items = slices.Values(make([]int, DefaultMinConcurrency+ForEachLookahead+1))
+		err = ForEach(ctx, tr, items, func(ctx context.Context, _ int) error {
+			time.Sleep(time.Second)
+			ran.Add(1)
+			return nil
+		})
+		if !errors.Is(err, context.DeadlineExceeded) || ran.Load() != DefaultMinConcurrency+ForEachLookahead {
+			t.Errorf("ran %d, ForEach returned %v; want %d and the deadline's error", ran.Load(), err, DefaultMinConcurrency+ForEachLookahead)
+		}
+	})
+}
+
+// TestForEachUnboundedConcurrency: WithConcurrency(1, math.MaxInt) starts
+// each paced lane at that limit; the sum over two lanes, which ForEach
+// bounds its goroutines by, does not overflow.
+func TestForEachUnboundedConcurrency(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		base := rtFunc(func(req *http.Request) (*http.Response, error) {
+			<-release
+			return &http.Response{StatusCode: 200, Header: http.Header{}, Body: http.NoBody, Request: req}, nil
+		})
+		tr := mustNew(t, base, WithRate(100, time.Second), WithConcurrency(1, math.MaxInt))
+		var wg sync.WaitGroup
+		for _, host := range []string{"a.test", "b.test"} {
+			wg.Go(func() {
+				req, _ := http.NewRequest("GET", "http://"+host+"/", nil)
+				if resp, err := tr.RoundTrip(req); err == nil {
+					resp.Body.Close()
+				}
+			})
+		}
+		synctest.Wait() // both in flight: no sample has sized either lane
+		if n := tr.fanoutLimit(); n < 2 {
+			t.Errorf("ForEach's limit over two lanes at math.MaxInt: %d", n)
+		}
+		close(release)
+		wg.Wait()
 	})
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"math"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -564,7 +565,9 @@ func (t *Transport) fanoutLimit() int {
 			return true // its host's limit bounds it
 		}
 		l.lock()
-		n += l.slot.limit
+		// Held within the range of an int32 with room for the lookahead:
+		// limits of WithConcurrency(1, math.MaxInt) would overflow the sum.
+		n += min(l.slot.limit, math.MaxInt32-ForEachLookahead-n)
 		l.unlock()
 		return true
 	})
