@@ -3,8 +3,10 @@ package sluice
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -179,6 +181,78 @@ func TestGraphQLThrottles(t *testing.T) {
 				}
 				if s, _ := tr.LaneStats("api.test"); s.Throttled != want {
 					t.Errorf("throttled %d, want %d", s.Throttled, want)
+				}
+			})
+		})
+	}
+}
+
+// slowBody sends its parts with a pause before each but the first.
+type slowBody struct {
+	parts []string
+	pause time.Duration
+	sent  int
+}
+
+func (b *slowBody) Read(p []byte) (int, error) {
+	if b.sent == len(b.parts) {
+		return 0, io.EOF
+	}
+	if b.sent > 0 {
+		time.Sleep(b.pause)
+	}
+	b.sent++
+	return copy(p, b.parts[b.sent-1]), nil
+}
+
+func (b *slowBody) Close() error { return nil }
+
+// TestPeekDoesNotHoldTheResponse: a body that is looked at (a 429's, a
+// GraphQL answer's) but whose first 4 KiB do not come with the headers
+// does not hold the response back past peekWait, and the caller reads
+// each part as it comes, byte for byte.
+func TestPeekDoesNotHoldTheResponse(t *testing.T) {
+	for _, c := range []struct {
+		name, path string
+		status     int
+		ct         string
+	}{
+		{"429", "/v1/x", 429, "application/json"},
+		{"429 stream", "/v1/x", 429, "text/event-stream"},
+		{"graphql", "/graphql", 200, "application/json"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				parts := []string{`{"data":{"items":[`, `1,2,3`, `]}}`}
+				base := &fakeBase{answer: func(req *http.Request) *http.Response {
+					return &http.Response{StatusCode: c.status, Header: http.Header{"Content-Type": {c.ct}},
+						Body: &slowBody{parts: parts, pause: 10 * time.Second}}
+				}}
+				tr := mustNew(t, base, WithRetry(0))
+				start := time.Now()
+				req, _ := http.NewRequestWithContext(t.Context(), "POST", "http://api.test"+c.path, nil)
+				resp, err := tr.RoundTrip(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer resp.Body.Close()
+				if d := time.Since(start); d > peekWait {
+					t.Errorf("RoundTrip returned after %v, want at most %v", d, peekWait)
+				}
+				var got []string
+				buf := make([]byte, 64)
+				for {
+					n, err := resp.Body.Read(buf)
+					if n > 0 {
+						got = append(got, fmt.Sprintf("%s at %v", buf[:n], time.Since(start).Round(time.Second)))
+					}
+					if err != nil {
+						break
+					}
+				}
+				want := []string{parts[0] + " at 0s", parts[1] + " at 10s", parts[2] + " at 20s"}
+				if !slices.Equal(got, want) {
+					t.Errorf("read %q, want %q", got, want)
 				}
 			})
 		})
