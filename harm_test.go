@@ -686,3 +686,40 @@ func TestRetryAfterMeant(t *testing.T) {
 		t.Errorf("headers read: %d accepted, %d refused; stripped: %d accepted, %d refused; want as many accepted, within a window's, and at most 4 more refused", ra, rr, sa, sr)
 	}
 }
+
+// oddRemaining answers as its model does but for its at-th answer, which
+// states Remaining v: an exempt route's count, or another limiter's.
+type oddRemaining struct {
+	upstream.Model
+	mu    sync.Mutex
+	n, at int
+	v     string
+}
+
+func (o *oddRemaining) Admit(now time.Time, r *http.Request) upstream.Decision {
+	d := o.Model.Admit(now, r)
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.n++; o.n == o.at {
+		d.Header.Set("X-RateLimit-Remaining", o.v)
+	}
+	return d
+}
+
+// TestOddRemainingDoesNoHarm: one answer of a throttled GCRA (50/s, a
+// burst of 6) states a Remaining at or above its limit. The lane, with no
+// WithRate, is served as it is without that answer: a count no bucket of
+// that limit holds does not make every later one look like a bucket
+// draining, which kept the lane at a seventh of the rate for good.
+func TestOddRemainingDoesNoHarm(t *testing.T) {
+	for _, v := range []string{"6", "1000000"} {
+		t.Run(v, func(t *testing.T) {
+			r := runHarm(t, &oddRemaining{Model: &gcra{rate: 50, burst: 6, style: styleThrottled}, at: 5, v: v},
+				32, 0, 0, 300*time.Millisecond, 60*time.Second, false)
+			t.Logf("5th answer states remaining %s: %v", v, r)
+			if r.half < 0.9 {
+				t.Errorf("served %.2f of the rate over the second half, want at least 0.90", r.half)
+			}
+		})
+	}
+}

@@ -126,6 +126,9 @@ func (p *Pacer) used(now time.Duration) {
 	p.grants[p.ngrants%len(p.grants)] = now
 	p.ngrants++
 	if next, held := p.quota.granted(now); held && p.lim != nil {
+		// Held no longer than a cooldown may be: a window's end is
+		// measured, not stated, and a server may state any reset.
+		next = min(next, now+p.maxWait)
 		p.lim.set(now, min(p.lim.tokensAt(now), 1-p.lim.perSecond()*(next-now).Seconds()))
 	}
 }
@@ -644,7 +647,7 @@ func (p *Pacer) applyRate(now time.Duration) (raised bool) {
 	if end, held := p.quota.heldTo(now); held && !math.IsInf(lim, 1) {
 		// The hold (see used) is a time, not a count of tokens: the next
 		// grant waits for the window's end at any rate.
-		p.lim.set(now, 1-lim*(end-now).Seconds())
+		p.lim.set(now, 1-lim*(min(end, now+p.maxWait)-now).Seconds())
 	}
 	return lim > old
 }

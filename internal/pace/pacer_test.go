@@ -853,3 +853,35 @@ func TestPacerHoldsToAWindowEnd(t *testing.T) {
 func windowQuota(left int64) headers.Quota {
 	return headers.Quota{Limit: 50, Remaining: left, Reset: time.Second, Coarse: true, Source: "x-ratelimit"}
 }
+
+// TestWindowHoldWithinMaxWait: a server that behaves as a fixed window of
+// ten a second (Unix-time resets, measured ends), then states its next
+// reset 300 days away: the hold that keeps the next grant for the window's
+// end is no longer than a cooldown may be (maxWait, 10 minutes).
+func TestWindowHoldWithinMaxWait(t *testing.T) {
+	const maxWait = 10 * time.Minute
+	p := New(0, 1, maxWait, true, 0)
+	q := func(rem int64, reset time.Duration) headers.Quota {
+		return headers.Quota{Limit: 10, Remaining: rem, Reset: reset, Source: "x-ratelimit", Coarse: true, Instant: true}
+	}
+	now := time.Second
+	end := now + time.Second
+	for i := int64(1); i <= 10; i++ {
+		now += 50 * time.Millisecond
+		p.Take(now, false)
+		p.Observe(now+time.Millisecond, Reply{Status: 200, Sent: now, Quota: q(10-i, end-now), HasQuota: true}, 1)
+		p.Settle(now+time.Millisecond, now, verdict.Served)
+	}
+	now = end + 10*time.Millisecond
+	end = now + 300*24*time.Hour
+	for rem := int64(9); rem >= 0; rem-- {
+		for !p.Ready(now) || !p.Take(now, false) {
+			now += min(p.TokenDelay(now), 2*maxWait) + time.Millisecond
+		}
+		p.Observe(now+time.Millisecond, Reply{Status: 200, Sent: now, Quota: q(rem, end-now), HasQuota: true}, 1)
+		p.Settle(now+time.Millisecond, now, verdict.Served)
+		if d := p.TokenDelay(now); d > maxWait+time.Second {
+			t.Fatalf("remaining %d: the next grant is %v away, past maxWait (%v)", rem, d, maxWait)
+		}
+	}
+}

@@ -178,6 +178,9 @@ func (m *quotaModel) observe(now, sent time.Duration, q headers.Quota, inFlight 
 		m.kind = priorKind(q.Source)
 	}
 	if q.Limit > 0 {
+		if m.limit > 0 && q.Limit != m.limit {
+			m.held = 0 // of the limit that was
+		}
 		m.limit = q.Limit
 		m.perSecond = 0
 		if per := max(q.Window, q.Reset); per > 0 {
@@ -191,7 +194,14 @@ func (m *quotaModel) observe(now, sent time.Duration, q headers.Quota, inFlight 
 		}
 		return quotaPace{}
 	}
-	m.held = max(m.held, q.Remaining)
+	// Held to the limit less the request counted: one answer that states
+	// more (an exempt route's, or another limiter's) would otherwise make
+	// every later one look like the bucket draining, for good.
+	rem := q.Remaining
+	if q.Limit > 0 {
+		rem = min(rem, q.Limit-1)
+	}
+	m.held = max(m.held, rem)
 	was := m.kind
 	told := m.seeEdge(now, sent, q, true)
 	carried := m.carried
