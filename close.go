@@ -6,8 +6,10 @@ import "errors"
 // Close, and of every request still waiting in it when Close is called.
 var ErrClosed = errors.New("sluice: Transport closed")
 
-// Close stops the Transport: requests waiting in its lanes fail with
-// ErrClosed, later requests fail at once, and the lanes' dispatcher
+// Close stops the Transport: requests waiting in its lanes (or for a
+// host's cooldown to end before their sub-limit) fail with ErrClosed, a
+// retry waiting out its backoff returns the answer that caused it, later
+// requests fail at once, and the lanes' dispatcher
 // goroutines exit. Attempts already sent finish as usual, and give their
 // slots (and a Backend's leases) back when their bodies are done. Close
 // leaves alone what the Transport does not own: the base transport's
@@ -17,6 +19,9 @@ var ErrClosed = errors.New("sluice: Transport closed")
 func (t *Transport) Close() error {
 	if !t.closed.CompareAndSwap(false, true) {
 		return nil
+	}
+	if t.done != nil {
+		close(t.done) // a retry's backoff, a sub-limit's wait for its host
 	}
 	// A lane created from now on is closed by its creator (see added).
 	t.lanes.Range(func(_, v any) bool {

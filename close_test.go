@@ -2,6 +2,7 @@ package sluice
 
 import (
 	"errors"
+	"net/http"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -62,6 +63,73 @@ func TestClose(t *testing.T) {
 		}
 		if n := len(base.arrivals); n != 1 {
 			t.Errorf("base saw %d requests, want the one sent before Close", n)
+		}
+	})
+}
+
+// TestCloseStopsWaitsOutsideTheQueues: a request that waits for its
+// host's cooldown before its sub-limit, and a retry that waits out the
+// time a 500 named, stop at Close: the first fails with ErrClosed, the
+// second returns the answer that caused it; neither sleeps out the ten
+// minutes.
+func TestCloseStopsWaitsOutsideTheQueues(t *testing.T) {
+	t.Run("sub-limit", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			base := &fakeBase{answer: answerWith(1, 429, "Retry-After: 600")}
+			tr := mustNew(t, base, WithRate(10, time.Second), WithRetry(0))
+			if err := get(t.Context(), tr, ""); err != nil {
+				t.Fatal(err)
+			}
+			errc := make(chan error)
+			go func() { errc <- get(WithSublimit(t.Context(), "gpt-4o"), tr, "") }()
+			synctest.Wait()
+			start := time.Now()
+			tr.Close()
+			if err := <-errc; !errors.Is(err, ErrClosed) || time.Since(start) > 0 {
+				t.Errorf("returned %v, %v after Close; want ErrClosed at once", err, time.Since(start))
+			}
+		})
+	})
+	t.Run("retry", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			base := &atBase{status: 500, hdr: http.Header{"Retry-After": {"600"}}, body: "failed"}
+			tr := mustNew(t, base)
+			type result struct {
+				resp *http.Response
+				err  error
+			}
+			done := make(chan result)
+			go func() {
+				req, _ := http.NewRequestWithContext(t.Context(), "GET", "http://api.test/", nil)
+				resp, err := tr.RoundTrip(req)
+				done <- result{resp, err}
+			}()
+			synctest.Wait()
+			start := time.Now()
+			tr.Close()
+			r := <-done
+			if r.err != nil || r.resp.StatusCode != 500 || time.Since(start) > 0 {
+				t.Fatalf("returned %v, %v after Close; want the 500 at once", r.err, time.Since(start))
+			}
+			r.resp.Body.Close()
+		})
+	})
+}
+
+// TestSublimitWaitForHostKeepsMaxWait: with the host cooling down for
+// 30 s, a request on a sub-limit whose level's WithMaxWait is a second is
+// refused at once, as it is without the sub-limit, not after the wait.
+func TestSublimitWaitForHostKeepsMaxWait(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		base := &fakeBase{answer: answerWith(1, 429, "Retry-After: 30")}
+		tr := mustNew(t, base, WithRate(10, time.Second), WithRetry(0), WithMaxWait(Interactive, time.Second))
+		if err := get(t.Context(), tr, ""); err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		err := get(WithSublimit(WithPriority(t.Context(), Interactive), "gpt-4o"), tr, "")
+		if !errors.Is(err, ErrRejected) || time.Since(start) > 0 {
+			t.Errorf("returned %v after %v; want a refusal at once", err, time.Since(start))
 		}
 	})
 }

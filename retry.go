@@ -152,6 +152,15 @@ func (t *Transport) do(l *lane, req *http.Request, p Priority, id string) (*http
 				timer.Stop()
 				closeBody(next)
 				return nil, ctx.Err()
+			case <-t.done:
+				// Closed: the retry would fail with ErrClosed; the
+				// answer that caused it stands.
+				timer.Stop()
+				closeBody(next)
+				if kept != nil {
+					return kept, nil
+				}
+				return nil, ErrClosed
 			}
 		}
 		areq = next

@@ -394,10 +394,11 @@ func isNamed(sub *lane, name string, bucket bool, path string) bool {
 	return ok && rest == ""
 }
 
-// coolWait waits until the lane's cooldown, if any, ends, or ctx does. It
-// waits for nothing if ctx's deadline comes first: the grant that follows
-// refuses such a request at once.
-func (l *lane) coolWait(ctx context.Context) error {
+// coolWait waits until the lane's cooldown, if any, ends, or ctx does, or
+// closed is closed (then it returns ErrClosed). It waits for nothing if
+// ctx's deadline comes first, or the wait is longer than maxWait (0: no
+// such bound): the grant that follows refuses such a request at once.
+func (l *lane) coolWait(ctx context.Context, closed <-chan struct{}, maxWait time.Duration) error {
 	l.lock()
 	until, now := l.pace.Cooldown(), l.clk.tick()
 	l.unlock()
@@ -405,7 +406,7 @@ func (l *lane) coolWait(ctx context.Context) error {
 		return nil // the cooldown's zero value is far in the past: no subtraction
 	}
 	d := until - now
-	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < d {
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < d || maxWait > 0 && d > maxWait {
 		return nil
 	}
 	timer := time.NewTimer(d)
@@ -415,6 +416,8 @@ func (l *lane) coolWait(ctx context.Context) error {
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
+	case <-closed:
+		return ErrClosed
 	}
 }
 

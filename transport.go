@@ -44,7 +44,8 @@ type Transport struct {
 	sweepMu sync.Mutex
 	sweeper *time.Timer
 
-	closed atomic.Bool // see Close
+	closed atomic.Bool    // see Close
+	done   chan struct{} // closed by Close: what waits outside a lane's queue stops
 
 	// Sub-limits (see sublimit.go): subCfg is the options of their lanes,
 	// subRated those of the sub-limits given a rate (WithSublimitRate), by
@@ -61,7 +62,7 @@ type Transport struct {
 // http.Client does with a nil Transport). It returns an error wrapping
 // ErrInvalidOption that names the option and value if any option is invalid.
 func New(base http.RoundTripper, opts ...Option) (*Transport, error) {
-	t := &Transport{base: base, cfg: defaultConfig()}
+	t := &Transport{base: base, cfg: defaultConfig(), done: make(chan struct{})}
 	for i, o := range opts {
 		if o == nil {
 			return nil, invalid("option %d is nil", i)
@@ -381,7 +382,7 @@ func (t *Transport) acquireSub(ctx context.Context, l *lane, req *http.Request, 
 	// A token the sub-limit grants while the host cools down would be
 	// sent with every other one the sub-limit granted meanwhile, at once,
 	// when the host opens: the sub-limit's pace begins after the cooldown.
-	if err := l.coolWait(ctx); err != nil {
+	if err := l.coolWait(ctx, t.done, t.cfg.maxWait[p]); err != nil {
 		return nil, false, nil, err
 	}
 	var after time.Duration // the host's wait, which a deadline refusal counts too
