@@ -234,6 +234,9 @@ func (l *lane) acquire(ctx context.Context, p Priority, id string, enq time.Dura
 	if !granted && (l.returned.Load() != nil || l.fast.Load()&fastMask != 0) {
 		recycleAll(l.settleReturnedLocked())
 		l.revokeLocked(now) // nobody is to wait while prepaid grants are left
+		// The settle may have ended the tenant's last attempt, and
+		// forgotten its record: the request's is looked up again.
+		tn = l.q.levels[p].tenant(id)
 		granted = l.tryGrantLocked(h, p, tn, now, first)
 	}
 	if granted {

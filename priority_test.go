@@ -2,6 +2,7 @@ package sluice
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"runtime"
 	"strings"
@@ -257,6 +258,45 @@ func TestLoneWaiterDispatchesItself(t *testing.T) {
 		}
 		if err := <-done; err != nil {
 			t.Fatal(err)
+		}
+	})
+}
+
+// TestLowShareCountsInTheEstimate: with Interactive calls backed up, the
+// default low share serves a Batch call within about ten grants, and an
+// early refusal estimates its wait so: a Batch call with a 3 s deadline
+// is served, where counting every Interactive waiter ahead of it refused
+// each one at once.
+func TestLowShareCountsInTheEstimate(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr := mustNew(t, &fakeBase{latency: 10 * time.Millisecond}, WithRate(10, time.Second))
+		ctx, cancel := context.WithCancel(t.Context())
+		var wg sync.WaitGroup
+		for range 50 {
+			wg.Go(func() {
+				for ctx.Err() == nil {
+					get(WithPriority(ctx, Interactive), tr, "")
+				}
+			})
+		}
+		time.Sleep(5 * time.Second) // the Interactive queue is long
+		var served, refused int
+		for range 20 {
+			bctx, bcancel := context.WithTimeout(WithPriority(ctx, Batch), 3*time.Second)
+			err := get(bctx, tr, "")
+			bcancel()
+			switch {
+			case err == nil:
+				served++
+			case errors.Is(err, ErrRejected):
+				refused++
+				time.Sleep(time.Second)
+			}
+		}
+		cancel()
+		wg.Wait()
+		if served < 18 || refused > 0 {
+			t.Errorf("Batch calls with a 3 s deadline: %d of 20 served, %d refused early", served, refused)
 		}
 	})
 }

@@ -182,15 +182,29 @@ func (q *waitQueue) pop(limit int) *waiter {
 // ahead estimates how many grants come before a new waiter of tenant tn at
 // level p: every waiter of the levels above (exact for strict priority), and
 // at level p as many of each tenant's waiters as tn's turns take, which is
-// bounded by tn's own queue plus one times the tenants taking turns.
+// bounded by tn's own queue plus one times the tenants taking turns. With
+// a low share, a level below the first in line is served sooner: every
+// lowShare-th grant goes to the longest waiter below that level, and
+// every waiter below it now has waited longer than the new one.
 func (q *waitQueue) ahead(p Priority, tn *tenant) int {
-	n := 0
+	n, top := 0, p
 	for l := Interactive; l < p; l++ {
+		if top == p && q.levels[l].n > 0 {
+			top = l
+		}
 		n += q.levels[l].n
 	}
 	lv := &q.levels[p]
 	turns := (len(tn.waiters) + 1) * (lv.queuing + 1)
-	return n + min(lv.n, turns)
+	n += min(lv.n, turns)
+	if q.lowShare > 0 && top < p {
+		lower := 0
+		for l := top + 1; l < numLevels; l++ {
+			lower += q.levels[l].n
+		}
+		n = min(n, q.lowShare*(lower+1))
+	}
+	return n
 }
 
 // oldest returns the enqueue time of the longest-waiting waiter of level p.

@@ -436,3 +436,39 @@ func TestTenantCapSeed(t *testing.T) {
 		}
 	}
 }
+
+// TestTenantRecordKeptAcrossASettle: a tenant's last attempt, given back
+// while another held the lane's lock, is settled by the tenant's next
+// acquire, which ends the tenant's record; the acquire uses a live record,
+// not the one forgotten: the tenant's queue bound holds, and another
+// tenant with nothing queued is not refused for it.
+func TestTenantRecordKeptAcrossASettle(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr := mustNew(t, &fakeBase{}, WithRate(1, time.Second), WithBurst(1), WithTenantQueue(1))
+		l := tr.lane("api.test")
+		a := WithTenant(t.Context(), "A")
+		h, _, err := l.acquire(a, Normal, "A", firstAttempt, false, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// A's answer is done while another goroutine holds the lock.
+		l.mu.Lock()
+		if !l.listReturned(h, false) {
+			t.Fatal("the hold was not listed")
+		}
+		l.mu.Unlock()
+		var wg sync.WaitGroup
+		wg.Go(func() { get(a, tr, "") }) // no token: queued
+		synctest.Wait()
+		wg.Go(func() {
+			if err := get(WithTenant(t.Context(), "B"), tr, ""); errors.Is(err, ErrRejected) {
+				t.Errorf("B, with nothing queued, refused: %v", err)
+			}
+		})
+		synctest.Wait() // A and B queued
+		if err := get(a, tr, ""); !errors.Is(err, ErrRejected) {
+			t.Errorf("A's second queued call, past WithTenantQueue(1): %v, want a refusal", err)
+		}
+		wg.Wait()
+	})
+}
