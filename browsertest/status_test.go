@@ -352,3 +352,86 @@ func shoot(t *testing.T, ctx context.Context, path string) {
 	}
 	t.Logf("screenshot of the page: %s", path)
 }
+
+// TestStatusPageLaneNames: lanes whose keys are names a JavaScript object
+// has of its own ("__proto__", "constructor", "toString"; a key may come
+// from a request, as WithKey allows) are drawn like any other, beside an
+// ordinary one, and the page keeps updating.
+func TestStatusPageLaneNames(t *testing.T) {
+	exe := browser(t)
+	api := upstream(1000)
+	defer api.Close()
+	base := http.DefaultTransport.(*http.Transport).Clone()
+	defer base.CloseIdleConnections()
+	names := []string{"__proto__", "constructor", "toString", "api.example.com"}
+	tr, err := sluice.New(base, sluice.WithRate(20, time.Second),
+		sluice.WithKey(func(r *http.Request) string { return strings.TrimPrefix(r.URL.Path, "/") }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	status, err := sluicestatus.New(tr, sluicestatus.WithInterval(250*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer status.Close()
+	ops := httptest.NewServer(status)
+	defer ops.Close()
+
+	loadCtx, stopLoad := context.WithCancel(context.Background())
+	var waits []func()
+	for _, n := range names {
+		waits = append(waits, work(loadCtx, tr, api.URL+"/"+n, 2))
+	}
+	defer func() {
+		stopLoad()
+		for _, w := range waits {
+			w()
+		}
+	}()
+
+	allocCtx, cancelAlloc := chromedp.NewExecAllocator(context.Background(),
+		chromedp.ExecPath(exe), chromedp.Headless, chromedp.NoSandbox, chromedp.DisableGPU,
+		chromedp.NoFirstRun, chromedp.NoDefaultBrowserCheck, chromedp.UserDataDir(t.TempDir()))
+	defer cancelAlloc()
+	ctx, cancel := chromedp.NewContext(allocCtx, chromedp.WithErrorf(t.Logf))
+	defer cancel()
+	var mu sync.Mutex
+	var exceptions []string
+	if err := chromedp.Listen(ctx, func(ev any) {
+		if e, ok := ev.(*runtime.EventExceptionThrown); ok {
+			mu.Lock()
+			exceptions = append(exceptions, (&chromedp.ExceptionError{ExceptionDetails: e.ExceptionDetails}).Error())
+			mu.Unlock()
+		}
+	}); err != nil {
+		t.Fatalf("starting %s: %v", exe, err)
+	}
+	wctx, cancelWait := context.WithTimeout(ctx, 60*time.Second)
+	defer cancelWait()
+	if err := chromedp.Do(wctx, chromedp.Navigate(ops.URL+"/")); err != nil {
+		t.Fatal(err)
+	}
+	const read = `({lanes: document.querySelectorAll("section.lane").length, updated: document.getElementById("conn").textContent})`
+	type page struct {
+		Lanes   int    `json:"lanes"`
+		Updated string `json:"updated"`
+	}
+	var got page
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(250 * time.Millisecond) {
+		if got, err = chromedp.Run(wctx, chromedp.Evaluate[page](read)); err != nil {
+			t.Fatal(err)
+		}
+		if got.Lanes == len(names) && strings.HasPrefix(got.Updated, "updated ") {
+			break
+		}
+	}
+	if got.Lanes != len(names) || !strings.HasPrefix(got.Updated, "updated ") {
+		t.Errorf("%d lanes drawn, the page's clock %q; want %d lanes, updating", got.Lanes, got.Updated, len(names))
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(exceptions) > 0 {
+		t.Errorf("the page threw: %q", exceptions)
+	}
+}
