@@ -601,3 +601,46 @@ func TestForEachUnboundedConcurrency(t *testing.T) {
 		wg.Wait()
 	})
 }
+
+// TestForEachOverManyLanes: a ForEach over a Transport of 5,000 lanes (a
+// key per item) sums the lanes' limits at most once per fanoutEvery, not
+// at every item: visiting each lane at each of n items made a backfill
+// over n keys cost n² lane locks.
+func TestForEachOverManyLanes(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const n = 5_000
+		tr := mustNew(t, &fakeBase{latency: time.Millisecond},
+			WithKey(func(r *http.Request) string { return r.URL.Path }))
+		call := func(ctx context.Context, i int) error {
+			req, _ := http.NewRequestWithContext(ctx, "GET", "http://api.test/"+fmt.Sprint(i), nil)
+			resp, err := tr.RoundTrip(req)
+			if err == nil {
+				resp.Body.Close()
+			}
+			return err
+		}
+		for i := range n {
+			if err := call(t.Context(), i); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var sums atomic.Int64
+		testHookSum = func() { sums.Add(1) }
+		defer func() { testHookSum = nil }()
+		start := time.Now()
+		items := func(yield func(int) bool) {
+			for i := range n {
+				if !yield(i) {
+					return
+				}
+			}
+		}
+		err := ForEach(t.Context(), tr, items, call)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if most := int64(time.Since(start)/fanoutEvery) + 1; sums.Load() > most {
+			t.Errorf("%d sums of %d lanes' limits over %d items in %v, want at most %d", sums.Load(), n, n, time.Since(start), most)
+		}
+	})
+}

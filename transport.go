@@ -44,8 +44,12 @@ type Transport struct {
 	sweepMu sync.Mutex
 	sweeper *time.Timer
 
-	closed atomic.Bool    // see Close
+	closed atomic.Bool   // see Close
 	done   chan struct{} // closed by Close: what waits outside a lane's queue stops
+
+	// The last sum of the lanes' limits (see fanoutLimit), and until when
+	// it is used, in Unix nanoseconds; 0: none yet.
+	fanSum, fanAt atomic.Int64
 
 	// Sub-limits (see sublimit.go): subCfg is the options of their lanes,
 	// subRated those of the sub-limits given a rate (WithSublimitRate), by
@@ -555,10 +559,43 @@ func (t *Transport) logRefusal(ctx context.Context, rej *RejectedError) {
 	}
 }
 
+const (
+	// fanoutLanes is the most lanes whose limits fanoutLimit sums at each
+	// call; over a Transport of more, it sums them at most every
+	// fanoutEvery, or ten times as long as the last sum took.
+	fanoutLanes = 64
+	fanoutEvery = 5 * time.Millisecond
+)
+
 // fanoutLimit is how many attempts the Transport lets be in flight now: the
 // sum of its lanes' in-flight limits, or the configured minimum before any
-// lane exists. ForEach reads it to bound its goroutines.
+// lane exists. ForEach reads it to bound its goroutines, before each item.
+// Over more than fanoutLanes lanes the sum is at most fanoutEvery old (or
+// ten times what it took), so that a ForEach over a Transport of a million
+// lanes does not visit each at every item.
 func (t *Transport) fanoutLimit() int {
+	if t.nLanes.Load() <= fanoutLanes {
+		return t.sumLimits()
+	}
+	start := time.Now()
+	if next := t.fanAt.Load(); next != 0 && start.UnixNano() < next {
+		return int(t.fanSum.Load())
+	}
+	n := t.sumLimits()
+	took := time.Since(start)
+	t.fanSum.Store(int64(n))
+	t.fanAt.Store(start.Add(max(fanoutEvery, 10*took)).UnixNano())
+	return n
+}
+
+// testHookSum, if set, is called at each sum of the lanes' limits.
+var testHookSum func()
+
+// sumLimits is fanoutLimit's sum, made now.
+func (t *Transport) sumLimits() int {
+	if testHookSum != nil {
+		testHookSum()
+	}
 	n := 0
 	t.lanes.Range(func(_, v any) bool {
 		l := v.(*lane)
