@@ -42,6 +42,10 @@ type LaneStats struct {
 	// WithSublimit): the lane's sub-limits follow it in Stats, with its
 	// Key and their names. It is "" for the lane itself.
 	Sublimit string
+	// Made is when the lane was made. A lane forgotten (see WithLaneIdle)
+	// and made again for the same key has a later Made, and its counters
+	// start again from zero.
+	Made time.Time
 	// Folded counts the responses whose named limit was read as the
 	// lane's own, because the lane had as many sub-limits as it may.
 	Folded   uint64
@@ -159,6 +163,7 @@ func (l *lane) stats() LaneStats {
 	ls := LaneStats{
 		Key:      host,
 		Sublimit: sub,
+		Made:     l.clk.epoch,
 		InFlight: l.slot.inUse,
 		Limit:    l.slot.limit,
 	}

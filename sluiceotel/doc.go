@@ -81,8 +81,9 @@
 // granted requests. Tenants are never an attribute. WithLaneLabel maps keys to names (several lanes
 // under one name are summed, or for latencies, cooldown and oldest wait,
 // the largest is kept), and WithMaxLanes caps the names: the first ones
-// seen keep theirs, later lanes go under sluice.lane "other". The default
-// cap is DefaultMaxLanes.
+// seen keep theirs, later lanes go under sluice.lane "other"; sub-limits
+// take at most half of them, later ones going under their lane's name and
+// "/other". The default cap is DefaultMaxLanes.
 //
 // Counters count since the Telemetry was made, across lanes that are
 // forgotten when idle and made again, so they only grow; what a lane

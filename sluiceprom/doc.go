@@ -59,8 +59,9 @@
 // the default buckets. Tenants are never a label. WithLaneLabel maps keys to labels
 // (several lanes under one label are summed, or for latencies, cooldown and
 // oldest wait, the largest is kept), and WithMaxLanes caps the labels: the
-// first ones seen keep theirs, later lanes go under "other". The default
-// cap is DefaultMaxLanes.
+// first ones seen keep theirs, later lanes go under "other"; sub-limits
+// take at most half of them, later ones going under their lane's label
+// and "/other". The default cap is DefaultMaxLanes.
 //
 // Counters count since the Metrics was made, across lanes that are
 // forgotten when idle and made again, so a label's counters only grow;

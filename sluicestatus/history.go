@@ -52,6 +52,7 @@ func (s *series) add(p point) {
 // seen is what the history keeps of every lane of the latest sample, shown
 // or not: its counters, to take differences, and its activity score.
 type seen struct {
+	made                          time.Time // the lane's LaneStats.Made
 	granted, throttled, cooldowns uint64
 	score                         float64
 }
@@ -99,7 +100,7 @@ func (h *history) record(now time.Time, s sluice.Stats) {
 	next := make(map[laneid.ID]seen, len(s.Lanes))
 	for i := range s.Lanes {
 		ls := &s.Lanes[i]
-		cur := seen{throttled: ls.Throttled, cooldowns: ls.Cooldowns}
+		cur := seen{made: ls.Made, throttled: ls.Throttled, cooldowns: ls.Cooldowns}
 		p := point{at: now, rate: ls.Rate, inFlight: ls.InFlight, limit: ls.Limit, cooling: !ls.Cooldown.IsZero()}
 		queued := 0
 		for l := range ls.Levels {
@@ -109,13 +110,14 @@ func (h *history) record(now time.Time, s sluice.Stats) {
 			queued += lv.Queued
 		}
 		prev, known := h.seen[laneid.Of(ls)]
+		again := known && !prev.made.Equal(ls.Made) // forgotten and made anew since
 		switch {
-		case known && !first:
+		case known && !again && !first:
 			p.achieved = float64(delta(cur.granted, prev.granted)) / dt
 			p.throttled = delta(cur.throttled, prev.throttled)
 			p.cooldowns = delta(cur.cooldowns, prev.cooldowns)
 		case !first:
-			// A lane created since the previous sample: all it counted
+			// A lane made since the previous sample: all it counted
 			// happened since.
 			p.achieved = float64(cur.granted) / dt
 			p.throttled, p.cooldowns = cur.throttled, cur.cooldowns

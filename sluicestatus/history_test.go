@@ -95,3 +95,21 @@ func TestHistorySlashKey(t *testing.T) {
 		t.Errorf("ids %v: want two", ids)
 	}
 }
+
+// TestHistoryLaneMadeAgain: a lane forgotten and made again between two
+// samples, whose new count already passed the old one, counts all of its
+// new grants in the sample, not their excess over the old lane's.
+func TestHistoryLaneMadeAgain(t *testing.T) {
+	h := newHistory(3, 5)
+	t0 := time.Unix(1000, 0)
+	a := lane("a", 3, 0)
+	a.Made = t0
+	h.record(t0, sluice.Stats{Lanes: []sluice.LaneStats{a}})
+	b := lane("a", 5, 0)
+	b.Made = t0.Add(time.Second)
+	h.record(t0.Add(2*time.Second), sluice.Stats{Lanes: []sluice.LaneStats{b}})
+	lanes, _, _ := h.snapshot(0, 2*time.Second)
+	if len(lanes) != 1 || lanes[0].achieved != 2.5 {
+		t.Fatalf("achieved %+v, want 5 grants over 2 s: 2.5", lanes)
+	}
+}

@@ -81,6 +81,7 @@ type Grouper struct {
 
 	mu      sync.Mutex
 	labels  map[string]bool        // labels given out, Other aside
+	subs    int                    // of them, sub-limits' (see subLabelLocked)
 	last    map[laneid.ID]laneMemo // the lane's counters at the last read
 	retired map[string]*Counters   // by label: counted by lanes gone
 	byKey   map[laneid.ID]string   // the lane's label, a cache for Label
@@ -88,6 +89,7 @@ type Grouper struct {
 
 type laneMemo struct {
 	label string
+	made  time.Time // the lane's LaneStats.Made
 	c     Counters
 }
 
@@ -117,7 +119,9 @@ func (g *Grouper) Label(key string) string {
 
 // subLabelLocked returns the label of a sub-limit named sub of a lane
 // labelled label; id is the sub-limit's. A sub-limit has a series of its
-// own under its lane's label, within the cap on labels; past it, the
+// own under its lane's label, within the cap on labels, of which the
+// sub-limits take at most half (a Discord bot has a bucket per channel,
+// and would leave no label to the hosts that come later); past it, the
 // lane's sub-limits share label + "/other".
 func (g *Grouper) subLabelLocked(id laneid.ID, label string) string {
 	if l, ok := g.byKey[id]; ok {
@@ -125,10 +129,11 @@ func (g *Grouper) subLabelLocked(id laneid.ID, label string) string {
 	}
 	l := label + "/" + id.Sub
 	if !g.labels[l] {
-		if label == Other || g.max > 0 && len(g.labels) >= g.max {
+		if label == Other || g.max > 0 && (len(g.labels) >= g.max || g.subs >= g.max/2) {
 			l = label + "/" + Other
 		} else {
 			g.labels[l] = true
+			g.subs++
 		}
 	}
 	if len(g.byKey) >= maxCache {
@@ -192,11 +197,11 @@ func (g *Grouper) Groups(stats func() sluice.Stats) ([]Group, sluice.Stats) {
 		}
 		live[id] = true
 		c := counters(ls)
-		if m, ok := g.last[id]; ok && (m.label != label || !m.c.le(&c)) {
+		if m, ok := g.last[id]; ok && (m.label != label || !m.made.Equal(ls.Made) || !m.c.le(&c)) {
 			// The lane was forgotten and made anew since the last read.
 			g.retire(m)
 		}
-		g.last[id] = laneMemo{label, c}
+		g.last[id] = laneMemo{label, ls.Made, c}
 		gr := group(label)
 		gr.Counters.add(&c)
 		gr.Gauges.add(ls, now)

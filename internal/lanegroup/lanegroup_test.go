@@ -1,6 +1,7 @@
 package lanegroup
 
 import (
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -154,5 +155,48 @@ func TestSlashKeyBesideSublimit(t *testing.T) {
 	}
 	if got := read(8, 6); got != 14 {
 		t.Errorf("second read: a/b counts %d grants, want 8 + 6", got)
+	}
+}
+
+// TestCountersOfALaneMadeAgain: a lane forgotten and made again between
+// two reads, whose new counters already passed the old ones, is told by
+// its Made: its old counts are kept, not lost.
+func TestCountersOfALaneMadeAgain(t *testing.T) {
+	g := New(func(string) string { return "all" }, 0)
+	a := lane("x", 3, 0, 0)
+	a.Made = time.Unix(1000, 0)
+	groups(g, sluice.Stats{Lanes: []sluice.LaneStats{a}})
+	b := lane("x", 5, 0, 0)
+	b.Made = time.Unix(1095, 0)
+	gs := groups(g, sluice.Stats{Lanes: []sluice.LaneStats{b}})
+	if got := find(t, gs, "all").Level[sluice.Normal].Granted; got != 3+5 {
+		t.Errorf("granted = %d, want 8", got)
+	}
+}
+
+// TestSublimitsLeaveLabelsToHosts: sixty sub-limits of one host (a Discord
+// bot's channel buckets) take at most half the cap of 50 labels, and a
+// host seen after them keeps a label of its own.
+func TestSublimitsLeaveLabelsToHosts(t *testing.T) {
+	g := New(nil, 50)
+	var lanes []sluice.LaneStats
+	lanes = append(lanes, lane("discord.com:443", 1, 0, 0))
+	for i := range 60 {
+		ls := lane("discord.com:443", 1, 0, 0)
+		ls.Sublimit = fmt.Sprintf("bucket@%d", i)
+		lanes = append(lanes, ls)
+	}
+	groups(g, sluice.Stats{Lanes: lanes})
+	lanes = append(lanes, lane("api.openai.com:443", 1, 0, 0))
+	gs := groups(g, sluice.Stats{Lanes: lanes})
+	find(t, gs, "api.openai.com:443")
+	subs := 0
+	for _, gr := range gs {
+		if strings.HasPrefix(gr.Label, "discord.com:443/bucket@") {
+			subs++
+		}
+	}
+	if subs > 25 {
+		t.Errorf("%d sub-limit labels, want at most half the cap (25)", subs)
 	}
 }
