@@ -10,8 +10,7 @@ import (
 // estimateLocked returns how long a new waiter of level p is expected to wait for
 // its token: the cooldown left, plus the time for the bucket to yield one
 // token for every waiter ranked ahead of it and one for itself. It counts
-// the waiters at p and above, which is exact for strict priority and an
-// upper bound when aging lets lower levels move ahead only later. Waiting
+// the waiters ranked ahead of it (see waitQueue.ahead). Waiting
 // for an in-flight slot is not included: it depends on latencies not yet
 // observed.
 func (l *lane) estimateLocked(now time.Duration, p Priority, tn *tenant, ch *charge) time.Duration {
@@ -25,7 +24,7 @@ func (l *lane) estimateLocked(now time.Duration, p Priority, tn *tenant, ch *cha
 	if r == 0 {
 		return d + l.budgets.wait(start, p, ch)
 	}
-	need := float64(l.q.ahead(p, tn) + 1)
+	need := float64(l.q.ahead(p, tn, now) + 1)
 	if !l.perToken {
 		// Taking tokens from a Backend the local bucket is not drawn from:
 		// what it holds says nothing of the shared budget, which is taken

@@ -300,3 +300,29 @@ func TestLowShareCountsInTheEstimate(t *testing.T) {
 		}
 	})
 }
+
+// TestAgingCountsInTheEstimate: with WithAging(1s), Batch calls queued
+// three seconds ago outrank a fresh Interactive call; an early refusal
+// counts them, and refuses the Interactive call whose WithMaxWait (1 s)
+// the thirty of them ahead at 10/s exceed, where it counted none and let
+// the call wait out its deadline.
+func TestAgingCountsInTheEstimate(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr := mustNew(t, &fakeBase{}, WithRate(10, time.Second), WithAging(time.Second), WithMaxWait(Interactive, time.Second))
+		ctx, cancel := context.WithCancel(t.Context())
+		var wg sync.WaitGroup
+		for range 60 {
+			wg.Go(func() { get(WithPriority(ctx, Batch), tr, "") })
+		}
+		time.Sleep(3 * time.Second)
+		ictx, icancel := context.WithTimeout(WithPriority(t.Context(), Interactive), 2*time.Second)
+		start := time.Now()
+		err := get(ictx, tr, "")
+		icancel()
+		if !errors.Is(err, ErrRejected) || time.Since(start) > 0 {
+			t.Errorf("Interactive call behind 30 aged Batch calls: %v after %v, want a refusal at once", err, time.Since(start))
+		}
+		cancel()
+		wg.Wait()
+	})
+}

@@ -185,14 +185,30 @@ func (q *waitQueue) pop(limit int) *waiter {
 // bounded by tn's own queue plus one times the tenants taking turns. With
 // a low share, a level below the first in line is served sooner: every
 // lowShare-th grant goes to the longest waiter below that level, and
-// every waiter below it now has waited longer than the new one.
-func (q *waitQueue) ahead(p Priority, tn *tenant) int {
+// every waiter below it now has waited longer than the new one. With
+// aging, the waiters of the levels below that have waited long enough to
+// outrank a new waiter at p (see push) come before it too. now is the
+// new waiter's enqueue time.
+func (q *waitQueue) ahead(p Priority, tn *tenant, now time.Duration) int {
 	n, top := 0, p
 	for l := Interactive; l < p; l++ {
 		if top == p && q.levels[l].n > 0 {
 			top = l
 		}
 		n += q.levels[l].n
+	}
+	if q.aging > 0 {
+		for l := p + 1; l < numLevels; l++ {
+			// Ranked ahead: enq + l*aging < now + p*aging.
+			by := now - time.Duration(l-p)*q.aging
+			q.levels[l].each(func(t *tenant) {
+				for _, w := range t.waiters {
+					if w.enq < by {
+						n++
+					}
+				}
+			})
+		}
 	}
 	lv := &q.levels[p]
 	turns := (len(tn.waiters) + 1) * (lv.queuing + 1)

@@ -98,6 +98,12 @@ type routes struct {
 	byPath map[string]filed     // route → where it is filed
 	used   map[string]time.Time // sub-limit name → its last use
 	folded uint64               // responses that named a limit past maxSublimits
+	// filedUnder counts the routes filed under each limit that is not a
+	// bucket kept per major parameter (see fallback).
+	filedUnder map[string]int
+	// unnamed is when a response of the host last named no limit, in
+	// Unix nanoseconds, to the second; 0: none has (see fallback).
+	unnamed atomic.Int64
 }
 
 // filed is where a route is filed: the limit its responses name, and
@@ -111,7 +117,55 @@ type filed struct {
 }
 
 func newRoutes() *routes {
-	return &routes{byPath: map[string]filed{}, used: map[string]time.Time{}}
+	return &routes{byPath: map[string]filed{}, used: map[string]time.Time{}, filedUnder: map[string]int{}}
+}
+
+// unnamedFor is how long after a response of a host that named no limit
+// the host's routes not filed yet have no fallback (see fallback).
+const unnamedFor = 10 * time.Minute
+
+// fallback returns the limit a route not filed yet goes under: the one
+// most routes are filed under, on a host whose every response names its
+// limit (GitHub's name a resource: core, search, graphql), or "" if a
+// response named none within unnamedFor (its routes may be the host's
+// alone). A client that calls a new path per request (a crawler, one
+// repository after another) would otherwise send each first call past an
+// exhausted limit, which GitHub answers with a 403 and, repeated, a ban.
+// The route's first answer files it where it belongs.
+func (rs *routes) fallback(now time.Time) string {
+	if u := rs.unnamed.Load(); u != 0 && now.Sub(time.Unix(0, u)) < unnamedFor {
+		return ""
+	}
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	best, most := "", 0
+	for name, n := range rs.filedUnder {
+		if n > most || n == most && name < best {
+			best, most = name, n
+		}
+	}
+	if best == "" || !rs.admitLocked(best, now, false) {
+		return ""
+	}
+	return best
+}
+
+// sawUnnamed records a response of the host, at now, that named no limit.
+func (rs *routes) sawUnnamed(now time.Time) {
+	if n := now.UnixNano(); n-rs.unnamed.Load() >= int64(time.Second) {
+		rs.unnamed.Store(n)
+	}
+}
+
+// countLocked adds d to the routes counted as filed under f (see
+// filedUnder).
+func (rs *routes) countLocked(f filed, d int) {
+	if f.major || f.name == "" {
+		return
+	}
+	if rs.filedUnder[f.name] += d; rs.filedUnder[f.name] <= 0 {
+		delete(rs.filedUnder, f.name)
+	}
 }
 
 // lookup returns the name of the sub-limit that route r (see routeOf) of
@@ -173,7 +227,8 @@ func (rs *routes) admitLocked(name string, now time.Time, fold bool) bool {
 func (rs *routes) file(r string, f filed) {
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
-	if _, ok := rs.byPath[r]; !ok && len(rs.byPath) >= maxRoutes {
+	old, ok := rs.byPath[r]
+	if !ok && len(rs.byPath) >= maxRoutes {
 		var oldest string
 		var at time.Time
 		for k, o := range rs.byPath {
@@ -181,8 +236,13 @@ func (rs *routes) file(r string, f filed) {
 				oldest, at = k, o.at
 			}
 		}
+		rs.countLocked(rs.byPath[oldest], -1)
 		delete(rs.byPath, oldest)
 	}
+	if ok {
+		rs.countLocked(old, -1)
+	}
+	rs.countLocked(f, 1)
 	rs.byPath[r] = f
 }
 
@@ -210,6 +270,7 @@ func (rs *routes) forget(now time.Time, idle time.Duration, alive func(name stri
 	}
 	for r, f := range rs.byPath {
 		if now.Sub(f.at) >= idle && !kept[f.name] {
+			rs.countLocked(f, -1)
 			delete(rs.byPath, r)
 		}
 	}
@@ -337,6 +398,11 @@ func (t *Transport) sublimitOf(l *lane, req *http.Request) (sub *lane, caller bo
 	}
 	name := t.callerSublimit(req)
 	if name == "" {
+		if rs := t.routesOf(l.key, false); rs != nil {
+			if name := rs.fallback(now); name != "" {
+				return t.subLane(l, name), false
+			}
+		}
 		return nil, false
 	}
 	if !t.routesOf(l.key, true).admit(name, now, false) {

@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -385,5 +387,90 @@ func TestSublimitRate(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestSublimitCrawlerKeepsCore: a crawler calls a repository it has not
+// called before at every request, so each route is new to the lane; the
+// first call of each goes under the limit GitHub's routes are filed under
+// (core), not past it: nothing is sent once core is exhausted, where
+// each new route's first call was, 1,100 403s in 20 s. Without a limit
+// named by the host's responses, no route has a fallback.
+func TestSublimitCrawlerKeepsCore(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		time.Sleep(time.Until(time.Unix(1_700_000_000, 0)))
+		srv := upstream.New(upstream.Config{Limiter: upstream.NewGitHubResources(10, 10, 2*time.Second),
+			Latency: func(int, *http.Request) time.Duration { return 20 * time.Millisecond }})
+		defer srv.Close()
+		tr := mustNew(t, srv.Transport(), WithRate(60, time.Second))
+		ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+		defer cancel()
+		var n atomic.Int64
+		var wg sync.WaitGroup
+		for range 8 {
+			wg.Go(func() {
+				for ctx.Err() == nil {
+					repo := strconv.FormatInt(n.Add(1), 26) // no digit from 10 on: a route of its own
+					repo = strings.Map(func(r rune) rune {
+						if r >= '0' && r <= '9' {
+							return 'a' + (r - '0') + 16
+						}
+						return r
+					}, repo)
+					req, _ := http.NewRequestWithContext(ctx, "GET", srv.URL()+"/repos/o/"+repo+"/issues", nil)
+					resp, err := tr.RoundTrip(req)
+					if err != nil {
+						pause(ctx)
+						continue
+					}
+					resp.Body.Close()
+				}
+			})
+		}
+		wg.Wait()
+		accepted, refused := 0, 0
+		for _, a := range srv.Arrivals() {
+			if a.Accepted {
+				accepted++
+			} else {
+				refused++
+			}
+		}
+		t.Logf("accepted %d, refused %d", accepted, refused)
+		if accepted < 90 || refused > 5 {
+			t.Errorf("accepted %d (core allows 100 in 20 s), refused %d: want about 100 and few refusals", accepted, refused)
+		}
+	})
+}
+
+// TestRoutesFallback: the fallback is the limit most routes are filed
+// under; none for buckets kept per major parameter, and none within
+// unnamedFor of a response that named no limit.
+func TestRoutesFallback(t *testing.T) {
+	now := time.Unix(1_700_000_000, 0)
+	rs := newRoutes()
+	if got := rs.fallback(now); got != "" {
+		t.Errorf("no route filed: fallback %q", got)
+	}
+	rs.file("GET /channels/{}/messages", filed{name: "abc", major: true, at: now})
+	if got := rs.fallback(now); got != "" {
+		t.Errorf("a bucket per channel: fallback %q, want none", got)
+	}
+	for i, name := range []string{"core", "core", "search"} {
+		rs.file(fmt.Sprintf("GET /r%c", 'a'+i), filed{name: name, at: now})
+	}
+	if got := rs.fallback(now); got != "core" {
+		t.Errorf("fallback %q, want core", got)
+	}
+	rs.file("GET /ra", filed{name: "search", at: now}) // refiled: core 1, search 2
+	if got := rs.fallback(now); got != "search" {
+		t.Errorf("after a route was filed anew: fallback %q, want search", got)
+	}
+	rs.sawUnnamed(now)
+	if got := rs.fallback(now.Add(unnamedFor - time.Second)); got != "" {
+		t.Errorf("within unnamedFor of an answer that named no limit: fallback %q", got)
+	}
+	if got := rs.fallback(now.Add(unnamedFor)); got != "search" {
+		t.Errorf("unnamedFor after it: fallback %q, want search", got)
 	}
 }

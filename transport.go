@@ -447,6 +447,11 @@ func (t *Transport) read(ctx context.Context, l *lane, req *http.Request, resp *
 	// that limit's quota.
 	on, quota := l, true
 	name, bucket, global := headers.LimitName(resp.Header)
+	if name == "" && t.learned.Load() {
+		if rs := t.routesOf(l.key, false); rs != nil {
+			rs.sawUnnamed(time.Now())
+		}
+	}
 	switch {
 	case name != "" && hostRefusal(resp, body):
 		quota = false
