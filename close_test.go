@@ -94,16 +94,8 @@ func TestCloseStopsWaitsOutsideTheQueues(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			base := &atBase{status: 500, hdr: http.Header{"Retry-After": {"600"}}, body: "failed"}
 			tr := mustNew(t, base)
-			type result struct {
-				resp *http.Response
-				err  error
-			}
-			done := make(chan result)
-			go func() {
-				req, _ := http.NewRequestWithContext(t.Context(), "GET", "http://api.test/", nil)
-				resp, err := tr.RoundTrip(req)
-				done <- result{resp, err}
-			}()
+			req, _ := http.NewRequestWithContext(t.Context(), "GET", "http://api.test/", nil)
+			done := goRoundTrip(tr, req)
 			synctest.Wait()
 			start := time.Now()
 			tr.Close()

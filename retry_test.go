@@ -296,6 +296,23 @@ func TestRetryThatCannotBeServedInTime(t *testing.T) {
 	}
 }
 
+// rtResult is what a RoundTrip returned.
+type rtResult struct {
+	resp *http.Response
+	err  error
+}
+
+// goRoundTrip sends req through rt in a goroutine, and returns where its
+// result comes.
+func goRoundTrip(rt http.RoundTripper, req *http.Request) <-chan rtResult {
+	done := make(chan rtResult, 1)
+	go func() {
+		resp, err := rt.RoundTrip(req)
+		done <- rtResult{resp, err}
+	}()
+	return done
+}
+
 // TestRetryRefusedLeavesTheAnswer: a retry that is not sent (here, the
 // Transport closed during its backoff) leaves the caller the answer that
 // caused it, body and all, with a nil error.
@@ -303,16 +320,8 @@ func TestRetryRefusedLeavesTheAnswer(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		base := &atBase{status: 500, body: "upstream failed"}
 		tr := mustNew(t, base)
-		type result struct {
-			resp *http.Response
-			err  error
-		}
-		done := make(chan result)
-		go func() {
-			req, _ := http.NewRequest("GET", "http://api.test/x", nil)
-			resp, err := tr.RoundTrip(req)
-			done <- result{resp, err}
-		}()
+		req, _ := http.NewRequest("GET", "http://api.test/x", nil)
+		done := goRoundTrip(tr, req)
 		synctest.Wait() // in the retry's backoff
 		tr.Close()
 		r := <-done

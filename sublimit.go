@@ -384,7 +384,8 @@ func (t *Transport) routesOf(host string, create bool) *routes {
 // one is drawn on: a caller's name is for where the server names none.
 func (t *Transport) sublimitOf(l *lane, req *http.Request) (sub *lane, caller bool) {
 	now := time.Now()
-	if rs := t.routesOf(l.key, false); rs != nil {
+	rs := t.routesOf(l.key, false)
+	if rs != nil {
 		r := routeOf(req)
 		name, sub := rs.lookup(r, req.URL.Path, now)
 		if sub != nil {
@@ -398,7 +399,7 @@ func (t *Transport) sublimitOf(l *lane, req *http.Request) (sub *lane, caller bo
 	}
 	name := t.callerSublimit(req)
 	if name == "" {
-		if rs := t.routesOf(l.key, false); rs != nil {
+		if rs != nil {
 			if name := rs.fallback(now); name != "" {
 				return t.subLane(l, name), false
 			}
