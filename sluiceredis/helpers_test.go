@@ -155,7 +155,11 @@ func countCalls(c *redis.Client) *counter {
 
 // cutter is a go-redis hook that fails every call while cut is set, as a
 // network that drops them would.
-type cutter struct{ cut atomic.Bool }
+// cutter fails every call while cut is set; failed counts those calls.
+type cutter struct {
+	cut    atomic.Bool
+	failed atomic.Int64
+}
 
 var errCut = errors.New("test: the network to Redis is cut")
 
@@ -164,6 +168,7 @@ func (c *cutter) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (c *cutter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		if c.cut.Load() {
+			c.failed.Add(1)
 			cmd.SetErr(errCut)
 			return errCut
 		}
@@ -174,6 +179,7 @@ func (c *cutter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 func (c *cutter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		if c.cut.Load() {
+			c.failed.Add(1)
 			for _, cmd := range cmds {
 				cmd.SetErr(errCut)
 			}

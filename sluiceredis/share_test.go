@@ -298,6 +298,14 @@ func TestSharesFirstAfterAFailedCall(t *testing.T) {
 	time.Sleep(shareLeases*refresh - refresh/2)
 	cutA.cut.Store(true)
 	time.Sleep(refresh)
+	// On a loaded runner a's refresh may come late: hold the cut until
+	// one of a's calls has failed, which is what this test is about.
+	for cutA.failed.Load() == 0 {
+		if time.Since(cut) > 10*refresh {
+			t.Fatalf("no call of a failed %v after its calls were cut", time.Since(cut))
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 	back := time.Now()
 	cutA.cut.Store(false)
 	for len(la.since(back)) == 0 {
