@@ -237,8 +237,25 @@ func (t *Transport) retryable(ctx context.Context, req *http.Request, resp *http
 		}
 		policy = retryablehttp.DefaultRetryPolicy
 	}
-	retry, _ := policy(ctx, resp, err)
-	return retry
+	return guarded(resp, func() bool {
+		retry, _ := policy(ctx, resp, err)
+		return retry
+	})
+}
+
+// guarded returns f(), which runs the caller's code (a retry policy, a
+// backoff) on resp. If f panics, resp's body is closed, so that the
+// attempt's slot goes back at once, and the panic goes on.
+func guarded[T any](resp *http.Response, f func() T) T {
+	done := false
+	defer func() {
+		if !done && resp != nil && resp.Body != nil {
+			resp.Body.Close()
+		}
+	}()
+	v := f()
+	done = true
+	return v
 }
 
 // serverHint returns what the server said about retrying its response:
@@ -321,7 +338,8 @@ func idempotent(req *http.Request) bool {
 // WithMaxRetryAfter.
 func (t *Transport) backoff(n int, resp *http.Response) time.Duration {
 	if t.cfg.backoff != nil {
-		return min(max(0, t.cfg.backoff(retryMinWait, retryMaxWait, n, resp)), t.cfg.maxRetryAfter)
+		d := guarded(resp, func() time.Duration { return t.cfg.backoff(retryMinWait, retryMaxWait, n, resp) })
+		return min(max(0, d), t.cfg.maxRetryAfter)
 	}
 	return defaultBackoff(n, resp, t.cfg.maxRetryAfter)
 }

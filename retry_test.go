@@ -376,3 +376,35 @@ func TestRetryWaitsForTheTimeNamed(t *testing.T) {
 		})
 	}
 }
+
+// TestPanickingRetryCallbacks: a retry policy or a backoff that panics on
+// an answer lets the panic go on to the caller, and the answer's slot goes
+// back at once rather than when its body is collected.
+func TestPanickingRetryCallbacks(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		opt  Option
+	}{
+		{"WithRetryPolicy", WithRetryPolicy(func(context.Context, *http.Response, error) (bool, error) { panic("policy") })},
+		{"WithBackoff", WithBackoff(func(_, _ time.Duration, _ int, _ *http.Response) time.Duration { panic("backoff") })},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			base := rtFunc(func(req *http.Request) (*http.Response, error) {
+				return &http.Response{StatusCode: 500, Header: http.Header{}, Body: io.NopCloser(strings.NewReader("busy")), Request: req}, nil
+			})
+			tr := mustNew(t, base, c.opt)
+			func() {
+				defer func() {
+					if recover() == nil {
+						t.Error("the callback's panic did not reach the caller")
+					}
+				}()
+				req, _ := http.NewRequest("GET", "http://api.test/", nil)
+				tr.RoundTrip(req)
+			}()
+			if s, _ := tr.Stats().Lane("api.test"); s.InFlight != 0 {
+				t.Errorf("%d in flight after the panic, want 0", s.InFlight)
+			}
+		})
+	}
+}
