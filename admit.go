@@ -66,9 +66,20 @@ func (l *lane) refuseLocked(ctx context.Context, now time.Duration, p Priority, 
 	// The other wait runs on while this one does: what the attempt waits
 	// in all is about the longer of the two.
 	est = max(est, after)
+	// The deadline must also leave the call its time: one granted just
+	// before it fails there, and its token is lost to the others. Under
+	// a backlog the callers a deadline refuses come back, and the queue
+	// stays as long as the deadline admits: every admitted call is at the
+	// margin, so one that waits is given room for most calls (W + D).
+	// One that waits for no token takes one no one waits for: it is
+	// refused only if even the quickest calls (W - D) would miss it.
+	answer := est
+	if c := l.slot.callTime(est > 0); answer < math.MaxInt64-c {
+		answer += c
+	}
 	switch {
 	case rej != nil:
-	case hasDL && est > l.clk.ticks(dl)-now:
+	case hasDL && answer > l.clk.ticks(dl)-now:
 		rej = &RejectedError{Reason: ReasonDeadline, Limit: l.clk.ticks(dl) - now}
 	case maxWait > 0 && est > maxWait:
 		rej = &RejectedError{Reason: ReasonMaxWait, Limit: maxWait}
@@ -77,6 +88,9 @@ func (l *lane) refuseLocked(ctx context.Context, now time.Duration, p Priority, 
 	}
 	rej.Key, rej.Sublimit = splitKey(l.key)
 	rej.Priority, rej.Tenant, rej.Wait = p, tn.id, est
+	if rej.Reason == ReasonDeadline {
+		rej.Wait = answer
+	}
 	// Trying again after the estimated wait finds, if nothing else arrives,
 	// the queue ahead drained; it is a hint, not a promise.
 	rej.RetryAfter = est

@@ -20,8 +20,9 @@ var ErrInvalidOption = errors.New("sluice: invalid option")
 type Reason int
 
 const (
-	// ReasonDeadline: the estimated wait ends after the context's deadline.
-	// Such an error also matches context.DeadlineExceeded.
+	// ReasonDeadline: the estimated wait, and then the time the lane's
+	// calls take, end after the context's deadline. Such an error also
+	// matches context.DeadlineExceeded.
 	ReasonDeadline Reason = iota
 	// ReasonMaxWait: the estimated wait exceeds WithMaxWait for the level.
 	ReasonMaxWait
@@ -64,9 +65,10 @@ type RejectedError struct {
 	Sublimit string   // the lane's sub-limit that refused, if one did (see WithSublimit)
 	Priority Priority // the request's level
 	Reason   Reason
-	// Wait is the estimated wait that was too long; RetryAfter is when
-	// trying again is likely to be served at once. Both are estimates: see
-	// Transport for how they are computed.
+	// Wait is the estimated wait that was too long (for ReasonDeadline,
+	// until the answer: the wait and the time the lane's calls take);
+	// RetryAfter is when trying again is likely to be served at
+	// once. Both are estimates: see Transport for how they are computed.
 	Wait       time.Duration
 	RetryAfter time.Duration
 	Limit      time.Duration // the deadline's remaining time, or the max wait

@@ -337,6 +337,19 @@ func (s *limiter) outlier() time.Duration {
 	return secs(s.w + 4*s.dev)
 }
 
+// callTime returns how long an attempt is taken to need once sent: the
+// smoothed latency plus its mean deviation if it waits (see
+// lane.refuseLocked), less it if not; 0 before the first sample.
+func (s *limiter) callTime(waits bool) time.Duration {
+	switch {
+	case !s.started:
+		return 0
+	case waits:
+		return secs(s.w + s.dev)
+	}
+	return secs(max(0, s.w-s.dev))
+}
+
 // addLong counts n more attempts in flight as long, and returns what
 // became of the limit at rate.
 func (s *limiter) addLong(n int32, rate float64) limitChange {

@@ -326,3 +326,40 @@ func TestAgingCountsInTheEstimate(t *testing.T) {
 		wg.Wait()
 	})
 }
+
+// TestLowShareDelaysTheFirstInLine: while Batch calls wait, every tenth
+// grant is theirs, and an Interactive call behind 18 others at 10/s is
+// granted after 21 grants, not 19: its estimate counts them, and a
+// deadline that 1.9 s would fit is refused at once rather than failed at
+// its end.
+func TestLowShareDelaysTheFirstInLine(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr := mustNew(t, &fakeBase{}, WithRate(10, time.Second))
+		ctx, cancel := context.WithCancel(t.Context())
+		var wg sync.WaitGroup
+		for range 30 {
+			wg.Go(func() { get(WithPriority(ctx, Batch), tr, "") })
+		}
+		synctest.Wait()
+		for range 18 {
+			wg.Go(func() { get(WithPriority(ctx, Interactive), tr, "") })
+		}
+		synctest.Wait()
+		ictx, icancel := context.WithTimeout(WithPriority(t.Context(), Interactive), 2050*time.Millisecond)
+		start := time.Now()
+		err := get(ictx, tr, "")
+		icancel()
+		if !errors.Is(err, ErrRejected) || time.Since(start) != 0 {
+			t.Errorf("the 19th Interactive call, 2.05 s deadline: %v after %v, want a refusal at once", err, time.Since(start))
+		}
+		ictx, icancel = context.WithTimeout(WithPriority(t.Context(), Interactive), 2300*time.Millisecond)
+		start = time.Now()
+		err = get(ictx, tr, "")
+		icancel()
+		if err != nil {
+			t.Errorf("the 19th Interactive call, 2.3 s deadline: %v after %v, want it served", err, time.Since(start))
+		}
+		cancel()
+		wg.Wait()
+	})
+}

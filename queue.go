@@ -185,7 +185,8 @@ func (q *waitQueue) pop(limit int) *waiter {
 // bounded by tn's own queue plus one times the tenants taking turns. With
 // a low share, a level below the first in line is served sooner: every
 // lowShare-th grant goes to the longest waiter below that level, and
-// every waiter below it now has waited longer than the new one. With
+// every waiter below it now has waited longer than the new one; and the
+// first in line waits for those grants too. With
 // aging, the waiters of the levels below that have waited long enough to
 // outrank a new waiter at p (see push) come before it too. now is the
 // new waiter's enqueue time.
@@ -197,6 +198,7 @@ func (q *waitQueue) ahead(p Priority, tn *tenant, now time.Duration) int {
 		}
 		n += q.levels[l].n
 	}
+	aged := 0
 	if q.aging > 0 {
 		for l := p + 1; l < numLevels; l++ {
 			// Ranked ahead: enq + l*aging < now + p*aging.
@@ -204,23 +206,50 @@ func (q *waitQueue) ahead(p Priority, tn *tenant, now time.Duration) int {
 			q.levels[l].each(func(t *tenant) {
 				for _, w := range t.waiters {
 					if w.enq < by {
-						n++
+						aged++
 					}
 				}
 			})
 		}
 	}
+	n += aged
 	lv := &q.levels[p]
 	turns := (len(tn.waiters) + 1) * (lv.queuing + 1)
 	n += min(lv.n, turns)
-	if q.lowShare > 0 && top < p {
-		lower := 0
-		for l := top + 1; l < numLevels; l++ {
-			lower += q.levels[l].n
-		}
-		n = min(n, q.lowShare*(lower+1))
+	if q.lowShare == 0 {
+		return n
+	}
+	lower := 0
+	for l := top + 1; l < numLevels; l++ {
+		lower += q.levels[l].n
+	}
+	if top < p {
+		return min(n, q.lowShare*(lower+1))
+	}
+	// First in line: while a level below waits, every lowShare-th grant
+	// goes below (see next), before this waiter's own or between.
+	if lower -= aged; lower > 0 {
+		n += q.lowerGrants(n+1, lower)
 	}
 	return n
+}
+
+// lowerGrants returns how many of the next grants go below the first level
+// in line (see next) while it takes own grants, lower waiting below. It
+// counts the grants whose number is a multiple of lowShare among the
+// fewest that hold own others; a few rounds reach it, as each adds a
+// lowShare-th of the last.
+func (q *waitQueue) lowerGrants(own, lower int) int {
+	share := uint64(q.lowShare)
+	k := 0
+	for range 16 {
+		m := min(lower, int((q.grants+uint64(own+k))/share-q.grants/share))
+		if m == k {
+			break
+		}
+		k = m
+	}
+	return k
 }
 
 // oldest returns the enqueue time of the longest-waiting waiter of level p.

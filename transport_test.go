@@ -637,3 +637,42 @@ func TestTransportTracesWritesOnceRefused(t *testing.T) {
 		}
 	}
 }
+
+// TestEarlyRefusalLeavesTheCallItsTime: calls take 200 ms. Behind a queue
+// whose wait fits the deadline but leaves the call less than its time,
+// a call is refused at once, where it was admitted and failed at its
+// deadline with its token spent. One served at once is not refused.
+func TestEarlyRefusalLeavesTheCallItsTime(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr := mustNew(t, &fakeBase{latency: 200 * time.Millisecond}, WithRate(10, time.Second))
+		for range 3 { // the latency learned
+			if err := get(t.Context(), tr, ""); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(time.Second)
+		}
+		ctx, cancel := context.WithTimeout(t.Context(), 250*time.Millisecond)
+		if err := get(ctx, tr, ""); err != nil {
+			t.Errorf("a call of 200 ms with a deadline of 250 ms, nothing queued: %v", err)
+		}
+		cancel()
+		time.Sleep(time.Second)
+
+		var wg sync.WaitGroup
+		for range 5 { // 1 sent at once, 4 waiting: the fifth token 400 ms away
+			wg.Go(func() { get(t.Context(), tr, "") })
+		}
+		synctest.Wait()
+		ctx, cancel = context.WithTimeout(t.Context(), 550*time.Millisecond)
+		start := time.Now()
+		err := get(ctx, tr, "")
+		cancel()
+		var rej *RejectedError
+		if !errors.As(err, &rej) || time.Since(start) != 0 {
+			t.Errorf("granted in 500 ms, a call of 200 ms with a deadline of 550 ms: %v after %v, want a refusal at once", err, time.Since(start))
+		} else if rej.Wait < 700*time.Millisecond || rej.Wait > 800*time.Millisecond || rej.RetryAfter != 500*time.Millisecond {
+			t.Errorf("refusal's wait %v, retry after %v: want about 700ms until the answer (the latency and its deviation), 500ms until the grant", rej.Wait, rej.RetryAfter)
+		}
+		wg.Wait()
+	})
+}
