@@ -29,7 +29,7 @@ func main() {
 		splice   = flag.String("splice", "", "with -out: also replace the tables between the file's <!-- results/bench begin/end --> markers")
 		block    = flag.String("block", "bench", "with -splice: the name of the block replaced, between <!-- results/NAME begin/end --> markers")
 		traces   = flag.String("traces", "", "record the real middleware's header traces into this directory, and run nothing else")
-		subs     = flag.Bool("sublimits", false, "run the hosts with several limits (GitHub resources, Discord buckets, two models) for -d each, and nothing else")
+		subs     = flag.Bool("sublimits", false, "run the hosts with several limits (GitHub resources, a GitHub crawler, Discord buckets, two models) for -d each, and nothing else")
 		harmFlag = flag.Bool("harm", false, "run the harm comparison instead: sluice reading the headers beside the same sluice with them stripped, on the real middleware")
 	)
 	flag.Parse()

@@ -6,8 +6,10 @@ import (
 	"io"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sluice-go/sluice"
@@ -34,6 +36,7 @@ type subScenario struct {
 type subGroup struct {
 	label   string
 	path    string
+	paths   func(i int64) string // if set, the path of the group's ith call, each starting with path
 	callers int
 	rate    float64
 	ctx     func(context.Context) context.Context // how sluice is told its sub-limit; nil: learned
@@ -93,7 +96,40 @@ func subScenarios() []subScenario {
 		},
 		host: 50,
 	}
-	return []subScenario{github, discord, models}
+	crawler := subScenario{
+		name:   crawlerScenario,
+		limits: func() upstream.Limiter { return upstream.NewGitHubResources(100, 5, 2*time.Second) },
+		groups: []subGroup{
+			{label: "core, new repositories", path: "/repos/o/", paths: crawlerPath, callers: 16, rate: 50},
+		},
+		host: 50,
+	}
+	return []subScenario{github, discord, models, crawler}
+}
+
+// crawlerScenario is the name of the scenario of a crawler that calls a
+// new repository each call: every call a route sluice has not filed yet.
+const crawlerScenario = "GitHub crawler: core 50/s, a new repository each call"
+
+// crawlerPath is the path of a crawler's ith call: the issues of a new
+// repository, named with letters only, so that no segment looks like an
+// id and each path is a route of its own.
+func crawlerPath(i int64) string {
+	repo := strings.Map(func(r rune) rune {
+		if r >= '0' && r <= '9' {
+			return 'a' + (r - '0') + 16
+		}
+		return r
+	}, strconv.FormatInt(i, 26))
+	return "/repos/o/" + repo + "/issues"
+}
+
+// sends reports whether a request to path is one of g's.
+func (g subGroup) sends(path string) bool {
+	if g.paths != nil {
+		return strings.HasPrefix(path, g.path)
+	}
+	return path == g.path
 }
 
 // subClient is a way to call a scenario's groups: do sends one request of
@@ -175,14 +211,19 @@ func runSubClient(sc subScenario, c subClient, srv *upstream.Server, d time.Dura
 	defer cancel()
 	start := time.Now()
 	waits := make([][]time.Duration, len(sc.groups))
+	calls := make([]atomic.Int64, len(sc.groups))
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	for gi, g := range sc.groups {
 		for range g.callers {
 			wg.Go(func() {
 				for ctx.Err() == nil {
+					path := g.path
+					if g.paths != nil {
+						path = g.paths(calls[gi].Add(1))
+					}
 					sent := time.Now()
-					status, err := c.do(ctx, gi, srv.URL()+g.path)
+					status, err := c.do(ctx, gi, srv.URL()+path)
 					switch {
 					case err != nil || status >= 400:
 						select {
@@ -208,7 +249,7 @@ func runSubClient(sc subScenario, c subClient, srv *upstream.Server, d time.Dura
 			continue
 		}
 		for gi, g := range sc.groups {
-			if a.Path != g.path {
+			if !g.sends(a.Path) {
 				continue
 			}
 			if a.Accepted {
