@@ -91,7 +91,10 @@ type Leaser interface {
 	// own goroutines, never from within Join, and with none of its own
 	// locks held (both take the lane's lock). Once demand reports false the
 	// lane is gone (its Transport closed, or the lane forgotten as idle):
-	// the Leaser must drop it, and a grant made meanwhile is ignored.
+	// the Leaser must drop it, and a grant made meanwhile is ignored. The
+	// Demand it returns with false holds only Budgets, with each budget's
+	// final Level: what the lane was granted and will never spend, for
+	// the Leaser to give back (its other fields are zero).
 	Join(key string, demand func() (Demand, bool), grant func(Share)) bool
 }
 
@@ -265,7 +268,11 @@ func (l *lane) demand() (Demand, bool) {
 	l.lock()
 	defer l.unlock()
 	if l.closed || l.isDead() {
-		return Demand{}, false
+		var d Demand
+		if !l.budgets.empty() {
+			d.Budgets = l.budgets.demand(l.clk.tick(), nil)
+		}
+		return d, false
 	}
 	l.reclaimLocked(false) // what in flight was given up on is not demand
 	d := Demand{Rate: l.currentRateLocked(), Burst: l.cfg.burst, LowShare: l.cfg.lowShare}

@@ -214,3 +214,28 @@ func TestLeasedLaneInFlightAndDecline(t *testing.T) {
 		}
 	})
 }
+
+// TestGoneLaneReportsWhatItHolds: a lane's demand reports false once its
+// Transport is closed, and then the level of each budget it was granted
+// and did not spend, for the Leaser to give back.
+func TestGoneLaneReportsWhatItHolds(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := &fakeLeaser{}
+		tr := mustNew(t, &okBase{}, WithRate(10, time.Second), WithBudget("tokens", 10000, time.Hour), WithBackend(f))
+		done := make(chan error)
+		go func() { done <- get(WithCost(t.Context(), "tokens", 1000), tr, "") }()
+		synctest.Wait()
+		f.grantAll(Share{Rate: 10, Burst: 1, InFlight: -1, Budgets: []BudgetShare{{Add: 5000, Rate: -1, Margin: -1}}})
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		tr.Close()
+		f.mu.Lock()
+		l := f.lanes[0]
+		f.mu.Unlock()
+		d, ok := l.demand()
+		if ok || len(d.Budgets) != 1 || d.Budgets[0].Name != "tokens" || d.Budgets[0].Level != 4000 {
+			t.Errorf("demand of a closed lane: %v, %+v; want false and the 4,000 tokens it holds", ok, d.Budgets)
+		}
+	})
+}

@@ -31,7 +31,10 @@ type laneBudget struct {
 	at    time.Time // of the last refresh; zero before the first
 	est   float64   // its smoothed cost rate, units a second
 	seen  uint64    // the server counts passed on
-	level float64   // what it held after the last grant, given back if it goes
+	// owed is what the lane gave back in calls whose answer did not come:
+	// Redis may have taken it, so the lane no longer counts it, and gives
+	// it up at its next grant.
+	owed float64
 	// share is the grant to hand the lane with its next share (see hand);
 	// nil: none.
 	share *sluice.BudgetShare
@@ -43,6 +46,15 @@ type budgetState struct {
 	back   map[string]float64
 	margin map[string]float64
 	fell   time.Time // when the fallback last granted (see fallback); zero: not fallen
+	// known are the budgets of the last refresh, for one made after the
+	// key's last lane went, to give back what the lanes held.
+	known []sluice.BudgetDemand
+	// failed is since when the budgets' calls fail while the share's are
+	// answered; zero: the last was answered.
+	failed time.Time
+	// fellGave is what the fallback granted since Redis last answered, by
+	// budget: the fleet's level is charged for it at the first answer.
+	fellGave map[string]float64
 }
 
 // budgetKey names the hash of budget name of key (see budget.lua), in the
@@ -55,19 +67,31 @@ func budgetKey(k keys, name string) string {
 // what lanes (read at sent) want of them, and leaves each lane's grant in
 // its laneBudget for hand. It does nothing for a key whose lanes have no
 // budgets. On an error the lanes keep what they hold, and get nothing.
+// With no lanes (the key's last went) it gives back what the lanes that
+// went held, and holds nothing from then on.
 func (b *backend) refreshBudgets(sk *shareKey, lanes []*member, sent time.Time) error {
 	var names []string
 	var size []int
 	var per []time.Duration
+	from := func(ds []sluice.BudgetDemand) {
+		names, size, per = names[:0], size[:0], per[:0]
+		for _, d := range ds {
+			names = append(names, d.Name)
+			size = append(size, d.Size)
+			per = append(per, d.Per)
+		}
+	}
 	for _, m := range lanes {
 		if len(m.now.Budgets) > len(names) {
-			names, size, per = names[:0], size[:0], per[:0]
-			for _, d := range m.now.Budgets {
-				names = append(names, d.Name)
-				size = append(size, d.Size)
-				per = append(per, d.Per)
-			}
+			from(m.now.Budgets)
+			sk.budgets.known = m.now.Budgets
 		}
+	}
+	if len(lanes) == 0 {
+		if len(sk.budgets.back) == 0 {
+			return nil
+		}
+		from(sk.budgets.known)
 	}
 	if len(names) == 0 {
 		return nil
@@ -75,12 +99,38 @@ func (b *backend) refreshBudgets(sk *shareKey, lanes []*member, sent time.Time) 
 	if sk.budgets.margin == nil {
 		sk.budgets.margin = map[string]float64{}
 	}
-	type lanePart struct{ ret, unmet, held float64 }
+	bound := -1.0
+	switch {
+	case sk.fallen && sk.frac > 0:
+		bound = sk.frac
+	case sk.fallen || sk.failed > 0:
+		bound = 1 / float64(max(sk.procs, 1))
+	}
+	type lanePart struct {
+		ret, unmet, held float64
+		owed             float64     // the lane's owed before this call
+		lb               *laneBudget // nil: the lane has no such budget
+	}
+	// What the lanes' accounts were before this call: a call that fails
+	// passes on nothing, and the next passes on what this one would have
+	// (a server count above all, which is passed on once).
+	var undo []laneBudget
+	var undoTo []*laneBudget
+	restore := func() {
+		for i, lb := range undoTo {
+			*lb = undo[i]
+		}
+	}
 	parts := make([][]lanePart, len(lanes))
 	k := newKeys(b.cfg.prefix, sk.key)
 	rkeys := make([]string, len(names))
 	args := []any{b.self, (shareLeases * b.cfg.refresh).Microseconds(), 0}
-	f := func(x float64) string { return strconv.FormatFloat(x, 'g', -1, 64) }
+	f := func(x float64) string {
+		if math.IsNaN(x) || math.IsInf(x, 0) {
+			x = 0 // never sent: budget.lua would keep it
+		}
+		return strconv.FormatFloat(x, 'g', -1, 64)
+	}
 	keep := time.Duration(0)
 	for j, name := range names {
 		rkeys[j] = budgetKey(k, name)
@@ -100,6 +150,9 @@ func (b *backend) refreshBudgets(sk *shareKey, lanes []*member, sent time.Time) 
 				m.budgets = append(m.budgets, laneBudget{spent: d.Spent})
 			}
 			lb := &m.budgets[j]
+			undo = append(undo, *lb)
+			undoTo = append(undoTo, lb)
+			level := d.Level - lb.owed
 			elapsed := b.cfg.refresh
 			if !lb.at.IsZero() {
 				elapsed = max(sent.Sub(lb.at), time.Millisecond)
@@ -116,9 +169,10 @@ func (b *backend) refreshBudgets(sk *shareKey, lanes []*member, sent time.Time) 
 			}
 			w := lb.est*budgetRefreshes*b.cfg.refresh.Seconds() + max(queued*(1+margin), d.Need) + margin*d.Unanswered
 			p := &parts[i][j]
-			p.ret = max(d.Level-w, 0)
-			p.held = d.Level - p.ret
-			p.unmet = max(w-d.Level, 0)
+			p.lb, p.owed = lb, lb.owed
+			p.ret = max(level-w, 0)
+			p.held = level - p.ret
+			p.unmet = max(w-level, 0)
 			held += p.held
 			back += p.ret
 			want += p.unmet
@@ -135,9 +189,17 @@ func (b *backend) refreshBudgets(sk *shareKey, lanes []*member, sent time.Time) 
 				server = min(server, d.Server-others)
 			}
 		}
-		back += sk.budgets.back[name]
+		// What the lanes that went held, and what the fallback granted
+		// meanwhile, which Redis never counted.
+		back += sk.budgets.back[name] - sk.budgets.fellGave[name]
+		if bound >= 0 {
+			// The first call after failed ones: Redis may have lost the
+			// others' entries (see shareKey.most), so no more than this
+			// process's part of the size.
+			want = min(want, max(0, bound*float64(size[j])-held))
+		}
 		srv := ""
-		if seen {
+		if seen && !math.IsNaN(server) && !math.IsInf(server, 0) {
 			srv = f(server)
 		}
 		args = append(args, size[j], f(float64(size[j])/per[j].Seconds()), f(held), f(back), f(want), f(unans), f(spent), srv)
@@ -149,18 +211,37 @@ func (b *backend) refreshBudgets(sk *shareKey, lanes []*member, sent time.Time) 
 	if err == nil && len(v) != 3*len(names) {
 		err = fmt.Errorf("sluiceredis: budget.lua returned %v", v)
 	}
-	if err != nil {
-		return err
-	}
-	clear(sk.budgets.back)
-	for j, name := range names {
+	var rs [][3]float64
+	for j := range names {
+		if err != nil {
+			break
+		}
 		var r [3]float64
 		for x := range r {
-			if r[x], err = strconv.ParseFloat(v[3*j+x], 64); err != nil || math.IsNaN(r[x]) {
-				return fmt.Errorf("sluiceredis: budget.lua returned %v", v)
+			if r[x], err = strconv.ParseFloat(v[3*j+x], 64); err != nil || math.IsNaN(r[x]) || math.IsInf(r[x], 0) {
+				err = fmt.Errorf("sluiceredis: budget.lua returned %v", v)
+				break
 			}
 		}
-		grant, flow, margin := r[0], r[1], r[2]
+		rs = append(rs, r)
+	}
+	// What the lanes that went held is sent once: if Redis ran the call
+	// and its answer was lost, sent again it would be given back twice.
+	clear(sk.budgets.back)
+	if err != nil {
+		restore()
+		for i := range parts {
+			for _, p := range parts[i] {
+				if p.lb != nil {
+					p.lb.owed += p.ret
+				}
+			}
+		}
+		return err
+	}
+	clear(sk.budgets.fellGave)
+	for j, name := range names {
+		grant, flow, margin := rs[j][0], rs[j][1], min(max(rs[j][2], 0), 1)
 		sk.budgets.margin[name] = margin
 		var unmet, held float64
 		for i := range lanes {
@@ -180,7 +261,8 @@ func (b *backend) refreshBudgets(sk *shareKey, lanes []*member, sent time.Time) 
 				continue
 			}
 			p := parts[i][j]
-			s := sluice.BudgetShare{Add: -p.ret, Rate: flow / float64(len(lanes)), Margin: margin}
+			m.budgets[j].owed = 0
+			s := sluice.BudgetShare{Add: -p.ret - p.owed, Rate: flow / float64(len(lanes)), Margin: margin}
 			switch {
 			case give != nil:
 				s.Add += give[i]
@@ -190,7 +272,6 @@ func (b *backend) refreshBudgets(sk *shareKey, lanes []*member, sent time.Time) 
 			if unmet > 0 {
 				s.Rate = flow * p.unmet / unmet
 			}
-			m.budgets[j].level = p.held + s.Add + p.ret
 			m.budgets[j].share = &s
 		}
 	}
@@ -218,17 +299,18 @@ func (m *member) budgetShares() []sluice.BudgetShare {
 	return ss
 }
 
-// gone keeps what the budgets of m, a lane that went, held, for sk to
-// give back at its next refresh.
-func (bs *budgetState) gone(m *member) {
-	for j, lb := range m.budgets {
-		if lb.level <= 0 || j >= len(m.now.Budgets) {
+// gone keeps what the budgets of a lane that went held when it went (d,
+// its last demand: see sluice.Leaser), for sk to give back at its next
+// refresh.
+func (bs *budgetState) gone(d sluice.Demand) {
+	for _, bd := range d.Budgets {
+		if !(bd.Level > 0) || math.IsInf(bd.Level, 0) {
 			continue
 		}
 		if bs.back == nil {
 			bs.back = map[string]float64{}
 		}
-		bs.back[m.now.Budgets[j].Name] += lb.level
+		bs.back[bd.Name] += bd.Level
 	}
 }
 
@@ -254,7 +336,10 @@ func (bs *budgetState) fallback(lanes []*member, frac float64, now time.Time, re
 			add := min(frac*float64(d.Size)/d.Per.Seconds()*elapsed.Seconds()/float64(len(lanes)), most-d.Level)
 			s := sluice.BudgetShare{Add: max(add, 0), Rate: frac * float64(d.Size) / d.Per.Seconds() / float64(len(lanes)), Margin: -1}
 			m.budgets[j].share = &s
-			m.budgets[j].level = d.Level + s.Add
+			if bs.fellGave == nil {
+				bs.fellGave = map[string]float64{}
+			}
+			bs.fellGave[d.Name] += s.Add
 		}
 	}
 }

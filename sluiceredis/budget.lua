@@ -9,8 +9,11 @@
 -- fair part of the ungranted level by the wants not yet held (what each
 -- process asks for beyond what it holds), so that a process saving up for
 -- a large cost keeps its part of the refill. A process that is gone (its
--- entry expired) gives back what it held and its unanswered costs stop
--- counting.
+-- entry expired) gives back nothing: it may have spent what it held since
+-- its last refresh, or, cut off from Redis, spend it still; its part comes
+-- back with the refill (a process whose lanes go gives back what they
+-- held first). Its unanswered costs stop counting. A state or an entry
+-- that is not made of finite numbers is dropped.
 --
 -- A server count (what a response said remains, brought to now by the
 -- caller, less the caller's own unanswered costs) sets the fleet's level,
@@ -43,6 +46,14 @@ local keep = tonumber(ARGV[3])
 local decay = 0.9995
 local out = {}
 
+local function finite(f, n)
+  if #f ~= n then return false end
+  for _, x in ipairs(f) do
+    if x ~= x or x == math.huge or x == -math.huge then return false end
+  end
+  return true
+end
+
 for i, key in ipairs(KEYS) do
   local a = 4 + 8 * (i - 1)
   local size, rate = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
@@ -51,7 +62,7 @@ for i, key in ipairs(KEYS) do
   local spentNow, server = tonumber(ARGV[a + 6]), tonumber(ARGV[a + 7])
 
   local level, at, margin, spent, recSpent = size, now, 0, 0, 0
-  local heldAll, outOthers, freed = 0, 0, 0
+  local heldAll, outOthers = 0, 0
   local wants = {}
   local dead = {}
   local all = redis.call('HGETALL', key)
@@ -59,11 +70,10 @@ for i, key in ipairs(KEYS) do
     local f = {}
     for x in string.gmatch(all[j + 1], '%S+') do f[#f + 1] = tonumber(x) end
     if all[j] == '=' then
-      if #f == 5 then level, at, margin, spent, recSpent = f[1], f[2], f[3], f[4], f[5] end
+      if finite(f, 5) then level, at, margin, spent, recSpent = f[1], f[2], math.min(math.max(f[3], 0), 1), f[4], f[5] end
     elseif all[j] ~= me then
-      if #f ~= 4 or f[1] <= now then
+      if not finite(f, 4) or f[1] <= now then
         dead[#dead + 1] = all[j]
-        if #f == 4 and f[2] > 0 then freed = freed + f[2] end
       else
         heldAll = heldAll + f[2]
         outOthers = outOthers + f[3]
@@ -73,7 +83,7 @@ for i, key in ipairs(KEYS) do
   end
   if #dead > 0 then redis.call('HDEL', key, unpack(dead)) end
 
-  level = level + rate * math.max(now - at, 0) / 1000000 + back + freed
+  level = level + rate * math.max(now - at, 0) / 1000000 + back
   spent = spent + spentNow
   heldAll = heldAll + held
   if server then

@@ -10,9 +10,9 @@ import (
 )
 
 // TestBudgetDeadProcess: budget.lua grants by want within the fleet's
-// level, and a process whose entry expired (it died) gives back what it
-// held, and its unanswered costs stop lowering the level a server count
-// sets.
+// level; a process whose entry expired (it died) gives back nothing of
+// what it held, which it may have spent, and its unanswered costs stop
+// lowering the level a server count sets.
 func TestBudgetDeadProcess(t *testing.T) {
 	srv := startRedis(t)
 	c := newClient(t, srv.Addr())
@@ -49,10 +49,12 @@ func TestBudgetDeadProcess(t *testing.T) {
 	// has 7,000, and a and b hold 10,000: b, refreshing, gives back 3,000.
 	near("b, with a server count, wanting 2,000 more", run("b", 4000, 2000, 0, 10000), -3000)
 	time.Sleep(lease + 100*time.Millisecond)
-	// a is gone: its 6,000 come back, and its unanswered 3,000 no longer
-	// count (b's own entry expired too; it holds what it says).
-	near("b, after a's lease, wanting 2,000 more", run("b", 1000, 2000, 0, -1), 2000)
-	near("b, with a server count of 10,000 after a's lease", run("b", 3000, 8000, 0, 10000), 7000)
+	// a is gone: it may have spent its 6,000 before it went, so they do
+	// not come back (b's own entry expired too; it holds what it says).
+	near("b, after a's lease, wanting 2,000 more", run("b", 1000, 2000, 0, -1), 0)
+	// A server count says what is left: a's unanswered 3,000 no longer
+	// count against it.
+	near("b, with a server count of 10,000 after a's lease", run("b", 1000, 10000, 0, 10000), 9000)
 }
 
 // budgetDemand is a lane's demand of one budget of 60,000 a minute (1,000

@@ -353,10 +353,14 @@ func (b *backend) prepare(sk *shareKey) *refreshing {
 	lanes := b.live(sk)
 	if len(lanes) == 0 {
 		// The key's last lane is gone: its share goes back to the fleet now
-		// rather than at the end of the lease.
+		// rather than at the end of the lease, and so does what its lanes
+		// held of its budgets (an entry that expires gives back nothing).
 		ctx, cancel := context.WithTimeout(context.Background(), b.cfg.timeout)
 		b.client.HDel(ctx, sk.redis[0], b.self)
 		cancel()
+		if err := b.refreshBudgets(sk, nil, time.Now()); err != nil {
+			b.cfg.logger.Warn("sluiceredis: could not give back the budgets of a key whose lanes are gone", "key", sk.key, "err", err)
+		}
 		return nil
 	}
 	sent := time.Now()
@@ -477,8 +481,20 @@ func (b *backend) conclude(p *refreshing, r shareReply, err error) {
 	sk, lanes, sent := p.sk, p.lanes, p.sent
 	wants, places, rate, burst, lowShare := p.wants, p.places, p.rate, p.burst, p.lowShare
 	if err == nil {
-		if berr := b.refreshBudgets(sk, lanes, sent); berr != nil {
+		bs := &sk.budgets
+		if berr := b.refreshBudgets(sk, lanes, sent); berr == nil {
+			bs.failed, bs.fell = time.Time{}, time.Time{}
+		} else {
 			b.cfg.logger.Warn("sluiceredis: could not refresh the budgets; the lanes keep what they hold", "key", sk.key, "err", berr)
+			if bs.failed.IsZero() {
+				bs.failed = sent
+			}
+			// The share is answered and the budgets' calls fail (a key
+			// of another type, a script error): after a lease, the
+			// budgets fall back as they do when Redis is away.
+			if sent.Sub(bs.failed) >= shareLeases*b.cfg.refresh {
+				bs.fallback(lanes, 1/float64(max(sk.procs, 1)), sent, b.cfg.refresh)
+			}
 		}
 	}
 	now := time.Now()
@@ -490,7 +506,6 @@ func (b *backend) conclude(p *refreshing, r shareReply, err error) {
 			b.cfg.logger.Info("sluiceredis: redis answers again; using the leased share", "key", sk.key)
 		}
 		sk.leased, sk.fallen, sk.fellTo, sk.failed = true, false, 0, 0
-		sk.budgets.fell = time.Time{}
 		sk.until = sent.Add(shareLeases * b.cfg.refresh)
 		// Taken whatever version sk holds: a push is applied only while
 		// no refresh of sk runs (see applyPushed), so one applied before
@@ -640,7 +655,7 @@ func (b *backend) live(sk *shareKey) []*member {
 		d, ok := m.demand()
 		if !ok {
 			gone[m] = true
-			sk.budgets.gone(m)
+			sk.budgets.gone(d)
 			continue
 		}
 		m.now = d
