@@ -380,8 +380,17 @@ func (m *quotaModel) refused(now time.Duration, q headers.Quota, inFlight int) {
 	if d := now - m.countFrom; d >= refusedSpan {
 		// A refusal is answered at once, before the attempts in flight,
 		// which the bucket may have paid for: they count as taken.
-		if gained := q.Remaining - m.countLeft + int64(m.counted) + int64(inFlight); gained > 0 {
-			m.counts, m.rough = float64(gained)/d.Seconds(), true
+		gained := q.Remaining - m.countLeft + int64(m.counted) + int64(inFlight)
+		rho := float64(gained) / d.Seconds()
+		// A bucket that refills at rho is full again Limit/rho after it
+		// ran dry; a refusal that states it so far sooner than that (by
+		// half) is a window's, spent before it ends (nothing refills
+		// until the reset), which rho would take for a trickle.
+		if q.Reset > 0 && rho < float64(q.Limit)/q.Reset.Seconds()/2 {
+			return
+		}
+		if gained > 0 {
+			m.counts, m.rough = rho, true
 		}
 	}
 }

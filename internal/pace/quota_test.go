@@ -216,6 +216,17 @@ func TestQuotaCountAtRefusal(t *testing.T) {
 			// flight at 250 ms: it gained 0 - 5 + 4 + 5 = 4 in 0.25 s.
 			m.refused(250*ms, empty, 5)
 		}, 16},
+		{"a window spent before its end counts no trickle", func(m *quotaModel) {
+			// A fixed window of 50 a second, which the quotas have not
+			// told apart yet.
+			m.observe(-50*ms, -50*ms, quotaAt("x-ratelimit", 50, 30, time.Second, true), 1)
+			m.observe(0, 0, quotaAt("x-ratelimit", 50, 20, time.Second, true), 1)
+			m.observe(100*ms, 100*ms, quotaAt("x-ratelimit", 50, 19, time.Second, true), 1)
+			// Spent 414 ms after 20 remained, with 20 in flight: 0 - 20
+			// + 1 + 20 = 1 gained, 2.4/s, where the refusal says all 50
+			// come back within a second.
+			m.refused(414*ms, quotaAt("x-ratelimit", 50, 0, time.Second, true), 20)
+		}, 0},
 	} {
 		var m quotaModel
 		c.run(&m)
