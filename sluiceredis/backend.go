@@ -503,8 +503,18 @@ func (b *backend) finish(key string) {
 	bg.mu.Lock()
 	bg.prune(time.Now())
 	if n := len(bg.held); n > 0 {
-		id := bg.held[n-1]
-		bg.held = bg.held[:n-1]
+		i := n - 1
+		if bg.local > 0 {
+			// A fallback grant's first: Redis then counts no fewer
+			// leases than this process has attempts in flight, where the
+			// fallback's grants, made first, stayed at the bottom of held
+			// for as long as the process kept attempts in flight.
+			if j := slices.Index(bg.held, ""); j >= 0 {
+				i = j
+			}
+		}
+		id := bg.held[i]
+		bg.held = slices.Delete(bg.held, i, i+1)
 		if id == "" {
 			bg.local--
 		} else {
@@ -848,6 +858,13 @@ func (bg *budget) apply(now, sent time.Time, st status, waits, lates []time.Dura
 		}
 		return time.Microsecond // dropped at once (a cooldown): ask again
 	case cooling:
+		// cool.lua shares no cooldown longer than maxCool: a longer one was
+		// written by something else (a far future time). It is not kept
+		// here, where it would hold every Take of the key without asking
+		// Redis until then, and the wait is held to maxCool.
+		if waits[0] > maxCool {
+			return maxCool
+		}
 		bg.coolUntil(now.Add(waits[0]))
 	}
 	return max(waits[0], time.Microsecond)

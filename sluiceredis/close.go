@@ -187,7 +187,6 @@ func (b *backend) close() error {
 		drained = make(chan struct{})
 		b.drained = drained
 	}
-	budgets := slices.Collect(maps.Values(b.budgets))
 	b.mu.Unlock()
 	b.wakers.close()
 	// The calls under way each end within a timeout, and may leave leases
@@ -199,6 +198,9 @@ func (b *backend) close() error {
 	b.wg.Wait()
 	b.mu.Lock()
 	b.renewing, b.releasing = false, false
+	// Collected after the calls under way: one of them may have made a
+	// budget (a key this process had not used), and taken a lease in it.
+	budgets := slices.Collect(maps.Values(b.budgets))
 	b.mu.Unlock()
 	b.closeShares()
 

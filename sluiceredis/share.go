@@ -797,7 +797,8 @@ func parseShare(v []any, err error) (shareReply, error) {
 	var vals [9]float64
 	for i, x := range v {
 		f, ok := num(x)
-		if !ok || math.IsNaN(f) {
+		// Within what an int holds exactly: counts are converted.
+		if !ok || math.IsNaN(f) || math.Abs(f) > 1<<53 {
 			return bad()
 		}
 		vals[i] = f
@@ -806,8 +807,15 @@ func parseShare(v []any, err error) (shareReply, error) {
 	r.cool = micros(int64(vals[3]))
 	r.keyRate, r.keyBurst, r.keyCap, r.short = vals[4], int(vals[5]), int(vals[6]), vals[7] != 0
 	r.seq = int64(vals[8])
-	if r.rate < 0 || r.procs < 1 {
+	if r.rate < 0 || r.procs < 1 || r.places < -1 || r.keyRate < 0 || r.keyCap < -1 || r.keyCap > 0 && r.places < 0 {
 		return bad()
+	}
+	// share.lua grants no process more than the key holds.
+	if r.keyRate > 0 {
+		r.rate = min(r.rate, r.keyRate)
+	}
+	if r.keyCap > 0 {
+		r.places = min(r.places, r.keyCap)
 	}
 	return r, nil
 }
