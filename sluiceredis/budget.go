@@ -69,7 +69,7 @@ func budgetKey(k keys, name string) string {
 // budgets. On an error the lanes keep what they hold, and get nothing.
 // With no lanes (the key's last went) it gives back what the lanes that
 // went held, and holds nothing from then on.
-func (b *backend) refreshBudgets(sk *shareKey, lanes []*member, sent time.Time) error {
+func (b *backend) refreshBudgets(ctx context.Context, sk *shareKey, lanes []*member, sent time.Time) error {
 	var names []string
 	var size []int
 	var per []time.Duration
@@ -205,9 +205,7 @@ func (b *backend) refreshBudgets(sk *shareKey, lanes []*member, sent time.Time) 
 		args = append(args, size[j], f(float64(size[j])/per[j].Seconds()), f(held), f(back), f(want), f(unans), f(spent), srv)
 	}
 	args[2] = keep.Microseconds()
-	ctx, cancel := context.WithTimeout(context.Background(), b.cfg.timeout)
 	v, err := budgetScript.Run(ctx, b.client, rkeys, args...).StringSlice()
-	cancel()
 	if err == nil && len(v) != 3*len(names) {
 		err = fmt.Errorf("sluiceredis: budget.lua returned %v", v)
 	}

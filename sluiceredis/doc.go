@@ -94,9 +94,13 @@
 // granted to the new one as soon as the same call's message reaches it, so
 // the overlap is at most a round trip of the share that moves. A refresh
 // whose reply is lost (a Redis stall longer than WithTimeout) may leave its
-// process sending at its previous share, for at most the rest of its
-// lease, while Redis has recorded a smaller one; a message lost costs only
-// the wait for the next refresh. A Redis that loses its data (restarted
+// process sending at its previous share, for the rest of its lease, while
+// Redis has recorded a smaller one; a process whose replies are lost one
+// after another (its calls run, their answers come after WithTimeout)
+// then falls back to its fallback share while Redis keeps recording it
+// smaller, and the fleet may send up to that share over the rate for as
+// long as that lasts. A message lost costs only the wait for the next
+// refresh. A Redis that loses its data (restarted
 // empty) forgets the shares held: see "When Redis is down".
 //
 // A key is refreshed for as long as a lane on it lives and wants something.

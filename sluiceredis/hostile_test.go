@@ -13,7 +13,8 @@ import (
 
 // The Backend and Tokens against what Redis may hold or answer that their
 // scripts never write: a share.lua answer out of bounds, a cooldown far in
-// the future; and two orderings of calls that lost track of leases.
+// the future; two orderings of calls that lost track of leases; and a
+// Redis that stalls while the lanes go.
 
 // forger replaces the answer of every share.lua call with reply, while set.
 type forger struct{ reply atomic.Pointer[[]any] }
@@ -203,4 +204,35 @@ func TestTokensCooldownOutOfBounds(t *testing.T) {
 		t.Errorf("after the cooldown key was deleted: wait %v, %v; want a grant", w, err)
 	}
 	giveBack(tk)
+}
+
+// TestCloseWithRedisStalled: 128 keys, one lane each; every lane goes and
+// Redis stalls. The refresher gives the gone keys' shares back with
+// calls bounded by one timeout a batch, so Close, called meanwhile, waits
+// for a few timeouts, not one a key (64 of them, 3.5 s here, before).
+func TestCloseWithRedisStalled(t *testing.T) {
+	const refresh = 100 * time.Millisecond
+	const timeout = 50 * time.Millisecond
+	srv := startRedis(t)
+	a := newBackend(t, newClient(t, srv.Addr()), WithRefresh(refresh), WithTimeout(timeout))
+	var lanes []*shareLane
+	for i := range 128 {
+		lanes = append(lanes, joinLane(t, a, fmt.Sprint("k", i), batch100))
+	}
+	time.Sleep(3 * refresh)
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Resume()
+	for _, l := range lanes {
+		l.mu.Lock()
+		l.gone = true
+		l.mu.Unlock()
+	}
+	time.Sleep(refresh + 20*time.Millisecond) // the round that finds them gone has begun
+	start := time.Now()
+	a.Close()
+	if d := time.Since(start); d > 20*timeout {
+		t.Errorf("Close took %v with a timeout of %v", d.Round(time.Millisecond), timeout)
+	}
 }

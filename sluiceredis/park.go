@@ -43,12 +43,10 @@ func idle(lanes []*member) bool {
 
 // park gives sk's share back to the fleet and hands its lanes a share of
 // nothing until a request comes (see parkAfter); it reports whether Redis
-// took the share back (if not, the key stays as it was). Called by the
-// refresher goroutine, while no other refresh of sk runs.
-func (b *backend) park(sk *shareKey, lanes []*member, now time.Time) bool {
-	ctx, cancel := context.WithTimeout(context.Background(), b.cfg.timeout)
+// took the share back (if not, the key stays as it was), within ctx.
+// Called by the refresher goroutine, while no other refresh of sk runs.
+func (b *backend) park(ctx context.Context, sk *shareKey, lanes []*member, now time.Time) bool {
 	err := b.client.HDel(ctx, sk.redis[0], b.self).Err()
-	cancel()
 	if err != nil {
 		return false
 	}

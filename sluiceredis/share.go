@@ -349,16 +349,16 @@ type refreshing struct {
 
 // prepare reads what sk's lanes want and returns the call to make for
 // it; nil when none is to be made (the key is gone or parked, see park).
-func (b *backend) prepare(sk *shareKey) *refreshing {
+// The calls it makes itself are bounded by ctx, the batch's: a Redis that
+// stalls holds a batch up for one timeout, not one a key.
+func (b *backend) prepare(ctx context.Context, sk *shareKey) *refreshing {
 	lanes := b.live(sk)
 	if len(lanes) == 0 {
 		// The key's last lane is gone: its share goes back to the fleet now
 		// rather than at the end of the lease, and so does what its lanes
 		// held of its budgets (an entry that expires gives back nothing).
-		ctx, cancel := context.WithTimeout(context.Background(), b.cfg.timeout)
 		b.client.HDel(ctx, sk.redis[0], b.self)
-		cancel()
-		if err := b.refreshBudgets(sk, nil, time.Now()); err != nil {
+		if err := b.refreshBudgets(ctx, sk, nil, time.Now()); err != nil {
 			b.cfg.logger.Warn("sluiceredis: could not give back the budgets of a key whose lanes are gone", "key", sk.key, "err", err)
 		}
 		return nil
@@ -366,7 +366,7 @@ func (b *backend) prepare(sk *shareKey) *refreshing {
 	sent := time.Now()
 	if idle(lanes) {
 		sk.idle++
-		if sk.parked || sk.idle >= parkAfter && b.park(sk, lanes, sent) {
+		if sk.parked || sk.idle >= parkAfter && b.park(ctx, sk, lanes, sent) {
 			for _, m := range lanes {
 				m.prev, m.at = m.now, sent
 			}
@@ -482,7 +482,10 @@ func (b *backend) conclude(p *refreshing, r shareReply, err error) {
 	wants, places, rate, burst, lowShare := p.wants, p.places, p.rate, p.burst, p.lowShare
 	if err == nil {
 		bs := &sk.budgets
-		if berr := b.refreshBudgets(sk, lanes, sent); berr == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), b.cfg.timeout)
+		berr := b.refreshBudgets(ctx, sk, lanes, sent)
+		cancel()
+		if berr == nil {
 			bs.failed, bs.fell = time.Time{}, time.Time{}
 		} else {
 			b.cfg.logger.Warn("sluiceredis: could not refresh the budgets; the lanes keep what they hold", "key", sk.key, "err", berr)
@@ -555,11 +558,13 @@ func (b *backend) conclude(p *refreshing, r shareReply, err error) {
 // back (see fallbackShare).
 func (b *backend) refreshBatch(batch []*shareKey) {
 	var ps []*refreshing
+	side, cancelSide := context.WithTimeout(context.Background(), b.cfg.timeout)
 	for _, sk := range batch {
-		if p := b.prepare(sk); p != nil {
+		if p := b.prepare(side, sk); p != nil {
 			ps = append(ps, p)
 		}
 	}
+	cancelSide()
 	if len(ps) == 0 {
 		return
 	}
