@@ -66,16 +66,18 @@ func (l *lane) refuseLocked(ctx context.Context, now time.Duration, p Priority, 
 	// The other wait runs on while this one does: what the attempt waits
 	// in all is about the longer of the two.
 	est = max(est, after)
-	// The deadline must also leave the call its time: one granted just
-	// before it fails there, and its token is lost to the others. Under
-	// a backlog the callers a deadline refuses come back, and the queue
-	// stays as long as the deadline admits: every admitted call is at the
-	// margin, so one that waits is given room for most calls (W + D).
-	// One that waits for no token takes one no one waits for: it is
-	// refused only if even the quickest calls (W - D) would miss it.
+	// Behind a backlog the deadline must also leave the call its time
+	// (W + D, most calls'): the callers a deadline refuses come back, the
+	// queue stays as long as the deadlines admit, and a call granted at
+	// that margin fails at its deadline with its token lost to the others.
+	// With no one ahead the wait alone counts, as it did: a refused call
+	// teaches the lane no latency, and a latency that counted then would
+	// refuse every call for good once a slow spell had raised it.
 	answer := est
-	if c := l.slot.callTime(est > 0); answer < math.MaxInt64-c {
-		answer += c
+	if l.q.ahead(p, tn, now) > 0 {
+		if c := l.slot.callTime(); answer < math.MaxInt64-c {
+			answer += c
+		}
 	}
 	switch {
 	case rej != nil:

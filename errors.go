@@ -20,9 +20,10 @@ var ErrInvalidOption = errors.New("sluice: invalid option")
 type Reason int
 
 const (
-	// ReasonDeadline: the estimated wait, and then the time the lane's
-	// calls take, end after the context's deadline. Such an error also
-	// matches context.DeadlineExceeded.
+	// ReasonDeadline: the estimated wait ends after the context's
+	// deadline, or, behind other waiters, leaves less than the time the
+	// lane's calls take. Such an error also matches
+	// context.DeadlineExceeded.
 	ReasonDeadline Reason = iota
 	// ReasonMaxWait: the estimated wait exceeds WithMaxWait for the level.
 	ReasonMaxWait
@@ -65,9 +66,9 @@ type RejectedError struct {
 	Sublimit string   // the lane's sub-limit that refused, if one did (see WithSublimit)
 	Priority Priority // the request's level
 	Reason   Reason
-	// Wait is the estimated wait that was too long (for ReasonDeadline,
-	// until the answer: the wait and the time the lane's calls take);
-	// RetryAfter is when trying again is likely to be served at
+	// Wait is the estimated wait that was too long (for ReasonDeadline
+	// behind other waiters, until the answer: the wait and the time the
+	// lane's calls take); RetryAfter is when trying again is likely to be served at
 	// once. Both are estimates: see Transport for how they are computed.
 	Wait       time.Duration
 	RetryAfter time.Duration
@@ -97,8 +98,12 @@ func (e *RejectedError) Error() string {
 	case ReasonCost:
 		return fmt.Sprintf("sluice: %s request to %q rejected: cost %d exceeds the size of budget %q", e.Priority, key, e.Cost, e.Budget)
 	}
-	return fmt.Sprintf("sluice: %s request to %q rejected: estimated wait %v exceeds %s %v",
-		e.Priority, key, e.Wait.Round(time.Millisecond), e.Reason, e.Limit.Round(time.Millisecond))
+	what := "wait"
+	if e.Reason == ReasonDeadline && e.RetryAfter < e.Wait {
+		what = "wait and call"
+	}
+	return fmt.Sprintf("sluice: %s request to %q rejected: estimated %s %v exceeds %s %v",
+		e.Priority, key, what, e.Wait.Round(time.Millisecond), e.Reason, e.Limit.Round(time.Millisecond))
 }
 
 // Is reports whether target is ErrRejected, or context.DeadlineExceeded for a

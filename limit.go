@@ -337,17 +337,14 @@ func (s *limiter) outlier() time.Duration {
 	return secs(s.w + 4*s.dev)
 }
 
-// callTime returns how long an attempt is taken to need once sent: the
-// smoothed latency plus its mean deviation if it waits (see
-// lane.refuseLocked), less it if not; 0 before the first sample.
-func (s *limiter) callTime(waits bool) time.Duration {
-	switch {
-	case !s.started:
+// callTime returns the time most attempts take once sent: the smoothed
+// latency plus its mean deviation (see lane.refuseLocked); 0 before the
+// first sample.
+func (s *limiter) callTime() time.Duration {
+	if !s.started {
 		return 0
-	case waits:
-		return secs(s.w + s.dev)
 	}
-	return secs(max(0, s.w-s.dev))
+	return secs(s.w + s.dev)
 }
 
 // addLong counts n more attempts in flight as long, and returns what

@@ -641,7 +641,7 @@ func TestTransportTracesWritesOnceRefused(t *testing.T) {
 // TestEarlyRefusalLeavesTheCallItsTime: calls take 200 ms. Behind a queue
 // whose wait fits the deadline but leaves the call less than its time,
 // a call is refused at once, where it was admitted and failed at its
-// deadline with its token spent. One served at once is not refused.
+// deadline with its token spent.
 func TestEarlyRefusalLeavesTheCallItsTime(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		tr := mustNew(t, &fakeBase{latency: 200 * time.Millisecond}, WithRate(10, time.Second))
@@ -651,19 +651,12 @@ func TestEarlyRefusalLeavesTheCallItsTime(t *testing.T) {
 			}
 			time.Sleep(time.Second)
 		}
-		ctx, cancel := context.WithTimeout(t.Context(), 250*time.Millisecond)
-		if err := get(ctx, tr, ""); err != nil {
-			t.Errorf("a call of 200 ms with a deadline of 250 ms, nothing queued: %v", err)
-		}
-		cancel()
-		time.Sleep(time.Second)
-
 		var wg sync.WaitGroup
 		for range 5 { // 1 sent at once, 4 waiting: the fifth token 400 ms away
 			wg.Go(func() { get(t.Context(), tr, "") })
 		}
 		synctest.Wait()
-		ctx, cancel = context.WithTimeout(t.Context(), 550*time.Millisecond)
+		ctx, cancel := context.WithTimeout(t.Context(), 550*time.Millisecond)
 		start := time.Now()
 		err := get(ctx, tr, "")
 		cancel()
@@ -674,5 +667,39 @@ func TestEarlyRefusalLeavesTheCallItsTime(t *testing.T) {
 			t.Errorf("refusal's wait %v, retry after %v: want about 700ms until the answer (the latency and its deviation), 500ms until the grant", rej.Wait, rej.RetryAfter)
 		}
 		wg.Wait()
+	})
+}
+
+// TestEarlyRefusalWithNoOneAhead: with no one waiting ahead, the wait alone
+// counts, not the calls' time. On a lane drawing on a Backend (whose every
+// call is checked: its estimate counts the shared budget as empty), one
+// slow first call (2 s) raised the time counted over the 2 s deadlines,
+// and every later call, answered in 100 ms, was refused: a refused call
+// teaches the lane no latency.
+func TestEarlyRefusalWithNoOneAhead(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		base := &fakeBase{latency: 2 * time.Second}
+		tr := mustNew(t, base, WithRate(10, time.Second), WithBackend(newMemBackend()))
+		if err := get(t.Context(), tr, ""); err != nil {
+			t.Fatal(err)
+		}
+		base.mu.Lock()
+		base.latency = 100 * time.Millisecond
+		base.mu.Unlock()
+		refused := 0
+		for range 60 {
+			time.Sleep(time.Second)
+			ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+			err := get(ctx, tr, "")
+			cancel()
+			if errors.Is(err, ErrRejected) {
+				refused++
+			} else if err != nil {
+				t.Fatal(err)
+			}
+		}
+		if refused > 0 {
+			t.Errorf("calls of 100 ms after one of 2 s, 2 s deadlines, no one ahead: %d of 60 refused", refused)
+		}
 	})
 }
