@@ -91,10 +91,11 @@ type Leaser interface {
 	// own goroutines, never from within Join, and with none of its own
 	// locks held (both take the lane's lock). Once demand reports false the
 	// lane is gone (its Transport closed, or the lane forgotten as idle):
-	// the Leaser must drop it, and a grant made meanwhile is ignored. The
-	// Demand it returns with false holds only Budgets, with each budget's
-	// final Level: what the lane was granted and will never spend, for
-	// the Leaser to give back (its other fields are zero).
+	// the Leaser must drop it. A grant made meanwhile changes only its
+	// budgets' levels. The Demand it returns with false holds only
+	// Budgets, with each budget's final Level: what the lane was granted
+	// (grants made after it went included) and will never spend, for the
+	// Leaser to give back (its other fields are zero).
 	Join(key string, demand func() (Demand, bool), grant func(Share)) bool
 }
 
@@ -296,7 +297,14 @@ func (l *lane) demand() (Demand, bool) {
 func (l *lane) grant(s Share) {
 	l.lock()
 	defer l.unlock()
-	if l.closed || l.isDead() || !l.pace.Sharing() {
+	if l.closed || l.isDead() {
+		// Gone, its budgets still take the grant: the Leaser counted it
+		// (a give-back of a refresh under way as the lane went), and
+		// the final levels the lane reports must too (see demand).
+		l.budgets.share(l.clk.tick(), s.Budgets)
+		return
+	}
+	if !l.pace.Sharing() {
 		return
 	}
 	now := l.clk.tick()

@@ -217,7 +217,8 @@ func TestLeasedLaneInFlightAndDecline(t *testing.T) {
 
 // TestGoneLaneReportsWhatItHolds: a lane's demand reports false once its
 // Transport is closed, and then the level of each budget it was granted
-// and did not spend, for the Leaser to give back.
+// and did not spend, for the Leaser to give back; a grant that reaches it
+// after counts in that level.
 func TestGoneLaneReportsWhatItHolds(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := &fakeLeaser{}
@@ -236,6 +237,12 @@ func TestGoneLaneReportsWhatItHolds(t *testing.T) {
 		d, ok := l.demand()
 		if ok || len(d.Budgets) != 1 || d.Budgets[0].Name != "tokens" || d.Budgets[0].Level != 4000 {
 			t.Errorf("demand of a closed lane: %v, %+v; want false and the 4,000 tokens it holds", ok, d.Budgets)
+		}
+		// A give-back of a refresh under way as the lane went reaches it
+		// after: the Leaser counted it, and the final level does too.
+		l.grant(Share{Rate: 10, Burst: 1, InFlight: -1, Budgets: []BudgetShare{{Add: -1000, Rate: -1, Margin: -1}}})
+		if d, _ := l.demand(); len(d.Budgets) != 1 || d.Budgets[0].Level != 3000 {
+			t.Errorf("after a give-back of 1,000 reached the closed lane: %+v, want 3,000 held", d.Budgets)
 		}
 	})
 }
