@@ -68,7 +68,8 @@ func budgetKey(k keys, name string) string {
 // its laneBudget for hand. It does nothing for a key whose lanes have no
 // budgets. On an error the lanes keep what they hold, and get nothing.
 // With no lanes (the key's last went) it gives back what the lanes that
-// went held, and holds nothing from then on.
+// went held, charges what the fallback granted them, and holds nothing
+// from then on.
 func (b *backend) refreshBudgets(ctx context.Context, sk *shareKey, lanes []*member, sent time.Time) error {
 	var names []string
 	var size []int
@@ -88,7 +89,7 @@ func (b *backend) refreshBudgets(ctx context.Context, sk *shareKey, lanes []*mem
 		}
 	}
 	if len(lanes) == 0 {
-		if len(sk.budgets.back) == 0 {
+		if len(sk.budgets.back) == 0 && len(sk.budgets.fellGave) == 0 {
 			return nil
 		}
 		from(sk.budgets.known)
