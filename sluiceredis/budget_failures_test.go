@@ -6,7 +6,6 @@ package sluiceredis
 
 import (
 	"context"
-	"fmt"
 	"github.com/redis/go-redis/v9"
 	"io"
 	"log/slog"
@@ -156,13 +155,7 @@ func TestBudgetLaneGoneGivesBackWhatItHolds(t *testing.T) {
 	idle.Waiting = [3]int{}
 	idle.Budgets = []sluice.BudgetDemand{{Name: "tokens", Size: 10000, Per: 24 * time.Hour}}
 	joinLane(t, a, "api", idle)
-	deadline := time.Now().Add(3 * time.Second)
-	for added(la.since(time.Time{})) < 5000 {
-		if time.Now().After(deadline) {
-			t.Fatalf("a's lane granted %.0f, want 5,000", added(la.since(time.Time{})))
-		}
-		time.Sleep(time.Millisecond)
-	}
+	waitGranted(t, la, 5000)
 	// It spends the 5,000 at once and its Transport is closed, before the
 	// next refresh reads it.
 	la.mu.Lock()
@@ -194,13 +187,7 @@ func TestBudgetClosedProcessGivesBackNothing(t *testing.T) {
 	d := batch100
 	d.Budgets = []sluice.BudgetDemand{{Name: "tokens", Size: 10000, Per: 24 * time.Hour, Queued: [3]float64{0, 0, 5000}, Need: 5000}}
 	la := joinLane(t, a, "api", d)
-	deadline := time.Now().Add(3 * time.Second)
-	for added(la.since(time.Time{})) < 5000 {
-		if time.Now().After(deadline) {
-			t.Fatalf("a's lane granted %.0f, want 5,000", added(la.since(time.Time{})))
-		}
-		time.Sleep(time.Millisecond)
-	}
+	waitGranted(t, la, 5000)
 	// a spends the 5,000 and shuts down before its next refresh.
 	a.Close()
 	lbb := joinLane(t, b, "api", spendingDemand(10000, 24*time.Hour))
@@ -333,8 +320,7 @@ func (l *loser) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proces
 func (l *loser) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		err := next(ctx, cmd)
-		name := strings.ToLower(cmd.Name())
-		if err == nil && (name == "evalsha" || name == "eval") && strings.Contains(fmt.Sprint(cmd.Args()), ":budget:") && l.armed.CompareAndSwap(true, false) {
+		if err == nil && callsScript(cmd, ":budget:") && l.armed.CompareAndSwap(true, false) {
 			l.lost.Store(true)
 			cmd.SetErr(context.DeadlineExceeded)
 			return context.DeadlineExceeded
@@ -439,8 +425,7 @@ func (l *failer) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proce
 }
 func (l *failer) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		name := strings.ToLower(cmd.Name())
-		if (name == "evalsha" || name == "eval") && strings.Contains(fmt.Sprint(cmd.Args()), ":budget:") && l.armed.CompareAndSwap(true, false) {
+		if callsScript(cmd, ":budget:") && l.armed.CompareAndSwap(true, false) {
 			l.failed.Store(true)
 			cmd.SetErr(context.DeadlineExceeded)
 			return context.DeadlineExceeded
@@ -471,5 +456,18 @@ func TestBudgetServerCountAfterAFailedCall(t *testing.T) {
 	t.Logf("first budget call failed: %v; granted %.0f after a server count of 0", f.failed.Load(), g)
 	if g > 1 {
 		t.Errorf("granted %.0f of a budget the server said was empty: the count was lost with the failed call", g)
+	}
+}
+
+// waitGranted waits up to 3s for l to have been granted want of its
+// budget in all.
+func waitGranted(t *testing.T, l *shareLane, want float64) {
+	t.Helper()
+	deadline := time.Now().Add(3 * time.Second)
+	for added(l.since(time.Time{})) < want {
+		if time.Now().After(deadline) {
+			t.Fatalf("lane granted %.0f, want %.0f", added(l.since(time.Time{})), want)
+		}
+		time.Sleep(time.Millisecond)
 	}
 }

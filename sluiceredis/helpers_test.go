@@ -3,9 +3,11 @@ package sluiceredis
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -313,4 +315,11 @@ func (l *logs) times(level slog.Level, key string) []time.Time {
 		})
 	}
 	return out
+}
+
+// callsScript reports whether cmd runs a script on a key whose name holds
+// part (":budget:" for budget.lua, ":shares" for share.lua).
+func callsScript(cmd redis.Cmder, part string) bool {
+	name := strings.ToLower(cmd.Name())
+	return (name == "evalsha" || name == "eval") && strings.Contains(fmt.Sprint(cmd.Args()), part)
 }

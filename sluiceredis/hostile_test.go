@@ -3,7 +3,6 @@ package sluiceredis
 import (
 	"context"
 	"fmt"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -26,8 +25,7 @@ func (f *forger) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proce
 func (f *forger) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		err := next(ctx, cmd)
-		name := strings.ToLower(cmd.Name())
-		if r := f.reply.Load(); r != nil && err == nil && (name == "evalsha" || name == "eval") && strings.Contains(fmt.Sprint(cmd.Args()), ":shares") {
+		if r := f.reply.Load(); r != nil && err == nil && callsScript(cmd, ":shares") {
 			cmd.(*redis.Cmd).SetVal(*r)
 		}
 		return err
