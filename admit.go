@@ -14,6 +14,12 @@ import (
 // for an in-flight slot is not included: it depends on latencies not yet
 // observed.
 func (l *lane) estimateLocked(now time.Duration, p Priority, tn *tenant, ch *charge) time.Duration {
+	return l.estimateBehind(now, p, l.q.ahead(p, tn, now), ch)
+}
+
+// estimateBehind is estimateLocked for a waiter with ahead grants ranked
+// before it (see waitQueue.ahead).
+func (l *lane) estimateBehind(now time.Duration, p Priority, ahead int, ch *charge) time.Duration {
 	var d time.Duration
 	start := now
 	if until := l.pace.NotBefore(); start < until {
@@ -24,7 +30,7 @@ func (l *lane) estimateLocked(now time.Duration, p Priority, tn *tenant, ch *cha
 	if r == 0 {
 		return d + l.budgets.wait(start, p, ch)
 	}
-	need := float64(l.q.ahead(p, tn, now) + 1)
+	need := float64(ahead + 1)
 	if !l.perToken {
 		// Taking tokens from a Backend the local bucket is not drawn from:
 		// what it holds says nothing of the shared budget, which is taken
@@ -62,7 +68,8 @@ func (l *lane) refuseLocked(ctx context.Context, now time.Duration, p Priority, 
 	if rej == nil && !hasDL && maxWait == 0 {
 		return nil
 	}
-	est := l.estimateLocked(now, p, tn, ch)
+	ahead := l.q.ahead(p, tn, now)
+	est := l.estimateBehind(now, p, ahead, ch)
 	// The other wait runs on while this one does: what the attempt waits
 	// in all is about the longer of the two.
 	est = max(est, after)
@@ -74,7 +81,7 @@ func (l *lane) refuseLocked(ctx context.Context, now time.Duration, p Priority, 
 	// teaches the lane no latency, and a latency that counted then would
 	// refuse every call for good once a slow spell had raised it.
 	answer := est
-	if l.q.ahead(p, tn, now) > 0 {
+	if ahead > 0 {
 		if c := l.slot.callTime(); answer < math.MaxInt64-c {
 			answer += c
 		}

@@ -186,10 +186,10 @@ func (q *waitQueue) pop(limit int) *waiter {
 // a low share, a level below the first in line is served sooner: every
 // lowShare-th grant goes to the longest waiter below that level, and
 // every waiter below it now has waited longer than the new one; and the
-// first in line waits for those grants too. With
-// aging, the waiters of the levels below that have waited long enough to
-// outrank a new waiter at p (see push) come before it too. now is the
-// new waiter's enqueue time.
+// first in line waits for those grants too. With aging, the waiters of
+// the levels below that have waited long enough to outrank a new waiter
+// at p (see push) come before it too. now is the new waiter's enqueue
+// time.
 func (q *waitQueue) ahead(p Priority, tn *tenant, now time.Duration) int {
 	n, top := 0, p
 	for l := Interactive; l < p; l++ {
