@@ -109,18 +109,11 @@ func (b *backend) refreshBudgets(ctx context.Context, sk *shareKey, lanes []*mem
 	}
 	type lanePart struct {
 		ret, unmet, held float64
-		owed             float64     // the lane's owed before this call
 		lb               *laneBudget // nil: the lane has no such budget
-	}
-	// What the lanes' accounts were before this call: a call that fails
-	// passes on nothing, and the next passes on what this one would have
-	// (a server count above all, which is passed on once).
-	var undo []laneBudget
-	var undoTo []*laneBudget
-	restore := func() {
-		for i, lb := range undoTo {
-			*lb = undo[i]
-		}
+		// was is lb before this call: a call that fails passes on nothing,
+		// and the next passes on what this one would have (a server count
+		// above all, which is passed on once).
+		was laneBudget
 	}
 	parts := make([][]lanePart, len(lanes))
 	k := newKeys(b.cfg.prefix, sk.key)
@@ -151,8 +144,8 @@ func (b *backend) refreshBudgets(ctx context.Context, sk *shareKey, lanes []*mem
 				m.budgets = append(m.budgets, laneBudget{spent: d.Spent})
 			}
 			lb := &m.budgets[j]
-			undo = append(undo, *lb)
-			undoTo = append(undoTo, lb)
+			p := &parts[i][j]
+			p.lb, p.was = lb, *lb
 			level := d.Level - lb.owed
 			elapsed := b.cfg.refresh
 			if !lb.at.IsZero() {
@@ -169,8 +162,6 @@ func (b *backend) refreshBudgets(ctx context.Context, sk *shareKey, lanes []*mem
 				queued += q
 			}
 			w := lb.est*budgetRefreshes*b.cfg.refresh.Seconds() + max(queued*(1+margin), d.Need) + margin*d.Unanswered
-			p := &parts[i][j]
-			p.lb, p.owed = lb, lb.owed
 			p.ret = max(level-w, 0)
 			p.held = level - p.ret
 			p.unmet = max(w-level, 0)
@@ -228,10 +219,10 @@ func (b *backend) refreshBudgets(ctx context.Context, sk *shareKey, lanes []*mem
 	// and its answer was lost, sent again it would be given back twice.
 	clear(sk.budgets.back)
 	if err != nil {
-		restore()
 		for i := range parts {
 			for _, p := range parts[i] {
 				if p.lb != nil {
+					*p.lb = p.was
 					p.lb.owed += p.ret
 				}
 			}
@@ -261,7 +252,7 @@ func (b *backend) refreshBudgets(ctx context.Context, sk *shareKey, lanes []*mem
 			}
 			p := parts[i][j]
 			m.budgets[j].owed = 0
-			s := sluice.BudgetShare{Add: -p.ret - p.owed, Rate: flow / float64(len(lanes)), Margin: margin}
+			s := sluice.BudgetShare{Add: -p.ret - p.was.owed, Rate: flow / float64(len(lanes)), Margin: margin}
 			switch {
 			case give != nil:
 				s.Add += give[i]
