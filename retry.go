@@ -108,7 +108,7 @@ func (t *Transport) do(l *lane, req *http.Request, p Priority, id string) (*http
 		if resp != nil && areq != req {
 			resp.Request = req
 		}
-		if n >= t.cfg.retries || !t.retryable(ctx, req, resp, err) || sdkRetries(req) {
+		if n >= t.cfg.retries || t.final(resp, err) || !t.mayRetry(ctx, req, resp, err) || sdkRetries(req) {
 			return resp, err
 		}
 		wait := t.backoff(n, resp)
@@ -211,9 +211,18 @@ func sdkRetries(req *http.Request) bool {
 //   - then the policy (WithRetryPolicy), read as go-retryablehttp's
 //     Client.Do reads it: retry when it says true, whatever its error.
 func (t *Transport) retryable(ctx context.Context, req *http.Request, resp *http.Response, err error) bool {
-	if err == nil && resp.StatusCode > 0 && resp.StatusCode < 400 && t.cfg.checkRetry == nil {
-		return false // most responses: nothing below would retry them
-	}
+	return !t.final(resp, err) && t.mayRetry(ctx, req, resp, err)
+}
+
+// final reports whether nothing retryable lists would retry resp, err: a
+// success with no policy to ask, as most responses are. Apart, so that it
+// is inlined.
+func (t *Transport) final(resp *http.Response, err error) bool {
+	return err == nil && uint(resp.StatusCode-1) < 399 && t.cfg.checkRetry == nil
+}
+
+// mayRetry is retryable past final.
+func (t *Transport) mayRetry(ctx context.Context, req *http.Request, resp *http.Response, err error) bool {
 	if err != nil && (errors.Is(err, ErrRejected) || errors.Is(err, ErrClosed) || ctx.Err() != nil || permanent(err)) {
 		return false // not sent, the caller gave up, or it would fail again
 	}

@@ -309,8 +309,14 @@ func (t *Transport) attempt(l *lane, req *http.Request, p Priority, id string, e
 			return nil, enq, err
 		}
 	}
-	h, enq, err := l.acquire(ctx, p, id, enq, s != nil && caller, 0)
-	if err != nil {
+	var h *hold
+	var err error
+	if s == nil && enq == firstAttempt && l.fast.Load()&fastMask != 0 {
+		h = l.takePrepaid(ctx, p, id) // acquire's first step, without its frame
+	}
+	if h != nil {
+		enq = h.at
+	} else if h, enq, err = l.acquire(ctx, p, id, enq, s != nil && caller, 0); err != nil {
 		if s != nil {
 			s.Drop()
 		}
@@ -422,6 +428,15 @@ func (t *Transport) refused(ctx context.Context, l *lane, p Priority, n int, err
 // clock. s is the attempt's hold on a sub-limit, nil if none; caller: the
 // caller named it.
 func (t *Transport) read(ctx context.Context, l *lane, req *http.Request, resp *http.Response, p Priority, h, s *hold, caller bool) (verdict.Kind, *lane, time.Duration) {
+	if s == nil && h.ch == nil && !h.look && !verdict.HeadersDecide(resp.StatusCode) && !looksAt(resp) {
+		// Most responses: what readAll would find at once, inlined.
+		return verdict.Of(resp.StatusCode), l, h.at
+	}
+	return t.readAll(ctx, l, req, resp, p, h, s, caller)
+}
+
+// readAll is read.
+func (t *Transport) readAll(ctx context.Context, l *lane, req *http.Request, resp *http.Response, p Priority, h, s *hold, caller bool) (verdict.Kind, *lane, time.Duration) {
 	// A refusal's, a 403's or a GraphQL answer's body may say what its
 	// status and headers do not (see verdict.Body); other bodies are not
 	// looked at.
