@@ -62,6 +62,15 @@ func (l *lane) reads(resp *http.Response, look bool) bool {
 	return false
 }
 
+// speaks reports whether resp's status or body may say something of
+// limits whatever its headers (see verdict.HeadersDecide and looksAt).
+// A response that does not, to a grant that draws on no budget and does
+// not look at headers (see lookLocked), is one read finds says nothing:
+// most responses.
+func speaks(resp *http.Response) bool {
+	return verdict.HeadersDecide(resp.StatusCode) || looksAt(resp)
+}
+
 // lookLocked reports whether the response to a grant of level p, counted
 // already, is to be looked at for rate-limit headers (see quietAfter). The
 // choice is made under the lock, where the grants are counted, so that a

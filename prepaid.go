@@ -84,7 +84,13 @@ func (l *lane) prepayLocked(now, prev time.Duration) bool {
 		l.pre.Store(pre)
 	}
 	for i := range n {
-		pre.layLocked(l, i)
+		if pre.free[i] {
+			// The hold there is the lane's: settled, and not handed out.
+			pre.free[i] = false
+			pre.holds[i].Load().state = 0 // no atomic: nobody else reaches it
+		} else {
+			pre.layLocked(l, i)
+		}
 	}
 	pre.top.Store(int32(n))
 	pre.floor.Store(0)
@@ -128,14 +134,9 @@ func (pre *prepaid) unsettled() bool {
 	return pre.pending.Load() != 0 || pre.top.Load() > pre.floor.Load()
 }
 
-// layLocked lays out a hold at i for a prepaid grant of l: the one there
-// if it is free, else one from the pool.
+// layLocked lays out a new hold from the pool at i for a prepaid grant of
+// l, where no hold is free.
 func (pre *prepaid) layLocked(l *lane, i int) {
-	if pre.free[i] {
-		pre.free[i] = false
-		pre.holds[i].Load().state = 0 // no atomic: settled, and not handed out
-		return
-	}
 	h := holds.Get().(*hold)
 	h.l, h.state = l, 0
 	pre.holds[i].Store(h)

@@ -84,12 +84,21 @@ func (l *lane) allowRetry() bool {
 // retryable for what is retried. A request from an SDK that retries on its
 // own (see sdkRetries) is attempted once: the SDK decides.
 func (t *Transport) do(l *lane, req *http.Request, p Priority, id string) (*http.Response, error) {
+	resp, first, err := t.attempt(l, req, p, id, firstAttempt, 1)
+	if err == nil && t.final(resp, nil) {
+		return resp, nil // most requests: one attempt, nothing to retry
+	}
+	return t.retry(l, req, p, id, resp, first, err)
+}
+
+// retry is do once the first attempt, made with enqueue time firstAttempt,
+// returned resp, first and err (see attempt).
+func (t *Transport) retry(l *lane, req *http.Request, p Priority, id string, resp *http.Response, first time.Duration, err error) (*http.Response, error) {
 	ctx := req.Context()
-	enq := firstAttempt
+	enq := firstAttempt // the enqueue time the last attempt was made with
 	areq := req
 	var kept *http.Response // the last answer, read, while a retry of it is on its way
 	for n := 0; ; n++ {
-		resp, first, err := t.attempt(l, areq, p, id, enq, n+1)
 		for err == errLaneGone {
 			if enq == firstAttempt {
 				l = t.relane(l)
@@ -164,6 +173,7 @@ func (t *Transport) do(l *lane, req *http.Request, p Priority, id string) (*http
 			}
 		}
 		areq = next
+		resp, first, err = t.attempt(l, areq, p, id, enq, n+2)
 	}
 }
 

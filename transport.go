@@ -354,7 +354,11 @@ func (t *Transport) attempt(l *lane, req *http.Request, p Priority, id string, e
 	}
 	var on *lane // the lane that read the response, nil if none did
 	var sent time.Duration
-	h.kind, on, sent = t.read(ctx, l, req, resp, p, h, s, caller)
+	if s == nil && h.ch == nil && !h.look && !speaks(resp) {
+		h.kind, on, sent = verdict.Of(resp.StatusCode), l, h.at // what read finds, without its frame
+	} else {
+		h.kind, on, sent = t.read(ctx, l, req, resp, p, h, s, caller)
+	}
 	if s != nil {
 		// The sub-limit bounds no slots: its hold ends with the headers.
 		s.Done(h.kind)
@@ -428,15 +432,6 @@ func (t *Transport) refused(ctx context.Context, l *lane, p Priority, n int, err
 // clock. s is the attempt's hold on a sub-limit, nil if none; caller: the
 // caller named it.
 func (t *Transport) read(ctx context.Context, l *lane, req *http.Request, resp *http.Response, p Priority, h, s *hold, caller bool) (verdict.Kind, *lane, time.Duration) {
-	if s == nil && h.ch == nil && !h.look && !verdict.HeadersDecide(resp.StatusCode) && !looksAt(resp) {
-		// Most responses: what readAll would find at once, inlined.
-		return verdict.Of(resp.StatusCode), l, h.at
-	}
-	return t.readAll(ctx, l, req, resp, p, h, s, caller)
-}
-
-// readAll is read.
-func (t *Transport) readAll(ctx context.Context, l *lane, req *http.Request, resp *http.Response, p Priority, h, s *hold, caller bool) (verdict.Kind, *lane, time.Duration) {
 	// A refusal's, a 403's or a GraphQL answer's body may say what its
 	// status and headers do not (see verdict.Body); other bodies are not
 	// looked at.
