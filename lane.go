@@ -711,7 +711,8 @@ func (l *lane) releaseLocked(h *hold, k verdict.Kind, sample bool, d time.Durati
 	l.unholdLocked(h)
 	if sample {
 		d = l.clk.at(d)
-		l.limitMovedLocked(l.slot.onSample(d, d-h.start, k, l.q.len() > 0, l.currentRateLocked()))
+		ahead := int(l.fast.Load() & fastMask) // prepaid grants left: their slots are not in flight
+		l.limitMovedLocked(l.slot.onSample(d, d-h.start, k, l.q.len() > 0, l.currentRateLocked(), ahead))
 		if l.slot.spreading {
 			l.spreadLocked(d)
 		}

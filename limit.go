@@ -152,11 +152,13 @@ func (s *limiter) set(n int) limitChange {
 
 // onSample takes the completion at now of a timed attempt that held a slot
 // (counted in inUse) for latency and ended as k. waiting says whether
-// requests wait for the lane; rate is its rate, 0 if not paced. It returns
-// what became of the limit. What is not the server's work (a refusal, an
+// requests wait for the lane; rate is its rate, 0 if not paced; ahead is
+// how many of the slots in use were taken ahead for grants not handed out
+// yet (see prepaid.go), which are not in flight. It returns what became of
+// the limit. What is not the server's work (a refusal, an
 // overload, a transport error; see verdict.Kind.Sample) is no sample and
 // changes nothing.
-func (s *limiter) onSample(now, latency time.Duration, k verdict.Kind, waiting bool, rate float64) limitChange {
+func (s *limiter) onSample(now, latency time.Duration, k verdict.Kind, waiting bool, rate float64, ahead int) limitChange {
 	if !k.Sample() {
 		return limitChange{from: s.limit, to: s.limit}
 	}
@@ -174,7 +176,7 @@ func (s *limiter) onSample(now, latency time.Duration, k verdict.Kind, waiting b
 	s.n++
 	s.done++
 	s.sumW += x
-	s.sumL += float64(s.inUse)
+	s.sumL += float64(s.inUse - ahead)
 	s.checkBound(waiting)
 	s.slowStart(x, w, waiting)
 	var f finding

@@ -421,3 +421,42 @@ func TestPrepaidGivenBackDuringASettle(t *testing.T) {
 		}
 	})
 }
+
+// TestPrepaidSlotsNotInFlight: four callers keep a lane at 2,000/s busy,
+// which prepays its grants. The limiter's mean in flight, which its cut
+// under queueing scales, is the callers' four, not four and the slots
+// taken ahead for grants nobody has yet (31 at most), which it read as
+// 35.
+func TestPrepaidSlotsNotInFlight(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		prepaid := countPrepaid(t)
+		base := &fakeBase{latency: 2 * time.Millisecond}
+		tr := mustNew(t, base, WithRate(100000, time.Second), WithBurst(1000))
+		const callers = 4
+		end := time.Now().Add(5 * time.Second)
+		var wg sync.WaitGroup
+		for range callers {
+			wg.Go(func() {
+				for time.Now().Before(end) {
+					if err := get(context.Background(), tr, ""); err != nil {
+						t.Error(err)
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+		if prepaid.Load() == 0 {
+			t.Fatal("the lane prepaid no grants: the test says nothing")
+		}
+		l := tr.lane("api.test")
+		l.lock()
+		inFlight := l.slot.prevL
+		l.unlock()
+		// Callers that complete at one instant may count one another
+		// before their returns are settled: up to twice the callers.
+		if inFlight < callers || inFlight > 2*callers {
+			t.Errorf("the limiter's mean in flight over its last window is %.2f, want %d to %d", inFlight, callers, 2*callers)
+		}
+	})
+}
