@@ -56,7 +56,11 @@ const forEachPoll = 50 * time.Millisecond
 // ForEach takes no more items, waits for the calls already started, and
 // returns: the first non-nil error returned by fn if there is one, otherwise
 // ctx.Err() if ctx ended before every item was taken (items is then asked
-// for one more, which is not run, to tell), otherwise nil. No
+// for one more, which is not run, to tell), otherwise nil. An items that
+// itself ends once ctx ends (rows of a QueryContext(ctx), a channel its
+// producer closes on ctx.Done) answers that none is left, and ForEach then
+// returns nil though some were never taken: give such a source a context
+// of its own, or check ctx.Err() after ForEach. No
 // goroutine started by ForEach outlives it, whatever happens.
 //
 // Panics. A panic in fn is not swallowed: it cancels the rest as an error

@@ -644,3 +644,22 @@ func TestForEachOverManyLanes(t *testing.T) {
 		}
 	})
 }
+
+// TestForEachMaxIntMinimum: WithConcurrency(math.MaxInt, math.MaxInt)
+// bounds ForEach, before the Transport has a lane, by its minimum, which
+// overflowed the bound: no item ever started.
+func TestForEachMaxIntMinimum(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr := mustNew(t, &fakeBase{}, WithConcurrency(math.MaxInt, math.MaxInt))
+		ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+		defer cancel()
+		var ran atomic.Int64
+		err := ForEach(ctx, tr, slices.Values([]int{1, 2, 3}), func(ctx context.Context, _ int) error {
+			ran.Add(1)
+			return get(ctx, tr, "")
+		})
+		if err != nil || ran.Load() != 3 {
+			t.Errorf("ForEach ran %d of 3 items and returned %v; want 3 and nil", ran.Load(), err)
+		}
+	})
+}

@@ -48,7 +48,7 @@ type Transport struct {
 	done   chan struct{} // closed by Close: what waits outside a lane's queue stops
 
 	// The last sum of the lanes' limits (see fanoutLimit), and until when
-	// it is used, in Unix nanoseconds; 0: none yet.
+	// it is used, in nanoseconds since monoEpoch; 0: none yet.
 	fanSum, fanAt atomic.Int64
 
 	// Sub-limits (see sublimit.go): subCfg is the options of their lanes,
@@ -592,16 +592,22 @@ func (t *Transport) fanoutLimit() int {
 	if t.nLanes.Load() <= fanoutLanes {
 		return t.sumLimits()
 	}
-	start := time.Now()
-	if next := t.fanAt.Load(); next != 0 && start.UnixNano() < next {
+	// On the monotonic clock: a wall clock stepped back would keep an
+	// old sum for as long as the step.
+	start := time.Since(monoEpoch)
+	if next := t.fanAt.Load(); next != 0 && int64(start) < next {
 		return int(t.fanSum.Load())
 	}
 	n := t.sumLimits()
-	took := time.Since(start)
+	took := time.Since(monoEpoch) - start
 	t.fanSum.Store(int64(n))
-	t.fanAt.Store(start.Add(max(fanoutEvery, 10*took)).UnixNano())
+	t.fanAt.Store(int64(start + max(fanoutEvery, 10*took)))
 	return n
 }
+
+// monoEpoch is the origin of readings of the monotonic clock kept as
+// integers (see fanoutLimit).
+var monoEpoch = time.Now()
 
 // testHookSum, if set, is called at each sum of the lanes' limits.
 var testHookSum func()
@@ -625,7 +631,9 @@ func (t *Transport) sumLimits() int {
 		return true
 	})
 	if n == 0 {
-		return t.cfg.minConc
+		// As the lanes' sum is: WithConcurrency(math.MaxInt, ...) would
+		// overflow ForEach's bound.
+		return min(t.cfg.minConc, math.MaxInt32-ForEachLookahead)
 	}
 	return n
 }
