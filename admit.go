@@ -31,7 +31,7 @@ func (l *lane) estimateBehind(now time.Duration, p Priority, ahead int, ch *char
 		return d + l.budgets.wait(start, p, ch)
 	}
 	need := float64(ahead + 1)
-	if !l.perToken {
+	if !l.perToken() {
 		// Taking tokens from a Backend the local bucket is not drawn from:
 		// what it holds says nothing of the shared budget, which is taken
 		// as empty.

@@ -186,7 +186,7 @@ type BudgetShare struct {
 // cancelled request's way out, and a Backend may talk to its store (see
 // Backend.Done).
 func (l *lane) backendDone() {
-	if l.perToken {
+	if l.perToken() {
 		go l.be().Done(l.key)
 	}
 }
@@ -255,7 +255,7 @@ func (l *lane) takeShared(r float64) {
 func (l *lane) joinLocked() {
 	l.join = false
 	if !l.be().(Leaser).Join(l.key, l.demand, l.grant) {
-		l.perToken = true
+		l.flags.Or(lanePerToken)
 		return
 	}
 	// Nothing is sent before the first grant (see grant); the budgets

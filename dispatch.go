@@ -54,14 +54,14 @@ func (l *lane) run(ctx context.Context, own *waiter) {
 		// cap): only a release can change that.
 		next := l.q.next(l.slot.limit)
 		servable := next != nil
-		if servable && l.perToken && l.slot.free() && tick >= l.pace.NotBefore() {
+		if servable && l.perToken() && l.slot.free() && tick >= l.pace.NotBefore() {
 			l.slot.take() // held for the token the Backend may give
 			r := l.currentRateLocked()
 			l.unlock()
 			l.takeShared(r)
 			continue
 		}
-		if servable && !l.perToken && l.tryTakeLocked(tick, late, next.charge) {
+		if servable && !l.perToken() && l.tryTakeLocked(tick, late, next.charge) {
 			l.grantLocked(tick, l.q.pop(l.slot.limit), nil)
 			l.unlock()
 			continue
@@ -92,9 +92,9 @@ func (l *lane) run(ctx context.Context, own *waiter) {
 		case !servable:
 		case tick < l.pace.Cooldown():
 			d = l.pace.Cooldown() - tick
-		case l.perToken && tick < l.pace.BackendWait() && l.slot.free():
+		case l.perToken() && tick < l.pace.BackendWait() && l.slot.free():
 			d = l.pace.BackendWait() - tick
-		case !l.perToken && l.slot.free():
+		case !l.perToken() && l.slot.free():
 			d = max(l.pace.TokenDelay(tick), l.budgets.payDelay(tick, next.charge))
 			late = l.pace.PaceRate() > 0
 		case !l.slot.free() && l.slot.longAt > tick:

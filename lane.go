@@ -59,7 +59,6 @@ type lane struct {
 	closed      bool // see Transport.Close: every acquire fails
 	dispatching bool // a dispatcher goroutine is running
 	stalled     bool // it waits for a kick: no waiter's tenant is under its cap
-	perToken    bool // see be
 	join        bool
 	untimed     uint8 // < sampleEvery
 	// kick wakes the dispatcher early; capacity 1. It is made when the
@@ -86,6 +85,10 @@ const (
 	// laneLeakWarned: a response body was collected unclosed; see
 	// leakToken.
 	laneLeakWarned
+	// lanePerToken: see be. Set before the first grant, never cleared;
+	// here rather than beside fast, so that a release, which reads it,
+	// reads no line that the lane's other requests write.
+	lanePerToken
 )
 
 // be returns the Backend that holds the lane's budget, nil if none (see
@@ -97,6 +100,10 @@ const (
 // pace.Pacer.Join). It is read from the lane's options rather than kept in
 // the lane: a million lanes share it.
 func (l *lane) be() Backend { return l.cfg.backend }
+
+// perToken reports whether the lane takes each token from its Backend
+// (see be).
+func (l *lane) perToken() bool { return l.flags.Load()&lanePerToken != 0 }
 
 // isDead reports whether the lane was forgotten (see laneDead).
 func (l *lane) isDead() bool { return l.flags.Load()&laneDead != 0 }
@@ -126,7 +133,9 @@ func newLane(key string, cfg *config) *lane {
 	if _, ok := cfg.backend.(Leaser); ok {
 		l.join = true
 	} else {
-		l.perToken = cfg.backend != nil
+		if cfg.backend != nil {
+			l.flags.Store(lanePerToken)
+		}
 	}
 	l.pace = pace.New(cfg.perSecond(), cfg.burst, cfg.maxRetryAfter, cfg.backend == nil, l.clk.epochNS)
 	l.q.init(cfg.tenantShare)
@@ -272,7 +281,7 @@ func (l *lane) usableLocked() error {
 // it.
 func (l *lane) tryGrantLocked(h *hold, p Priority, tn *tenant, now time.Duration, first bool) bool {
 	lv := &l.q.levels[p]
-	if l.perToken || l.q.len() > 0 || tn.inFlight >= lv.capOf(l.slot.limit) || !l.tryTakeLocked(now, false, h.ch) {
+	if l.perToken() || l.q.len() > 0 || tn.inFlight >= lv.capOf(l.slot.limit) || !l.tryTakeLocked(now, false, h.ch) {
 		return false
 	}
 	lv.started(tn, l.slot.limit)
@@ -316,7 +325,7 @@ func (l *lane) enqueueLocked(ctx context.Context, p Priority, tn *tenant, ch *ch
 		// come from a Backend, whose calls the caller's context cannot cut
 		// short: the loop then runs on a goroutine of its own, so that a
 		// cancelled caller returns at once.
-		w.dispatches = !l.perToken
+		w.dispatches = !l.perToken()
 		if !w.dispatches {
 			go l.dispatch()
 		}
@@ -431,7 +440,7 @@ func (l *lane) refund(h *hold) {
 	}
 	l.unholdLocked(h)
 	now := l.clk.tick()
-	l.pace.Refund(now, !l.perToken, h.nth)
+	l.pace.Refund(now, !l.perToken(), h.nth)
 	l.budgets.repay(now, h.ch)
 	l.slot.put()
 	l.q.levels[h.tn.level].finished(h.tn, l.slot.limit)
@@ -504,7 +513,7 @@ func (l *lane) release(h *hold, k verdict.Kind, sample, owner bool) (released bo
 	if sample {
 		d = l.clk.read()
 	}
-	listable := owner && !sample && k == verdict.Served && !l.perToken
+	listable := owner && !sample && k == verdict.Served && !l.perToken()
 	// A prepaid grant not settled yet (not held) is looked at first: its
 	// release then reads fast, which the lane's other takers write, once.
 	if listable && (atomic.LoadUint32(&h.state)&holdHeld == 0 || l.fast.Load()&fastMask != 0) && l.listReturned(h, true) {
