@@ -79,7 +79,8 @@ func withTaker(cfg *config) context.Context {
 // lanes of every process that shares it.
 //
 // A lane whose Backend is a Leaser calls Join at its first request. If Join
-// returns false the lane takes its tokens with Take, as from any Backend;
+// returns false the lane takes its tokens with Take, as from any Backend,
+// and its budgets (see WithBudget) are its own, as without a Backend;
 // if it returns true the lane never calls Take or Done, and sends nothing
 // until its first grant. Cool is called as for any Backend.
 type Leaser interface {
@@ -234,6 +235,9 @@ func (l *lane) takeShared(r float64) {
 		l.pace.SetWait(now, wait)
 	default:
 		if w := l.q.pop(l.slot.limit); w != nil {
+			// The budgets held the first waiter's cost when the token was
+			// asked for (see run); they pay whoever is first now.
+			l.budgets.pay(now, w.charge)
 			l.grantLocked(now, w, nil)
 			break
 		}

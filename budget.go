@@ -6,6 +6,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/sluice-go/sluice/internal/headers"
 	"github.com/sluice-go/sluice/internal/pace"
 	"github.com/sluice-go/sluice/internal/verdict"
 )
@@ -102,6 +103,9 @@ func (bs *budgets) empty() bool { return bs.bs == nil }
 func (bs *budgets) len() int          { return len(bs.bs) }
 func (bs *budgets) name(i int) string { return bs.bs[i].name }
 
+// size returns budget i's size; fixed at construction, it needs no lock.
+func (bs *budgets) size(i int) float64 { return bs.bs[i].b.Burst() }
+
 // index returns the index of the budget named name, or -1.
 func (bs *budgets) index(name string) int {
 	for i := range bs.bs {
@@ -113,10 +117,17 @@ func (bs *budgets) index(name string) int {
 }
 
 // chargeOf returns what an attempt carrying costs (see WithCost) costs the
-// budgets, nil if nothing; or, in over, the first cost that exceeds its
-// budget's size, which can never be paid. It reads only the budgets' names
-// and sizes, fixed at construction: it needs no lock.
+// budgets, nil if there are none; or, in over, the first cost that exceeds
+// its budget's size, which can never be paid. An attempt that costs
+// nothing has a charge of nothing: its mark of what was granted before it
+// is what a count in its answer is read against (see uncounted). It reads
+// only the budgets' names and sizes, fixed at construction: it needs no
+// lock.
 func (bs *budgets) chargeOf(costs *cost) (ch *charge, over *cost) {
+	if bs.bs == nil {
+		return nil, nil
+	}
+	ch = &charge{cost: make([]float64, len(bs.bs)), mark: make([]float64, len(bs.bs))}
 	for i := range bs.bs {
 		b := &bs.bs[i]
 		for c := costs; c != nil; c = c.next {
@@ -126,12 +137,7 @@ func (bs *budgets) chargeOf(costs *cost) (ch *charge, over *cost) {
 			if c.n > b.b.Burst() {
 				return nil, c
 			}
-			if c.n > 0 {
-				if ch == nil {
-					ch = &charge{cost: make([]float64, len(bs.bs)), mark: make([]float64, len(bs.bs))}
-				}
-				ch.cost[i] = c.n
-			}
+			ch.cost[i] = max(c.n, 0)
 			break
 		}
 	}
@@ -214,12 +220,31 @@ func (bs *budgets) repay(now time.Duration, ch *charge) {
 	if ch == nil {
 		return
 	}
+	for i := range bs.bs {
+		bs.resent(i, ch, -ch.cost[i])
+	}
 	bs.answered(ch)
 	for i := range bs.bs {
 		if c := ch.cost[i]; c > 0 {
 			b := &bs.bs[i]
 			b.b.Set(now, b.b.Level(now)+c)
-			b.sent -= c
+		}
+	}
+}
+
+// resent moves by d what budget i counts as sent, for charge ch: the
+// charges not yet answered that were granted after ch move their marks
+// with it, so that what each counts as granted since it stays what it
+// was (see uncounted). ch's own mark and those before it stay: what was
+// sent before them did not change.
+func (bs *budgets) resent(i int, ch *charge, d float64) {
+	if d == 0 {
+		return
+	}
+	bs.bs[i].sent += d
+	if k := slices.Index(bs.out, ch); k >= 0 {
+		for _, o := range bs.out[k+1:] {
+			o.mark[i] += d
 		}
 	}
 }
@@ -325,7 +350,7 @@ func (bs *budgets) points(now, sent time.Duration, remaining *[maxBudgets]int64,
 	}
 	// What it cost is what was sent: reconcile then counts as sent since
 	// the attempt only what was granted after it.
-	b.sent += actual - est
+	bs.resent(i, ch, actual-est)
 	bs.retarget(i, ch, actual)
 	remaining[i] = int64(max(pts.Available-(now-sent).Seconds()*b.b.Rate(), 0))
 	return pts.Actual < 0 && max(pts.Requested, est) > pts.Available
@@ -364,8 +389,9 @@ func (bs *budgets) reconcile(i int, remaining int64, now, sent time.Duration, ch
 // uncounted returns what a server's count in answer to the attempt of
 // charge ch (nil: none) may not have counted of budget i: the costs
 // granted since ch, and those granted before it and not answered yet. An
-// attempt without a charge has no mark of what was granted before it: the
-// costs not answered yet are taken as uncounted, all of them.
+// attempt without a charge (one the lane's budgets did not draw, on a
+// sub-limit's host) has no mark of what was granted before it: the costs
+// not answered yet are taken as uncounted, all of them.
 func (bs *budgets) uncounted(i int, ch *charge) (since, before float64) {
 	if ch == nil {
 		for _, o := range bs.out {
@@ -409,12 +435,17 @@ func (bs *budgets) full(now time.Duration) bool {
 
 // Report tells the Transport what the request of resp, a response it
 // returned, really cost the budget named name, once the response has said
-// (for example usage.total_tokens in an LLM's JSON body) and no header
-// stated it: the lane refunds or charges the difference from the cost the
-// request's context carried (see WithCost). It does nothing for a budget
-// the lane does not have, or a request that carried no cost of it.
+// (for example usage.total_tokens in an LLM's JSON body): the lane refunds
+// or charges the difference from the cost the request's context carried
+// (see WithCost). It does nothing for a budget the lane does not have, a
+// request that carried no cost of it, or a response whose headers state
+// what remains of the budget: the lane took that count, which holds the
+// request's cost as the server charged it.
 func (t *Transport) Report(resp *http.Response, name string, actual int) {
 	if resp == nil || resp.Request == nil || resp.Request.URL == nil {
+		return
+	}
+	if _, counted := headers.ParseTokenBudget(resp.Header, time.Now(), name); counted {
 		return
 	}
 	est := CostFrom(resp.Request.Context(), name)

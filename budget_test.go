@@ -389,8 +389,9 @@ func TestBudgetsCharge(t *testing.T) {
 	if over != nil || ch == nil || ch.cost[0] != 300 || ch.cost[1] != 50 {
 		t.Errorf("charge of input 300, output 50 (newest), points: %+v, over %v", ch, over)
 	}
-	if ch, over := bs.chargeOf(&cost{"input", 0, &cost{"points", 5, nil}}); ch != nil || over != nil {
-		t.Errorf("charge of nothing: %+v, over %v", ch, over)
+	// A charge of nothing still marks what was granted before it.
+	if ch, over := bs.chargeOf(&cost{"input", 0, &cost{"points", 5, nil}}); ch == nil || ch.cost[0] != 0 || ch.cost[1] != 0 || over != nil {
+		t.Errorf("charge of nothing: %+v, over %v, want a charge of zeros", ch, over)
 	}
 	big := &cost{"output", 101, nil}
 	if ch, over := bs.chargeOf(&cost{"input", 1000, big}); ch != nil || over != big {

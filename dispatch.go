@@ -54,7 +54,7 @@ func (l *lane) run(ctx context.Context, own *waiter) {
 		// cap): only a release can change that.
 		next := l.q.next(l.slot.limit)
 		servable := next != nil
-		if servable && l.perToken() && l.slot.free() && tick >= l.pace.NotBefore() {
+		if servable && l.perToken() && l.slot.free() && tick >= l.pace.NotBefore() && l.budgets.canPay(tick, next.charge) {
 			l.slot.take() // held for the token the Backend may give
 			r := l.currentRateLocked()
 			l.unlock()
@@ -92,8 +92,10 @@ func (l *lane) run(ctx context.Context, own *waiter) {
 		case !servable:
 		case tick < l.pace.Cooldown():
 			d = l.pace.Cooldown() - tick
-		case l.perToken() && tick < l.pace.BackendWait() && l.slot.free():
-			d = l.pace.BackendWait() - tick
+		case l.perToken() && l.slot.free() && (tick < l.pace.BackendWait() || !l.budgets.canPay(tick, next.charge)):
+			// Taking each token from a Backend, the budgets are the
+			// lane's own: the first waiter waits for them too.
+			d = max(l.pace.BackendWait()-tick, l.budgets.payDelay(tick, next.charge))
 		case !l.perToken() && l.slot.free():
 			d = max(l.pace.TokenDelay(tick), l.budgets.payDelay(tick, next.charge))
 			late = l.pace.PaceRate() > 0

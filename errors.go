@@ -77,10 +77,11 @@ type RejectedError struct {
 	// queue bounds, how many attempts were already waiting.
 	Tenant string
 	Queued int
-	// Budget and Cost are, for ReasonCost, the budget and the cost that
-	// exceeds its size.
+	// Budget, Cost and Size are, for ReasonCost, the budget, the cost that
+	// exceeds its size, and its size.
 	Budget string
 	Cost   int64
+	Size   int64
 }
 
 // Error returns a message that starts with "sluice:" and names the
@@ -96,7 +97,7 @@ func (e *RejectedError) Error() string {
 	case ReasonTenantQueue:
 		return fmt.Sprintf("sluice: %s request to %q rejected: tenant %q already has %d attempts queued", e.Priority, key, e.Tenant, e.Queued)
 	case ReasonCost:
-		return fmt.Sprintf("sluice: %s request to %q rejected: cost %d exceeds the size of budget %q", e.Priority, key, e.Cost, e.Budget)
+		return fmt.Sprintf("sluice: %s request to %q rejected: cost %d exceeds the size of budget %q, %d", e.Priority, key, e.Cost, e.Budget, e.Size)
 	}
 	what := "wait"
 	if e.Reason == ReasonDeadline && e.RetryAfter < e.Wait {

@@ -16,13 +16,12 @@ import (
 // An OpenAI account tier limits requests and tokens per minute; the token
 // budget usually binds. Each call carries its estimated cost: the prompt's
 // tokens plus max_tokens. OpenAI's x-ratelimit-*-tokens headers bring the
-// "tokens" budget back to the server's count after every call, and Report
-// refunds what the estimate took beyond the usage the body states.
+// "tokens" budget back to the server's count after every call.
 func ExampleWithBudget_openAI() {
 	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("x-ratelimit-limit-tokens", "30000")
-		w.Header().Set("x-ratelimit-remaining-tokens", "29000")
-		w.Header().Set("x-ratelimit-reset-tokens", "2s")
+		w.Header().Set("x-ratelimit-remaining-tokens", "28000")
+		w.Header().Set("x-ratelimit-reset-tokens", "4s")
 		fmt.Fprint(w, `{"usage": {"total_tokens": 1000}}`)
 	}))
 	defer api.Close()
@@ -30,6 +29,35 @@ func ExampleWithBudget_openAI() {
 	tr, err := sluice.New(nil,
 		sluice.WithRate(500, time.Minute),
 		sluice.WithBudget("tokens", 30000, time.Minute))
+	if err != nil {
+		log.Fatal(err)
+	}
+	client := &http.Client{Transport: tr}
+
+	const promptTokens, maxTokens = 800, 1200
+	ctx := sluice.WithCost(context.Background(), "tokens", promptTokens+maxTokens)
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, api.URL+"/v1/chat/completions", strings.NewReader(`{}`))
+	resp, err := client.Do(req)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer resp.Body.Close()
+	fmt.Println(resp.StatusCode, resp.Header.Get("x-ratelimit-remaining-tokens"))
+	// Output: 200 28000
+}
+
+// A server that states no count of tokens (here a gateway in front of a
+// model, without rate-limit headers) leaves the budget to sluice's own
+// account of the estimates. Report brings it to what the call used, once
+// the body says: the estimate took 2,000 tokens, the call used 1,000, and
+// the other 1,000 go back to the budget.
+func ExampleTransport_Report() {
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprint(w, `{"usage": {"total_tokens": 1000}}`)
+	}))
+	defer api.Close()
+
+	tr, err := sluice.New(nil, sluice.WithBudget("tokens", 30000, time.Minute))
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -531,7 +531,8 @@ func WithMaxQueue(n int) Option {
 // With WithBackend of a Leaser, the budgets are shared by every process on
 // a key: the Leaser grants each lane a part of the fleet's budget by what
 // it wants (see BudgetDemand), and a server's count sets the fleet's
-// level. New refuses WithBudget with a Backend that is not a Leaser.
+// level; a lane the Leaser declines (see Leaser) keeps budgets of its
+// own. New refuses WithBudget with a Backend that is not a Leaser.
 func WithBudget(name string, n int, per time.Duration) Option {
 	return optionFunc(func(c *config) error {
 		switch {

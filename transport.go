@@ -552,6 +552,12 @@ func (t *Transport) send(l *lane, req *http.Request, h, s *hold) (*http.Response
 	returned := false
 	defer func() {
 		if !returned {
+			// Nothing will answer the charges: the server may or may not
+			// have counted them, as for a transport error.
+			l.dropCharge(h.ch)
+			if s != nil {
+				s.l.dropCharge(s.ch)
+			}
 			h.finish(verdict.Failed, false)
 			if s != nil {
 				s.finish(verdict.Failed, false)
