@@ -54,8 +54,8 @@ func newRetryBudget() retryBudget {
 }
 
 // allowRetry reports whether the lane's budget allows one more retry, and
-// counts it if so.
-func (l *lane) allowRetry() bool {
+// counts it if so, at the time it returns.
+func (l *lane) allowRetry() (time.Time, bool) {
 	l.lock()
 	defer l.unlock()
 	now := l.clk.timeOf(l.clk.tick())
@@ -67,11 +67,25 @@ func (l *lane) allowRetry() bool {
 	}
 	if float64(b.retries.Sum(now)+1) > limit {
 		b.refused++
-		return false
+		return time.Time{}, false
 	}
 	b.retries.Add(now, 1)
 	b.made++
-	return true
+	return now, true
+}
+
+// unretry takes back the count that allowRetry made at at (zero: none) of
+// a retry that was not made after all: its backoff met the end of its
+// context or a closed Transport, or the lane refused it.
+func (l *lane) unretry(at time.Time) {
+	if at.IsZero() {
+		return
+	}
+	l.lock()
+	defer l.unlock()
+	b := &l.budget
+	b.retries.Add(at, ^uint64(0)) // in at's bucket, if the window still holds it
+	b.made--
 }
 
 // do sends req, at priority p for tenant id (see labels), through l,
@@ -84,20 +98,21 @@ func (l *lane) allowRetry() bool {
 // retryable for what is retried. A request from an SDK that retries on its
 // own (see sdkRetries) is attempted once: the SDK decides.
 func (t *Transport) do(l *lane, req *http.Request, p Priority, id string) (*http.Response, error) {
-	resp, first, err := t.attempt(l, req, p, id, firstAttempt, 1)
+	resp, first, unread, err := t.attempt(l, req, p, id, firstAttempt, 1)
 	if err == nil && t.final(resp, nil) {
 		return resp, nil // most requests: one attempt, nothing to retry
 	}
-	return t.retry(l, req, p, id, resp, first, err)
+	return t.retry(l, req, p, id, resp, first, unread, err)
 }
 
 // retry is do once the first attempt, made with enqueue time firstAttempt,
-// returned resp, first and err (see attempt).
-func (t *Transport) retry(l *lane, req *http.Request, p Priority, id string, resp *http.Response, first time.Duration, err error) (*http.Response, error) {
+// returned resp, first, unread and err (see attempt).
+func (t *Transport) retry(l *lane, req *http.Request, p Priority, id string, resp *http.Response, first time.Duration, unread bool, err error) (*http.Response, error) {
 	ctx := req.Context()
 	enq := firstAttempt // the enqueue time the last attempt was made with
 	areq := req
 	var kept *http.Response // the last answer, read, while a retry of it is on its way
+	var counted time.Time   // when the retry budget counted the retry on its way
 	for n := 0; ; n++ {
 		for err == errLaneGone {
 			if enq == firstAttempt {
@@ -107,10 +122,11 @@ func (t *Transport) retry(l *lane, req *http.Request, p Priority, id string, res
 				l, enq = t.relaneAt(l, enq)
 				enq = max(enq, 0)
 			}
-			resp, first, err = t.attempt(l, areq, p, id, enq, n+1)
+			resp, first, unread, err = t.attempt(l, areq, p, id, enq, n+1)
 		}
 		if kept != nil && (errors.Is(err, ErrRejected) || errors.Is(err, ErrClosed)) {
 			// The retry was not sent: the answer that caused it stands.
+			l.unretry(counted)
 			return kept, nil
 		}
 		enq = first
@@ -120,7 +136,7 @@ func (t *Transport) retry(l *lane, req *http.Request, p Priority, id string, res
 		if n >= t.cfg.retries || t.final(resp, err) || !t.mayRetry(ctx, req, resp, err) || sdkRetries(req) {
 			return resp, err
 		}
-		wait := t.backoff(n, resp)
+		wait := t.backoff(n, resp, unread)
 		// The retry waits in the lane as well (a cooldown the answer began,
 		// the pace): it is made only if it can be served within the
 		// request's deadline and its level's WithMaxWait.
@@ -131,27 +147,11 @@ func (t *Transport) retry(l *lane, req *http.Request, p Priority, id string, res
 		if mw := t.cfg.maxWait[p]; mw > 0 && est > mw {
 			return resp, err
 		}
-		next, rerr := rewind(req)
-		if rerr != nil {
+		next := t.prepare(ctx, l, req, resp, err, n, wait, p, id)
+		if next == nil {
 			return resp, err
 		}
-		if !l.allowRetry() {
-			closeBody(next)
-			if lg := t.cfg.logger; lg.Enabled(ctx, slog.LevelWarn) {
-				lg.WarnContext(ctx, "sluice: retry refused by the retry budget", retryAttrs(l, n, resp, err, wait)...)
-			}
-			return resp, err
-		}
-		if lg := t.cfg.logger; lg.Enabled(ctx, slog.LevelInfo) {
-			lg.InfoContext(ctx, "sluice: retrying", retryAttrs(l, n, resp, err, wait)...)
-		}
-		if ev := t.cfg.events; ev != nil {
-			e := Event{Kind: EventRetried, Lane: l.key, Priority: p, Tenant: id, Attempt: n + 2, Err: err, Wait: wait}
-			if resp != nil {
-				e.Status = resp.StatusCode
-			}
-			ev.push(ctx, &e)
-		}
+		counted = next.at
 		kept = keep(resp)
 		if wait > 0 {
 			timer := time.NewTimer(wait)
@@ -159,22 +159,79 @@ func (t *Transport) retry(l *lane, req *http.Request, p Priority, id string, res
 			case <-timer.C:
 			case <-ctx.Done():
 				timer.Stop()
-				closeBody(next)
+				closeBody(next.req)
+				l.unretry(counted)
 				return nil, ctx.Err()
 			case <-t.done:
 				// Closed: the retry would fail with ErrClosed; the
 				// answer that caused it stands.
 				timer.Stop()
-				closeBody(next)
+				closeBody(next.req)
+				l.unretry(counted)
 				if kept != nil {
 					return kept, nil
 				}
 				return nil, ErrClosed
 			}
 		}
-		areq = next
-		resp, first, err = t.attempt(l, areq, p, id, enq, n+2)
+		areq = next.req
+		resp, first, unread, err = t.attempt(l, areq, p, id, enq, n+2)
 	}
+}
+
+// A retrying is a retry on its way: its request, and when the retry
+// budget counted it.
+type retrying struct {
+	req *http.Request
+	at  time.Time
+}
+
+// prepare readies retry n+2 of req, after the answer resp, err of the
+// attempt before and a backoff of wait: the request to send again, counted
+// by l's retry budget, logged and reported. It returns nil if the retry is
+// not to be made: the request's body cannot be had again, or the budget
+// refuses it. The caller's code it runs (GetBody, the logger's handler)
+// may panic: resp's body and the new request's are then closed, so that
+// the answer's slot goes back at once, and the panic goes on.
+func (t *Transport) prepare(ctx context.Context, l *lane, req *http.Request, resp *http.Response, err error, n int, wait time.Duration, p Priority, id string) (r *retrying) {
+	var next *http.Request
+	done := false
+	defer func() {
+		if !done {
+			if resp != nil && resp.Body != nil {
+				resp.Body.Close()
+			}
+			if next != nil {
+				closeBody(next)
+			}
+		}
+	}()
+	next, rerr := rewind(req)
+	if rerr != nil {
+		done = true
+		return nil
+	}
+	at, ok := l.allowRetry()
+	if !ok {
+		closeBody(next)
+		if lg := t.cfg.logger; lg.Enabled(ctx, slog.LevelWarn) {
+			lg.WarnContext(ctx, "sluice: retry refused by the retry budget", retryAttrs(l, n, resp, err, wait)...)
+		}
+		done = true
+		return nil
+	}
+	if lg := t.cfg.logger; lg.Enabled(ctx, slog.LevelInfo) {
+		lg.InfoContext(ctx, "sluice: retrying", retryAttrs(l, n, resp, err, wait)...)
+	}
+	if ev := t.cfg.events; ev != nil {
+		e := Event{Kind: EventRetried, Lane: l.key, Priority: p, Tenant: id, Attempt: n + 2, Err: err, Wait: wait}
+		if resp != nil {
+			e.Status = resp.StatusCode
+		}
+		ev.push(ctx, &e)
+	}
+	done = true
+	return &retrying{req: next, at: at}
 }
 
 // retryAttrs describes retry n+1 of a request for a log record.
@@ -355,23 +412,24 @@ func idempotent(req *http.Request) bool {
 
 // backoff returns how long to wait before retry n+1, at most
 // WithMaxRetryAfter.
-func (t *Transport) backoff(n int, resp *http.Response) time.Duration {
+func (t *Transport) backoff(n int, resp *http.Response, unread bool) time.Duration {
 	if t.cfg.backoff != nil {
 		d := guarded(resp, func() time.Duration { return t.cfg.backoff(retryMinWait, retryMaxWait, n, resp) })
 		return min(max(0, d), t.cfg.maxRetryAfter)
 	}
-	return defaultBackoff(n, resp, t.cfg.maxRetryAfter)
+	return defaultBackoff(n, resp, t.cfg.maxRetryAfter, unread)
 }
 
 // defaultBackoff waits nothing after a response that named a time the lane
 // pauses for (see verdict.Kind.Refused): the lane's cooldown holds the
 // retry back as long as the server asked, in its place in the queue. Any
-// other response that named a time is waited for here. Otherwise it waits
-// a random time up to retryMinWait x 2^n, capped at retryMaxWait.
-func defaultBackoff(n int, resp *http.Response, maxRA time.Duration) time.Duration {
+// other response that named a time, or a refusal no lane read (unread, see
+// attempt), is waited for here. Otherwise it waits a random time up to
+// retryMinWait x 2^n, capped at retryMaxWait.
+func defaultBackoff(n int, resp *http.Response, maxRA time.Duration, unread bool) time.Duration {
 	if resp != nil {
 		if ra, ok := headers.RetryAfter(resp.Header, time.Now(), maxRA); ok {
-			if verdict.Classify(resp.StatusCode, true, false, verdict.Signal{}).Refused() {
+			if !unread && verdict.Classify(resp.StatusCode, true, false, verdict.Signal{}).Refused() {
 				return 0
 			}
 			return ra
@@ -402,10 +460,16 @@ func rewind(req *http.Request) (*http.Request, error) {
 // keep reads a response that a retry replaces (up to drainLimit, so that
 // its connection can be reused) and closes it, which releases its slot.
 // It returns a copy that holds the body read, to stand if the retry is not
-// sent, or nil if resp is nil or its body was longer or failed.
+// sent, or nil if resp is nil or its body was longer or failed: an answer
+// whose body is over drainLimit does not stand.
 func keep(resp *http.Response) *http.Response {
 	if resp == nil {
 		return nil
+	}
+	if resp.Body == nil || resp.Body == http.NoBody {
+		c := *resp
+		c.Body = http.NoBody
+		return &c
 	}
 	b, err := io.ReadAll(io.LimitReader(resp.Body, drainLimit+1))
 	resp.Body.Close()

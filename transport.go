@@ -295,22 +295,22 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 // reads what the response says about limits, and wraps the response body so
 // that the slot is released when it is done. enq is the first attempt's
 // enqueue time on the lane's clock (firstAttempt for a first attempt);
-// attempt returns it for the next.
-func (t *Transport) attempt(l *lane, req *http.Request, p Priority, id string, enq time.Duration, n int) (*http.Response, time.Duration, error) {
+// attempt returns it for the next. unread: the response names a limit that
+// no lane reads (see named), so that no lane paused for its refusal.
+func (t *Transport) attempt(l *lane, req *http.Request, p Priority, id string, enq time.Duration, n int) (resp *http.Response, _ time.Duration, unread bool, err error) {
 	ctx := req.Context()
 	var s *hold // the attempt's hold on its sub-limit, if it draws on one
 	var caller bool
 	if t.learned.Load() || sublimitsNamed.Load() || t.cfg.sublimitKey != nil {
 		var sub *lane
 		var err error
-		if s, caller, sub, err = t.acquireSub(ctx, l, req, p, id); err != nil {
+		if s, caller, sub, err = t.acquireSub(ctx, l, req, p, id, enq); err != nil {
 			t.refused(ctx, sub, p, n, err)
 			closeBody(req)
-			return nil, enq, err
+			return nil, enq, false, err
 		}
 	}
 	var h *hold
-	var err error
 	if s == nil && enq == firstAttempt && l.fast.Load()&fastMask != 0 {
 		h = l.takePrepaid(ctx, p, id) // acquire's first step, without its frame
 	}
@@ -324,7 +324,7 @@ func (t *Transport) attempt(l *lane, req *http.Request, p Priority, id string, e
 			t.refused(ctx, l, p, n, err)
 			closeBody(req)
 		}
-		return nil, enq, err
+		return nil, enq, false, err
 	}
 	if ev := t.cfg.events; ev != nil {
 		ev.pushRequest(ctx, EventGranted, l, h.at, p, h.tn.id, n, h.wait)
@@ -337,9 +337,9 @@ func (t *Transport) attempt(l *lane, req *http.Request, p Priority, id string, e
 			s.Drop()
 		}
 		closeBody(req)
-		return nil, enq, err
+		return nil, enq, false, err
 	}
-	resp, err := t.send(l, req, h, s)
+	resp, err = t.send(l, req, h, s)
 	if err != nil || resp == nil {
 		l.dropCharge(h.ch)
 		h.Done(verdict.Failed)
@@ -350,7 +350,7 @@ func (t *Transport) attempt(l *lane, req *http.Request, p Priority, id string, e
 		if err == nil {
 			err = errNilResponse
 		}
-		return nil, enq, err
+		return nil, enq, false, err
 	}
 	var on *lane // the lane that read the response, nil if none did
 	var sent time.Duration
@@ -369,7 +369,7 @@ func (t *Transport) attempt(l *lane, req *http.Request, p Priority, id string, e
 	// come: its slot goes back, and its latency is the time to them.
 	if resp.StatusCode == http.StatusSwitchingProtocols || resp.Body == nil || resp.Body == http.NoBody {
 		h.Done(h.kind)
-		return resp, enq, nil
+		return resp, enq, on == nil, nil
 	}
 	if stream := isStream(resp); stream {
 		// A stream's first event may be an error the headers did not say.
@@ -378,17 +378,19 @@ func (t *Transport) attempt(l *lane, req *http.Request, p Priority, id string, e
 		}
 		if !holdsStream(ctx) {
 			h.Done(h.kind)
-			return resp, enq, nil
+			return resp, enq, on == nil, nil
 		}
 	}
 	resp.Body = wrap(resp.Body, h)
-	return resp, enq, nil
+	return resp, enq, on == nil, nil
 }
 
 // acquireSub takes req's token on the sub-limit it draws on besides l, if
 // any (see sublimitOf), and returns its hold, whether the caller named the
-// sub-limit, and the sub-limit's lane.
-func (t *Transport) acquireSub(ctx context.Context, l *lane, req *http.Request, p Priority, id string) (s *hold, caller bool, sub *lane, err error) {
+// sub-limit, and the sub-limit's lane. enq is the first attempt's enqueue
+// time on l's clock, or firstAttempt: a retry keeps its place on the
+// sub-limit too.
+func (t *Transport) acquireSub(ctx context.Context, l *lane, req *http.Request, p Priority, id string, enq time.Duration) (s *hold, caller bool, sub *lane, err error) {
 	sub, caller = t.sublimitOf(l, req)
 	if sub == nil {
 		return nil, false, nil, nil
@@ -404,7 +406,11 @@ func (t *Transport) acquireSub(ctx context.Context, l *lane, req *http.Request, 
 		after = l.waitEstimate(p)
 	}
 	for {
-		s, _, err = sub.acquire(ctx, p, id, firstAttempt, !caller, after)
+		subEnq := firstAttempt
+		if enq != firstAttempt {
+			subEnq = max(sub.clk.ticks(l.clk.timeOf(enq)), 0)
+		}
+		s, _, err = sub.acquire(ctx, p, id, subEnq, !caller, after)
 		if err != errLaneGone {
 			return s, caller, sub, err
 		}
