@@ -14,7 +14,7 @@ import (
 // for an in-flight slot is not included: it depends on latencies not yet
 // observed.
 func (l *lane) estimateLocked(now time.Duration, p Priority, tn *tenant, ch *charge) time.Duration {
-	return l.estimateBehind(now, p, l.q.ahead(p, tn, now), ch)
+	return l.estimateBehind(now, p, l.q.ahead(p, tn, now, l.slot.limit), ch)
 }
 
 // estimateBehind is estimateLocked for a waiter with ahead grants ranked
@@ -60,15 +60,15 @@ func (l *lane) refuseLocked(ctx context.Context, now time.Duration, p Priority, 
 	switch {
 	case l.cfg.maxQueue > 0 && l.q.len() >= l.cfg.maxQueue:
 		rej = &RejectedError{Reason: ReasonQueueFull, Queued: l.q.len()}
-	case l.cfg.tenantQueue > 0 && tn.id != "" && len(tn.waiters) >= l.cfg.tenantQueue:
-		rej = &RejectedError{Reason: ReasonTenantQueue, Queued: len(tn.waiters)}
+	case l.cfg.tenantQueue > 0 && tn.id != "" && l.q.waiting(tn.id) >= l.cfg.tenantQueue:
+		rej = &RejectedError{Reason: ReasonTenantQueue, Queued: l.q.waiting(tn.id)}
 	}
 	dl, hasDL := ctx.Deadline()
 	maxWait := l.cfg.maxWait[p]
 	if rej == nil && !hasDL && maxWait == 0 {
 		return nil
 	}
-	ahead := l.q.ahead(p, tn, now)
+	ahead := l.q.ahead(p, tn, now, l.slot.limit)
 	est := l.estimateBehind(now, p, ahead, ch)
 	// The other wait runs on while this one does: what the attempt waits
 	// in all is about the longer of the two.

@@ -94,7 +94,11 @@ func (lv *levelQueue) capOf(limit int) int {
 	if lv.share == 0 {
 		return math.MaxInt
 	}
-	return max(1, int(float64(limit)*lv.share))
+	c := float64(limit) * lv.share
+	if c >= float64(limit) {
+		return limit // share 1; also keeps float64(MaxInt) from overflowing int
+	}
+	return max(1, int(c))
 }
 
 // link puts t at the back of the rotation if it is under its cap, or in
@@ -215,6 +219,19 @@ func (lv *levelQueue) grew(limit int) {
 		}
 		t = next
 	}
+}
+
+// heldExcess returns how many waiters of the tenants held at their cap
+// exceed the cap: they wait for their tenant's slots, not for tokens.
+func (lv *levelQueue) heldExcess(limit int) int {
+	if lv.lists == nil {
+		return 0
+	}
+	n, c := 0, lv.capOf(limit)
+	for t := lv.lists.held.next; t != &lv.lists.held; t = t.next {
+		n += max(0, len(t.waiters)-c)
+	}
+	return n
 }
 
 // forget drops the record of a named tenant that has nothing queued or in

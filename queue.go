@@ -106,7 +106,7 @@ func (q *waitQueue) push(w *waiter, limit int) {
 	w.seq = q.seq
 	w.rank = int64(w.enq)
 	if q.aging > 0 {
-		w.rank = addSat(w.rank, int64(w.level)*int64(q.aging))
+		w.rank = addSat(w.rank, mulSat(int64(w.level), int64(q.aging)))
 	}
 	q.n++
 	q.levels[w.level].push(w, limit)
@@ -180,7 +180,10 @@ func (q *waitQueue) pop(limit int) *waiter {
 }
 
 // ahead estimates how many grants come before a new waiter of tenant tn at
-// level p: every waiter of the levels above (exact for strict priority), and
+// level p, the lane's in-flight limit being limit: every waiter of the
+// levels above (exact for strict priority) but those of a tenant held at
+// its cap beyond the cap, which wait for that tenant's own calls while the
+// grants go past them; and
 // at level p as many of each tenant's waiters as tn's turns take, which is
 // bounded by tn's own queue plus one times the tenants taking turns. With
 // a low share, a level below the first in line is served sooner: every
@@ -190,22 +193,22 @@ func (q *waitQueue) pop(limit int) *waiter {
 // the levels below that have waited long enough to outrank a new waiter
 // at p (see push) come before it too. now is the new waiter's enqueue
 // time.
-func (q *waitQueue) ahead(p Priority, tn *tenant, now time.Duration) int {
+func (q *waitQueue) ahead(p Priority, tn *tenant, now time.Duration, limit int) int {
 	n, top := 0, p
 	for l := Interactive; l < p; l++ {
 		if top == p && q.levels[l].n > 0 {
 			top = l
 		}
-		n += q.levels[l].n
+		n += q.levels[l].n - q.levels[l].heldExcess(limit)
 	}
 	aged := 0
 	if q.aging > 0 {
 		for l := p + 1; l < numLevels; l++ {
 			// Ranked ahead: enq + l*aging < now + p*aging.
-			by := now - time.Duration(l-p)*q.aging
+			by := time.Duration(addSat(int64(now), -mulSat(int64(l-p), int64(q.aging))))
 			q.levels[l].each(func(t *tenant) {
 				for _, w := range t.waiters {
-					if w.enq < by {
+					if w.enq <= by { // a tie goes to the older seq: the waiter already queued
 						aged++
 					}
 				}
@@ -214,8 +217,13 @@ func (q *waitQueue) ahead(p Priority, tn *tenant, now time.Duration) int {
 	}
 	n += aged
 	lv := &q.levels[p]
-	turns := (len(tn.waiters) + 1) * (lv.queuing + 1)
-	n += min(lv.n, turns)
+	// tn's own waiters, and before each of them and the new one a turn
+	// of every other tenant with waiters.
+	k, others := len(tn.waiters), lv.queuing
+	if k > 0 {
+		others-- // tn itself
+	}
+	n += min(lv.n, k+(k+1)*others)
 	if q.lowShare == 0 {
 		return n
 	}
@@ -224,7 +232,19 @@ func (q *waitQueue) ahead(p Priority, tn *tenant, now time.Duration) int {
 		lower += q.levels[l].n
 	}
 	if top < p {
-		return min(n, q.lowShare*(lower+1))
+		// Meanwhile every lowShare-th grant goes below top: to waiters
+		// below p (older than this one) too.
+		below := -aged
+		for l := p + 1; l < numLevels; l++ {
+			below += q.levels[l].n
+		}
+		if below > 0 {
+			n += q.lowerGrants(n+1, below)
+		}
+		if lower+1 <= math.MaxInt/q.lowShare {
+			n = min(n, q.lowShare*(lower+1))
+		}
+		return n
 	}
 	// First in line: while a level below waits, every lowShare-th grant
 	// goes below (see next), before this waiter's own or between.
@@ -252,6 +272,20 @@ func (q *waitQueue) lowerGrants(own, lower int) int {
 	return k
 }
 
+// waiting returns how many attempts tenant id (not anonymous) has waiting,
+// at every level.
+func (q *waitQueue) waiting(id string) int {
+	n := 0
+	for l := range q.levels {
+		if nt := q.levels[l].named; nt != nil {
+			if t, ok := nt.m[id]; ok {
+				n += len(t.waiters)
+			}
+		}
+	}
+	return n
+}
+
 // oldest returns the enqueue time of the longest-waiting waiter of level p.
 // It looks at every tenant of the level: it is for Stats, not the hot path.
 func (q *waitQueue) oldest(p Priority) (time.Duration, bool) {
@@ -264,6 +298,14 @@ func (q *waitQueue) oldest(p Priority) (time.Duration, bool) {
 		}
 	})
 	return t, found
+}
+
+// mulSat is a*b, at most math.MaxInt64, for a and b not negative.
+func mulSat(a, b int64) int64 {
+	if a != 0 && b > math.MaxInt64/a {
+		return math.MaxInt64
+	}
+	return a * b
 }
 
 func addSat(a, b int64) int64 {
