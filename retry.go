@@ -54,7 +54,8 @@ func newRetryBudget() retryBudget {
 }
 
 // allowRetry reports whether the lane's budget allows one more retry, and
-// counts it if so, at the time it returns.
+// if so counts it against the budget, at the time it returns. The retry is
+// counted among those made (see countRetry) only once it is sent.
 func (l *lane) allowRetry() (time.Time, bool) {
 	l.lock()
 	defer l.unlock()
@@ -70,22 +71,29 @@ func (l *lane) allowRetry() (time.Time, bool) {
 		return time.Time{}, false
 	}
 	b.retries.Add(now, 1)
-	b.made++
 	return now, true
 }
 
-// unretry takes back the count that allowRetry made at at (zero: none) of
-// a retry that was not made after all: its backoff met the end of its
-// context or a closed Transport, or the lane refused it.
+// unretry takes back from the budget what allowRetry counted at at (zero:
+// nothing) for a retry that was not sent after all: its backoff met the
+// end of its context or a closed Transport, or the lane refused it. l is
+// the lane that counted it, whichever the retry went to.
 func (l *lane) unretry(at time.Time) {
-	if at.IsZero() {
+	if l == nil || at.IsZero() {
 		return
 	}
 	l.lock()
 	defer l.unlock()
-	b := &l.budget
-	b.retries.Add(at, ^uint64(0)) // in at's bucket, if the window still holds it
-	b.made--
+	if b := &l.budget; b.retries != nil {
+		b.retries.Add(at, ^uint64(0)) // in at's bucket, if the window still holds it
+	}
+}
+
+// countRetry counts a retry sent through the lane (see Stats.Retries).
+func (l *lane) countRetry() {
+	l.lock()
+	l.budget.made++
+	l.unlock()
 }
 
 // do sends req, at priority p for tenant id (see labels), through l,
@@ -113,6 +121,7 @@ func (t *Transport) retry(l *lane, req *http.Request, p Priority, id string, res
 	areq := req
 	var kept *http.Response // the last answer, read, while a retry of it is on its way
 	var counted time.Time   // when the retry budget counted the retry on its way
+	var countedOn *lane     // the lane whose budget counted it
 	for n := 0; ; n++ {
 		for err == errLaneGone {
 			if enq == firstAttempt {
@@ -126,7 +135,7 @@ func (t *Transport) retry(l *lane, req *http.Request, p Priority, id string, res
 		}
 		if kept != nil && (errors.Is(err, ErrRejected) || errors.Is(err, ErrClosed)) {
 			// The retry was not sent: the answer that caused it stands.
-			l.unretry(counted)
+			countedOn.unretry(counted)
 			return kept, nil
 		}
 		enq = first
@@ -151,7 +160,7 @@ func (t *Transport) retry(l *lane, req *http.Request, p Priority, id string, res
 		if next == nil {
 			return resp, err
 		}
-		counted = next.at
+		counted, countedOn = next.at, l
 		kept = keep(resp)
 		if wait > 0 {
 			timer := time.NewTimer(wait)
@@ -160,14 +169,14 @@ func (t *Transport) retry(l *lane, req *http.Request, p Priority, id string, res
 			case <-ctx.Done():
 				timer.Stop()
 				closeBody(next.req)
-				l.unretry(counted)
+				countedOn.unretry(counted)
 				return nil, ctx.Err()
 			case <-t.done:
 				// Closed: the retry would fail with ErrClosed; the
 				// answer that caused it stands.
 				timer.Stop()
 				closeBody(next.req)
-				l.unretry(counted)
+				countedOn.unretry(counted)
 				if kept != nil {
 					return kept, nil
 				}

@@ -70,7 +70,7 @@ type LaneStats struct {
 	// What the server said, and what sluice did about it.
 	Throttled     uint64 // responses that said "too many requests" (429, GitHub's 403)
 	Cooldowns     uint64 // pauses of the whole lane (Retry-After, remaining 0)
-	Retries       uint64 // retries made
+	Retries       uint64 // retries sent
 	RetriesDenied uint64 // retries the retry budget refused
 
 	// Levels is indexed by Priority.

@@ -339,6 +339,9 @@ func (t *Transport) attempt(l *lane, req *http.Request, p Priority, id string, e
 		closeBody(req)
 		return nil, enq, false, err
 	}
+	if n > 1 {
+		l.countRetry()
+	}
 	resp, err = t.send(l, req, h, s)
 	if err != nil || resp == nil {
 		l.dropCharge(h.ch)
