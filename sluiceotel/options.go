@@ -51,7 +51,9 @@ func WithLaneLabel(f func(key string) string) Option {
 
 // WithMaxLanes caps the lane names at n: the first n seen keep theirs for
 // the Telemetry's life, and later lanes are attributed to sluice.lane
-// "other". 0 lifts the cap. Default DefaultMaxLanes.
+// "other"; a lane's sub-limits count against the cap too. 0 lifts the
+// cap: every key ever seen keeps its name, so use it only over a bounded
+// set of keys. Default DefaultMaxLanes.
 func WithMaxLanes(n int) Option {
 	return func(c *config) error {
 		if n < 0 {

@@ -75,8 +75,13 @@ func (m *Metrics) Observe(_ context.Context, e sluice.Event) {
 	if e.Kind != sluice.EventGranted || e.Priority < 0 || int(e.Priority) >= lanegroup.Levels {
 		return
 	}
-	label := m.groups.Label(e.Lane)
+	m.waitOf(m.groups.Label(e.Lane))[e.Priority].Observe(e.Wait.Seconds())
+}
+
+// waitOf returns the wait histograms of label, one per level.
+func (m *Metrics) waitOf(label string) *[lanegroup.Levels]prometheus.Observer {
 	m.mu.Lock()
+	defer m.mu.Unlock() // WithLabelValues panics on a label it refuses
 	obs := m.waitBy[label]
 	if obs == nil {
 		obs = new([lanegroup.Levels]prometheus.Observer)
@@ -85,8 +90,7 @@ func (m *Metrics) Observe(_ context.Context, e sluice.Event) {
 		}
 		m.waitBy[label] = obs
 	}
-	m.mu.Unlock()
-	obs[e.Priority].Observe(e.Wait.Seconds())
+	return obs
 }
 
 var (

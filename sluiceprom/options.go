@@ -36,8 +36,10 @@ func WithLaneLabel(f func(key string) string) Option {
 }
 
 // WithMaxLanes caps the lane labels at n: the first n seen keep theirs for
-// the Metrics' life, and later lanes are exported under "other". 0 lifts
-// the cap. Default DefaultMaxLanes.
+// the Metrics' life, and later lanes are exported under "other"; a lane's
+// sub-limits count against the cap too. 0 lifts the cap: every key ever
+// seen keeps its label, so use it only over a bounded set of keys. Default
+// DefaultMaxLanes.
 func WithMaxLanes(n int) Option {
 	return func(c *config) error {
 		if n < 0 {

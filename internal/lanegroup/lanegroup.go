@@ -12,6 +12,7 @@
 package lanegroup
 
 import (
+	"strings"
 	"sync"
 	"time"
 
@@ -79,12 +80,15 @@ type Grouper struct {
 	mapf func(string) string
 	max  int // 0: no cap
 
-	mu      sync.Mutex
-	labels  map[string]bool        // labels given out, Other aside
-	subs    int                    // of them, sub-limits' (see subLabelLocked)
-	last    map[laneid.ID]laneMemo // the lane's counters at the last read
-	retired map[string]*Counters   // by label: counted by lanes gone
-	byKey   map[laneid.ID]string   // the lane's label, a cache for Label
+	// collecting orders collections (see Groups); mu guards the rest, and
+	// is not held while a collection reads the Transport.
+	collecting sync.Mutex
+	mu         sync.Mutex
+	labels     map[string]bool        // labels given out, Other aside
+	subs       int                    // of them, sub-limits' (see subLabelLocked)
+	last       map[laneid.ID]laneMemo // the lane's counters at the last read
+	retired    map[string]*Counters   // by label: counted by lanes gone
+	byKey      map[laneid.ID]string   // the lane's label, a cache for Label
 }
 
 type laneMemo struct {
@@ -130,7 +134,16 @@ func (g *Grouper) subLabelLocked(id laneid.ID, label string) string {
 	l := label + "/" + id.Sub
 	if !g.labels[l] {
 		if label == Other || g.max > 0 && (len(g.labels) >= g.max || g.subs >= g.max/2) {
+			// label + "/other" is a label too, within the cap: past it,
+			// the sub-limit is Other's.
 			l = label + "/" + Other
+			if !g.labels[l] {
+				if label == Other || g.max > 0 && len(g.labels) >= g.max {
+					l = Other
+				} else {
+					g.labels[l] = true
+				}
+			}
 		} else {
 			g.labels[l] = true
 			g.subs++
@@ -147,7 +160,9 @@ func (g *Grouper) labelLocked(key string) string {
 	if l, ok := g.byKey[laneid.ID{Key: key}]; ok {
 		return l
 	}
-	l := g.mapf(key)
+	// A key is whatever a request or a server named; an exporter takes
+	// only valid UTF-8.
+	l := strings.ToValidUTF8(g.mapf(key), "\uFFFD")
 	if !g.labels[l] {
 		if g.max > 0 && len(g.labels) >= g.max {
 			l = Other
@@ -168,14 +183,16 @@ func (g *Grouper) labelLocked(key string) string {
 // Groups calls stats and returns its figures by label, in the order of its
 // lanes' first appearance (Stats are sorted by key), with every label that
 // has had a lane, so a group's counters do not vanish with its lanes; and
-// the snapshot itself. It calls stats with the Grouper's lock held: two
-// collections at once (two scrapers) must not fold their snapshots in
-// the other order, which would read as lanes made anew. Transport.Stats
-// takes each lane's lock briefly and never waits.
+// the snapshot itself. Two collections at once (two scrapers) take turns:
+// they must not fold their snapshots in the other order, which would read
+// as lanes made anew. Label does not wait for a collection's call of
+// stats, which visits every lane.
 func (g *Grouper) Groups(stats func() sluice.Stats) ([]Group, sluice.Stats) {
+	g.collecting.Lock()
+	defer g.collecting.Unlock()
+	s := stats()
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	s := stats()
 	now := time.Now()
 	var out []Group
 	idx := make(map[string]int)
