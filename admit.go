@@ -44,13 +44,23 @@ func (l *lane) estimateBehind(now time.Duration, p Priority, ahead int, ch *char
 	return d + w
 }
 
-// waitEstimate returns how long an attempt of level p that came now would
-// wait for its grant, as an early refusal estimates it.
-func (l *lane) waitEstimate(p Priority) time.Duration {
-	var tn tenant // a tenant with nothing queued
+// waitEstimate returns how long an attempt of level p for tenant id (see
+// labels) that came now would wait for its grant, as an early refusal
+// estimates it.
+func (l *lane) waitEstimate(p Priority, id string) time.Duration {
 	l.lock()
 	defer l.unlock()
-	return l.estimateLocked(l.clk.tick(), p, &tn, nil)
+	lv := &l.q.levels[p]
+	tn := &lv.anon
+	if id != "" {
+		tn = &tenant{} // a tenant with nothing queued, unless it has a record
+		if nt := lv.named; nt != nil {
+			if t, ok := nt.m[id]; ok {
+				tn = t
+			}
+		}
+	}
+	return l.estimateLocked(l.clk.tick(), p, tn, nil)
 }
 
 // refuseLocked checks the early-refusal rules for a waiter of level p and tenant

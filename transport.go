@@ -406,7 +406,7 @@ func (t *Transport) acquireSub(ctx context.Context, l *lane, req *http.Request, 
 	}
 	var after time.Duration // the host's wait, which a deadline refusal counts too
 	if _, ok := ctx.Deadline(); ok || t.cfg.maxWait[p] > 0 {
-		after = l.waitEstimate(p)
+		after = l.waitEstimate(p, id)
 	}
 	for {
 		subEnq := firstAttempt
