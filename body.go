@@ -19,24 +19,32 @@ type body struct {
 
 // A leakToken is the last resort: a body holds its hold's token until it
 // is done, and if the body is collected first, the token's finalizer gives
-// the slot back. A token points to its hold for life, and nothing else
-// points to a token in use: a hold points to no body, and not to its own
-// token while a body has it, so that the lane's list of holds does not
-// keep a dropped body reachable. Tokens are recycled with their holds (see
-// holds), their finalizers armed, so that the common case, a body closed
-// or read to EOF, pays neither for setting a finalizer (or
-// runtime.AddCleanup, which also allocates twice) nor for clearing one,
-// which take a runtime-wide lock; and it writes to no token, whose
-// neighbours in memory are other holds' tokens, on other cores. A token
-// collected while its hold has it (the pool dropped both) had its body
-// done. Nothing needs an atomic: a finalizer runs after everything
-// that made its object unreachable, the race detector's view included.
-type leakToken struct{ h *hold }
+// the slot back. A token points to its hold only while a body has it, and
+// the hold to its token only while none does: the collector never frees a
+// cycle through an object with a finalizer, and a hold the pool dropped, a
+// prepaid hold that keeps its lane, or a hold left to the collector would
+// keep each other, and all they point to, for the life of the process.
+// Nothing else points to a token in use: a hold points to no body, so
+// that the lane's list of holds does not keep a dropped body reachable.
+// Tokens are recycled with their holds (see holds), their finalizers
+// armed, so that the common case, a body closed or read to EOF, pays
+// neither for setting a finalizer (or runtime.AddCleanup, which also
+// allocates twice) nor for clearing one, which take a runtime-wide lock. A
+// token fills a cache line of its own: a body's writes to it would
+// otherwise reach other holds' tokens, in use on other cores. Nothing needs
+// an atomic: a finalizer runs after everything that made its object
+// unreachable, the race detector's view included.
+type leakToken struct {
+	h *hold
+	_ [56]byte
+}
 
 // wrap returns rc wrapped so that h is given back once, when the first of
 // the ways listed at body happens. The caller owns h no more.
 func wrap(rc io.ReadCloser, h *hold) *body {
-	b := &body{rc: rc, tok: h.tok}
+	tk := h.tok
+	tk.h = h // only while a body has the token: see leakToken
+	b := &body{rc: rc, tok: tk}
 	h.tok = nil
 	atomic.OrUint32(&h.state, holdOut)
 	if l := h.l; l.watching() {
@@ -69,6 +77,7 @@ func (b *body) finish() {
 	tk := b.tok
 	b.tok = nil
 	h := tk.h
+	tk.h = nil
 	h.tok = tk // the owner's: the lane's list and watch never touch it
 	h.Done(h.kind)
 }
@@ -78,8 +87,8 @@ func (b *body) finish() {
 // The hold is left to the garbage collector.
 func (tk *leakToken) collected() {
 	h := tk.h
-	if h.tok == tk {
-		return
+	if h == nil {
+		return // no body had it: collected with its hold
 	}
 	l := h.l
 	if l.release(h, h.kind, false, false) && l.flags.Or(laneLeakWarned)&laneLeakWarned == 0 {

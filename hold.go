@@ -91,7 +91,6 @@ var holds sync.Pool
 // newHold makes a hold for the pool, with its leak token's finalizer set.
 func newHold() any {
 	h := &hold{tok: new(leakToken)}
-	h.tok.h = h
 	h.ended = h.ctxEnded
 	runtime.SetFinalizer(h.tok, (*leakToken).collected)
 	return h

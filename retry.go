@@ -30,6 +30,9 @@ const (
 	// drainLimit bounds how much of a discarded response is read so that its
 	// connection can be reused; a longer body is closed unread.
 	drainLimit = 64 << 10
+	// drainWait bounds how long a response that a retry replaces is read
+	// (see keep).
+	drainWait = time.Second
 
 	// DefaultRetryRatio and DefaultRetryMin make the default retry budget:
 	// over any RetryBudgetWindow, a lane retries at most 20% as many
@@ -469,8 +472,8 @@ func rewind(req *http.Request) (*http.Request, error) {
 // keep reads a response that a retry replaces (up to drainLimit, so that
 // its connection can be reused) and closes it, which releases its slot.
 // It returns a copy that holds the body read, to stand if the retry is not
-// sent, or nil if resp is nil or its body was longer or failed: an answer
-// whose body is over drainLimit does not stand.
+// sent, or nil if resp is nil or its body was longer, failed or took
+// longer than drainWait: such an answer does not stand.
 func keep(resp *http.Response) *http.Response {
 	if resp == nil {
 		return nil
@@ -480,8 +483,28 @@ func keep(resp *http.Response) *http.Response {
 		c.Body = http.NoBody
 		return &c
 	}
-	b, err := io.ReadAll(io.LimitReader(resp.Body, drainLimit+1))
+	type drained struct {
+		b   []byte
+		err error
+	}
+	read := make(chan drained, 1)
+	go func() {
+		b, err := io.ReadAll(io.LimitReader(resp.Body, drainLimit+1))
+		read <- drained{b, err}
+	}()
+	timer := time.NewTimer(drainWait)
+	defer timer.Stop()
+	var d drained
+	select {
+	case d = <-read:
+	case <-timer.C:
+		// A server that trickles the body holds neither the retry nor
+		// the slot: Close cuts the read short.
+		resp.Body.Close()
+		return nil
+	}
 	resp.Body.Close()
+	b, err := d.b, d.err
 	if err != nil || len(b) > drainLimit {
 		return nil
 	}
