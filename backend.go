@@ -275,7 +275,7 @@ func (l *lane) demand() (Demand, bool) {
 	if l.closed || l.isDead() {
 		var d Demand
 		if !l.budgets.empty() {
-			d.Budgets = l.budgets.demand(l.clk.tick(), nil)
+			d.Budgets = l.budgets.demand(l.clk.peek(), nil)
 		}
 		return d, false
 	}
@@ -292,7 +292,7 @@ func (l *lane) demand() (Demand, bool) {
 		if w := l.q.next(l.slot.limit); w != nil {
 			next = w.charge
 		}
-		d.Budgets = l.budgets.demand(l.clk.tick(), next)
+		d.Budgets = l.budgets.demand(l.clk.peek(), next)
 	}
 	return d, true
 }
@@ -305,13 +305,13 @@ func (l *lane) grant(s Share) {
 		// Gone, its budgets still take the grant: the Leaser counted it
 		// (a give-back of a refresh under way as the lane went), and
 		// the final levels the lane reports must too (see demand).
-		l.budgets.share(l.clk.tick(), s.Budgets)
+		l.budgets.share(l.clk.peek(), s.Budgets)
 		return
 	}
 	if !l.pace.Sharing() {
 		return
 	}
-	now := l.clk.tick()
+	now := l.clk.peek()
 	l.pace.SetShare(now, s.Rate, s.Burst)
 	l.budgets.share(now, s.Budgets)
 	l.slot.leased = 0

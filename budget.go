@@ -452,7 +452,7 @@ func (t *Transport) Report(resp *http.Response, name string, actual int) {
 	if est == 0 {
 		return
 	}
-	l := t.find(t.cfg.key(resp.Request))
+	l := t.find(t.keyOf(resp.Request))
 	if l == nil {
 		return // forgotten: idle since, its budgets full again
 	}
@@ -484,8 +484,11 @@ func (bs *budgets) demand(now time.Duration, next *charge) []BudgetDemand {
 	for i := range bs.bs {
 		b := &bs.bs[i]
 		d := &ds[i]
-		d.Name, d.Size = b.name, int(b.b.Burst())
-		d.Per = time.Duration(math.Round(b.b.Burst() / b.refill * 1e9))
+		// Saturated: float64(math.MaxInt) is 2^63, which no int holds,
+		// and the period of WithBudget(name, 1, math.MaxInt64) rounds
+		// to it too.
+		d.Name, d.Size = b.name, int(min(b.b.Burst(), 1<<63-1024))
+		d.Per = time.Duration(min(math.Round(b.b.Burst()/b.refill*1e9), 1<<63-1024))
 		d.Level, d.Spent, d.Unanswered = b.b.Level(now), b.sent, max(b.out, 0)
 		for p := range d.Queued {
 			d.Queued[p] = max(b.queued[p], 0)

@@ -43,3 +43,8 @@ func (c *clock) at(d time.Duration) time.Duration {
 	c.last = d
 	return d
 }
+
+// peek reads the clock for what is no use of the lane (Stats, a Leaser's
+// calls): never earlier than a reading already used, and not recorded as
+// one, so that the lane's last use (see lane.forget) does not move.
+func (c *clock) peek() time.Duration { return max(c.read(), c.last) }

@@ -334,7 +334,9 @@ func WithMaxRetryAfter(d time.Duration) Option {
 		if d <= 0 {
 			return invalid("WithMaxRetryAfter(%v): must be positive", d)
 		}
-		c.maxRetryAfter = d
+		// Held to half a Duration's range: lane times are offsets of
+		// years at most, and now + the cap must not overflow.
+		c.maxRetryAfter = min(d, math.MaxInt64/2)
 		return nil
 	})
 }

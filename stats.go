@@ -157,7 +157,7 @@ func (l *lane) stats() LaneStats {
 	l.lock()
 	defer l.unlock()
 	l.reclaimLocked(false)
-	tick := l.clk.tick()
+	tick := l.clk.peek()
 	l.revokeLocked(tick) // prepaid grants are not in flight
 	host, sub := splitKey(l.key)
 	ls := LaneStats{

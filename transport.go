@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"math"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -91,6 +92,18 @@ func New(base http.RoundTripper, opts ...Option) (*Transport, error) {
 		t.subRated[name] = &c
 	}
 	return t, nil
+}
+
+// keyOf returns the key of req's lane (see WithKey). A key never holds
+// subSep, which joins a host's key and a sub-limit's name: such a key
+// would be that sub-limit's lane, which has no rate of its own. It is
+// replaced, so that keys which differ only there share a lane.
+func (t *Transport) keyOf(req *http.Request) string {
+	k := t.cfg.key(req)
+	if strings.IndexByte(k, subSep[0]) >= 0 {
+		k = strings.ReplaceAll(k, subSep, "\uFFFD")
+	}
+	return k
 }
 
 // baseRT returns the RoundTripper attempts are sent through.
@@ -201,7 +214,10 @@ func (t *Transport) armSweep() {
 	if t.closed.Load() {
 		return // Close stopped the sweep for good; armed stays set
 	}
-	d := max(t.cfg.laneIdle/2, 1)
+	// At least minSweepEvery apart: a sweep every laneIdle/2 of
+	// WithLaneIdle(time.Nanosecond) would spin a core for as long as a
+	// lane is not idle (its bucket refilling, a cooldown).
+	d := max(t.cfg.laneIdle/2, minSweepEvery)
 	if t.sweeper == nil {
 		t.sweeper = time.AfterFunc(d, t.sweep)
 	} else {
@@ -242,6 +258,9 @@ func (t *Transport) sweep() {
 		t.armSweep()
 	}
 }
+
+// minSweepEvery is the shortest time between two sweeps (see armSweep).
+const minSweepEvery = 10 * time.Millisecond
 
 var (
 	errNilRequest = errors.New("sluice: nil Request")
@@ -286,7 +305,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		closeBody(req)
 		return nil, ErrClosed
 	}
-	l := t.lane(t.cfg.key(req))
+	l := t.lane(t.keyOf(req))
 	lb := labelsOf(req.Context())
 	return t.do(l, req, lb.priority(), lb.tenant)
 }

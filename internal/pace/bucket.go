@@ -81,11 +81,13 @@ func (b *bucket) takeLate(now, lag time.Duration) bool {
 	if b.tokens < 1 {
 		// The instant the bucket held one token: later than at if the
 		// dispatcher was less than lag late.
-		due := b.last + time.Duration(math.Ceil((1-b.tokens)/b.rate*1e9))
-		if due > now {
+		// Compared as a float: a slow bucket's wait may not fit a
+		// Duration, and would wrap to an instant long past.
+		wait := math.Ceil((1 - b.tokens) / b.rate * 1e9)
+		if wait > float64(now-b.last) {
 			return b.take(now)
 		}
-		at = max(at, due)
+		at = max(at, b.last+time.Duration(wait))
 	}
 	b.set(at, b.advance(at)-1)
 	return true

@@ -622,7 +622,13 @@ func (p *Pacer) SettleServed(now, sent time.Duration, n int) (moved string, rais
 func (p *Pacer) applyRate(now time.Duration) (raised bool) {
 	r := p.fb.rate(now)
 	if r > 0 {
-		r = max(r, minRate)
+		// The floor never lifts the pace above the configured rate:
+		// WithRate(100, 24*time.Hour) is under minRate.
+		floor := minRate
+		if c := p.fb.ceiling; c > 0 {
+			floor = min(floor, c)
+		}
+		r = max(r, floor)
 	}
 	switch {
 	case p.lim == nil && r == 0:
