@@ -50,15 +50,9 @@ func (l *lane) estimateBehind(now time.Duration, p Priority, ahead int, ch *char
 func (l *lane) waitEstimate(p Priority, id string) time.Duration {
 	l.lock()
 	defer l.unlock()
-	lv := &l.q.levels[p]
-	tn := &lv.anon
-	if id != "" {
-		tn = &tenant{} // a tenant with nothing queued, unless it has a record
-		if nt := lv.named; nt != nil {
-			if t, ok := nt.m[id]; ok {
-				tn = t
-			}
-		}
+	tn := l.q.levels[p].find(id)
+	if tn == nil {
+		tn = &tenant{} // one with nothing queued
 	}
 	return l.estimateLocked(l.clk.tick(), p, tn, nil)
 }

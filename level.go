@@ -88,6 +88,18 @@ func (lv *levelQueue) tenant(id string) *tenant {
 	return t
 }
 
+// find returns the record for id (the anonymous one for ""), nil if the
+// level has none: unlike tenant, it creates nothing.
+func (lv *levelQueue) find(id string) *tenant {
+	if id == "" {
+		return &lv.anon
+	}
+	if nt := lv.named; nt != nil {
+		return nt.m[id]
+	}
+	return nil
+}
+
 // capOf is how many attempts one tenant of this level may have in flight
 // when the lane's limit is limit.
 func (lv *levelQueue) capOf(limit int) int {

@@ -277,10 +277,8 @@ func (q *waitQueue) lowerGrants(own, lower int) int {
 func (q *waitQueue) waiting(id string) int {
 	n := 0
 	for l := range q.levels {
-		if nt := q.levels[l].named; nt != nil {
-			if t, ok := nt.m[id]; ok {
-				n += len(t.waiters)
-			}
+		if t := q.levels[l].find(id); t != nil {
+			n += len(t.waiters)
 		}
 	}
 	return n

@@ -145,7 +145,7 @@ func (t *Transport) retry(l *lane, req *http.Request, p Priority, id string, res
 		if resp != nil && areq != req {
 			resp.Request = req
 		}
-		if n >= t.cfg.retries || t.final(resp, err) || !t.mayRetry(ctx, req, resp, err) || sdkRetries(req) {
+		if n >= t.cfg.retries || !t.retryable(ctx, req, resp, err) || sdkRetries(req) {
 			return resp, err
 		}
 		wait := t.backoff(n, resp, unread)
@@ -295,7 +295,7 @@ func (t *Transport) retryable(ctx context.Context, req *http.Request, resp *http
 
 // final reports whether nothing retryable lists would retry resp, err: a
 // success with no policy to ask, as most responses are. Apart, so that it
-// is inlined.
+// is inlined where do checks the first attempt.
 func (t *Transport) final(resp *http.Response, err error) bool {
 	return err == nil && uint(resp.StatusCode-1) < 399 && t.cfg.checkRetry == nil
 }
