@@ -43,15 +43,7 @@ func TestHoldsFreedByTheCollector(t *testing.T) {
 		b.Close() // each hold goes back to the pool with its token
 	}
 	bodies = nil
-	for range 10 { // the pool drops what it holds within two cycles
-		runtime.GC()
-	}
-	alive := 0
-	for _, w := range ws {
-		if w.Value() != nil {
-			alive++
-		}
-	}
+	alive := aliveAfterGC(ws)
 	if alive > 0 {
 		t.Fatalf("%d of %d holds still alive after the pool dropped them: the hold<->token cycle through a finalizer is never collected", alive, n)
 	}
@@ -105,15 +97,7 @@ func TestWatchedHoldKeepsNoContext(t *testing.T) {
 		<-closed
 	}
 	time.Sleep(100 * time.Millisecond) // let the last AfterFuncs finish
-	for range 10 {
-		runtime.GC()
-	}
-	alive := 0
-	for _, w := range ws {
-		if w.Value() != nil {
-			alive++
-		}
-	}
+	alive := aliveAfterGC(ws)
 	if alive > 0 {
 		t.Fatalf("%d of %d request contexts (with their values) still reachable after every body was closed", alive, n)
 	}
@@ -196,10 +180,7 @@ func TestClosedTransportCollected(t *testing.T) {
 			if (n > 0) != c.prepays {
 				t.Fatalf("%d prepayments, want some: %v", n, c.prepays)
 			}
-			for range 10 {
-				runtime.GC()
-			}
-			if w.Value() != nil {
+			if aliveAfterGC([]weak.Pointer[Transport]{w}) > 0 {
 				t.Fatalf("Transport still reachable after Close and every body closed (%d prepayments)", n)
 			}
 		})
@@ -246,6 +227,15 @@ func TestForgottenBusyLaneCollected(t *testing.T) {
 	if n := tr.nLanes.Load(); n > 0 {
 		t.Fatalf("%d lanes not forgotten", n)
 	}
+	alive := aliveAfterGC(ws)
+	if alive > 0 {
+		t.Fatalf("%d of %d forgotten lanes still in memory", alive, hosts)
+	}
+}
+
+// aliveAfterGC returns how many of ws still point to something after ten
+// collections (sync.Pool drops what it holds within two).
+func aliveAfterGC[T any](ws []weak.Pointer[T]) int {
 	for range 10 {
 		runtime.GC()
 	}
@@ -255,7 +245,5 @@ func TestForgottenBusyLaneCollected(t *testing.T) {
 			alive++
 		}
 	}
-	if alive > 0 {
-		t.Fatalf("%d of %d forgotten lanes still in memory", alive, hosts)
-	}
+	return alive
 }

@@ -81,13 +81,7 @@ func TestEarlyRefusalLowShareBelowTop(t *testing.T) {
 			wg.Go(func() { get(WithPriority(ctx, Interactive), tr, "") })
 		}
 		synctest.Wait()
-		dctx, dcancel := context.WithTimeout(WithPriority(t.Context(), Normal), 2200*time.Millisecond)
-		start := time.Now()
-		err := get(dctx, tr, "")
-		dcancel()
-		if !errors.Is(err, ErrRejected) {
-			t.Errorf("Normal call with a 2.2 s deadline: %v after %v, want a refusal at once (it is granted at 2.3 s)", err, time.Since(start))
-		}
+		wantRefusedAtOnce(t, WithPriority(t.Context(), Normal), tr, 2200*time.Millisecond, "Normal call with a 2.2 s deadline, granted at 2.3 s")
 		cancel()
 		wg.Wait()
 	})
@@ -233,13 +227,7 @@ func TestEarlyRefusalHugeLowShare(t *testing.T) {
 			wg.Go(func() { get(WithPriority(ctx, Interactive), tr, "") })
 		}
 		synctest.Wait()
-		dctx, dcancel := context.WithTimeout(WithPriority(t.Context(), Batch), time.Second)
-		start := time.Now()
-		err := get(dctx, tr, "")
-		dcancel()
-		if !errors.Is(err, ErrRejected) {
-			t.Errorf("Batch call behind 20 Interactive and 1 Batch, 1 s deadline: %v after %v, want a refusal at once", err, time.Since(start))
-		}
+		wantRefusedAtOnce(t, WithPriority(t.Context(), Batch), tr, time.Second, "Batch call behind 20 Interactive and 1 Batch, 1 s deadline")
 		cancel()
 		wg.Wait()
 	})
@@ -263,14 +251,21 @@ func TestEarlyRefusalAgingTie(t *testing.T) {
 			wg.Go(func() { get(WithPriority(ctx, Batch), tr, "") })
 		}
 		time.Sleep(time.Second)
-		dctx, dcancel := context.WithTimeout(WithPriority(t.Context(), Normal), time.Second)
-		start := time.Now()
-		err := get(dctx, tr, "")
-		dcancel()
-		if !errors.Is(err, ErrRejected) {
-			t.Errorf("Normal call behind ~30 Batch calls that outrank it, 1 s deadline: %v after %v, want a refusal at once", err, time.Since(start))
-		}
+		wantRefusedAtOnce(t, WithPriority(t.Context(), Normal), tr, time.Second, "Normal call behind ~30 Batch calls that outrank it, 1 s deadline")
 		cancel()
 		wg.Wait()
 	})
+}
+
+// wantRefusedAtOnce sends a request of ctx with a deadline d from now
+// through tr, and fails t unless the early refusal refuses it; what names
+// the request.
+func wantRefusedAtOnce(t *testing.T, ctx context.Context, tr http.RoundTripper, d time.Duration, what string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	start := time.Now()
+	if err := get(ctx, tr, ""); !errors.Is(err, ErrRejected) {
+		t.Errorf("%s: %v after %v, want a refusal at once", what, err, time.Since(start))
+	}
 }

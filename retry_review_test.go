@@ -46,28 +46,6 @@ func TestRetryNilBody(t *testing.T) {
 	})
 }
 
-// TestRetryNotMadeNotCounted: Stats.Retries counts the retries made; one
-// abandoned in its backoff (here at Close) was not made, and neither it
-// nor the retry budget counts it.
-func TestRetryNotMadeNotCounted(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		base := &atBase{status: 500, body: "upstream failed"}
-		tr := mustNew(t, base)
-		req, _ := http.NewRequest("GET", "http://api.test/x", nil)
-		done := goRoundTrip(tr, req)
-		synctest.Wait() // in the retry's backoff
-		tr.Close()
-		r := <-done
-		if r.resp != nil {
-			r.resp.Body.Close()
-		}
-		s, _ := tr.Stats().Lane("api.test")
-		if n := len(base.attempts()); n != 1 || s.Retries != 0 {
-			t.Errorf("%d attempts, Stats.Retries %d: want 1 attempt and no retry counted", n, s.Retries)
-		}
-	})
-}
-
 // TestRetryFoldedRefusalWaits: past maxSublimits a response that names a
 // limit pauses no lane (see TestSublimitFoldedRefusalSparesHost), so the
 // default backoff waits out a 429's Retry-After itself, where it trusted

@@ -315,7 +315,8 @@ func goRoundTrip(rt http.RoundTripper, req *http.Request) <-chan rtResult {
 
 // TestRetryRefusedLeavesTheAnswer: a retry that is not sent (here, the
 // Transport closed during its backoff) leaves the caller the answer that
-// caused it, body and all, with a nil error.
+// caused it, body and all, with a nil error; and neither Stats.Retries,
+// which counts the retries sent, nor the retry budget counts it.
 func TestRetryRefusedLeavesTheAnswer(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		base := &atBase{status: 500, body: "upstream failed"}
@@ -333,8 +334,9 @@ func TestRetryRefusedLeavesTheAnswer(t *testing.T) {
 		if r.resp.StatusCode != 500 || string(b) != "upstream failed" {
 			t.Errorf("got %d %q, want the server's 500 and its body", r.resp.StatusCode, b)
 		}
-		if n := len(base.attempts()); n != 1 {
-			t.Errorf("%d attempts, want 1", n)
+		s, _ := tr.Stats().Lane("api.test")
+		if n := len(base.attempts()); n != 1 || s.Retries != 0 {
+			t.Errorf("%d attempts, Stats.Retries %d: want 1 attempt and no retry counted", n, s.Retries)
 		}
 	})
 }

@@ -90,13 +90,6 @@ func TestAbandonedRetryCountersMatchStats(t *testing.T) {
 	})
 }
 
-// okBase answers 200 at once.
-type okBase struct{}
-
-func (okBase) RoundTrip(req *http.Request) (*http.Response, error) {
-	return &http.Response{StatusCode: 200, Header: http.Header{}, Body: io.NopCloser(strings.NewReader("ok")), Request: req}, nil
-}
-
 // TestInvalidUTF8LaneKeyScrapes: the default lane key is req.URL.Host,
 // and url.Parse accepts "http://%ff.example.com/" (Host
 // "\xff.example.com"); a WithKey reading a header is another way in. Such a
@@ -108,7 +101,7 @@ func TestInvalidUTF8LaneKeyScrapes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tr, err := sluice.New(okBase{}, sluice.WithLaneIdle(10*time.Millisecond)) // no Observer needed for this one
+	tr, err := sluice.New(nopBase{}, sluice.WithLaneIdle(10*time.Millisecond)) // no Observer needed for this one
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -145,7 +138,7 @@ func TestInvalidUTF8LaneKeyObserved(t *testing.T) {
 	}
 	var seen atomic.Int32
 	count := sluice.ObserverFunc(func(context.Context, sluice.Event) { seen.Add(1) })
-	tr, err := sluice.New(okBase{}, sluice.WithObserver(m), sluice.WithObserver(count))
+	tr, err := sluice.New(nopBase{}, sluice.WithObserver(m), sluice.WithObserver(count))
 	if err != nil {
 		t.Fatal(err)
 	}
