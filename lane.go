@@ -219,7 +219,12 @@ func (l *lane) acquire(ctx context.Context, p Priority, id string, enq time.Dura
 	// The returned holds are settled only if the grant needs their slots,
 	// and otherwise once the lock is let go (see unlock): the lock is held
 	// for less on the path that waits for nothing.
-	l.mu.Lock()
+	if !l.mu.TryLock() {
+		if ph := l.lockSlow(ctx, p, id, enq == firstAttempt && ch == nil); ph != nil {
+			h.recycle()
+			return ph, ph.at, nil
+		}
+	}
 	l.settleOutLocked()
 	if err := l.usableLocked(); err != nil {
 		l.unlock()

@@ -2,6 +2,7 @@ package sluice
 
 import (
 	"context"
+	"runtime"
 	"sync/atomic"
 	"time"
 )
@@ -181,6 +182,37 @@ func (l *lane) takePrepaid(ctx context.Context, p Priority, id string) *hold {
 	atomic.StoreUint32(&h.state, holdTaken)
 	return h
 }
+
+// lockSlow locks the lane, whose lock an attempt of ctx at level p for
+// tenant id found held, or hands the attempt a prepaid grant that came
+// meanwhile, if it may have one (first), and returns its hold, with the
+// lock not held; else nil, with the lock held.
+//
+// A busy lane's lock is held mostly by the timed grant that lays out the
+// next prepaid grants (see prepayLocked), for less time than parking a
+// goroutine and waking it takes: a few yields let the holder finish, and
+// the attempt then most often takes one of them without the lock.
+func (l *lane) lockSlow(ctx context.Context, p Priority, id string, first bool) *hold {
+	if first && l.pre.Load() != nil {
+		for range lockYields {
+			runtime.Gosched()
+			if l.fast.Load()&fastMask != 0 {
+				if h := l.takePrepaid(ctx, p, id); h != nil {
+					return h
+				}
+			}
+			if l.mu.TryLock() {
+				return nil
+			}
+		}
+	}
+	l.mu.Lock()
+	return nil
+}
+
+// lockYields bounds the yields of lockSlow: a lane that lays out no
+// prepaid grants meanwhile is waited for as a lock is.
+const lockYields = 4
 
 // settleOutLocked counts the prepaid grants handed out since it last ran,
 // as grants made under the lock are counted, and lists among the lane's

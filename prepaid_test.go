@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -459,4 +460,41 @@ func TestPrepaidSlotsNotInFlight(t *testing.T) {
 			t.Errorf("the limiter's mean in flight over its last window is %.2f, want %d to %d", inFlight, callers, 2*callers)
 		}
 	})
+}
+
+// TestPrepaidGrantWhileTheLockIsHeld: an attempt that finds a busy lane's
+// lock held takes a prepaid grant laid out meanwhile, without waiting for
+// the lock; a retry, which may not have one, waits for the lock.
+func TestPrepaidGrantWhileTheLockIsHeld(t *testing.T) {
+	tr := mustNew(t, bodyBase{}, WithRate(1e6, time.Second), WithBurst(1000), WithConcurrency(40, 40))
+	l := untilPrepaid(t, tr)
+	l.mu.Lock() // as the timed grant that laid the grants out holds it
+	got := make(chan *hold, 1)
+	go func() { got <- l.lockSlow(t.Context(), Normal, "", true) }()
+	select {
+	case h := <-got:
+		if h == nil {
+			t.Fatal("lockSlow returned the lock that the test holds")
+		}
+		if s := atomic.LoadUint32(&h.state); s&holdTaken == 0 || s&holdHeld != 0 {
+			t.Errorf("the hold's state is %#x, want a prepaid grant's", s)
+		}
+		h.Done(verdict.Served)
+	case <-time.After(10 * time.Second):
+		l.mu.Unlock()
+		<-got
+		t.Fatal("an attempt waited for the lock with prepaid grants left")
+	}
+	go func() { got <- l.lockSlow(t.Context(), Normal, "", false) }()
+	runtime.Gosched()
+	select {
+	case h := <-got:
+		t.Fatalf("a retry's lockSlow returned %v while the lock was held", h)
+	default:
+	}
+	l.mu.Unlock()
+	if h := <-got; h != nil {
+		t.Fatalf("a retry's lockSlow returned a prepaid grant")
+	}
+	l.mu.Unlock() // the retry's
 }
