@@ -137,7 +137,7 @@ var costShapes = []struct {
 	max, maxObserved float64
 }{
 	{"serial", 1, false, 1.3, 1.45},
-	{"8 goroutines, 1 lane", 8, false, 1.4, 1.55},
+	{"8 goroutines, 1 lane", 8, false, 1.3, 1.45},
 	{"8 goroutines, 8 lanes", 8, true, 1.3, 1.45},
 }
 
