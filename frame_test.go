@@ -97,6 +97,11 @@ func TestFrameKind(t *testing.T) {
 		{"event: message_start\ndata: {\"rate_limit\":1}", verdict.Served},
 		{"data: {\"error\":{\"type\":\"rate_limit_error\"}}", verdict.Served},
 		{"", verdict.Served},
+		// Lines that end with a CR alone, and a byte order mark.
+		{"event: error\rdata: {\"error\":{\"type\":\"rate_limit_error\"}}", verdict.Throttled},
+		{"\uFEFFevent: error\ndata: {\"error\":{\"type\":\"overloaded_error\"}}", verdict.Overloaded},
+		// The field is "event", not one that begins with it.
+		{"events: error\ndata: {\"error\":{\"type\":\"rate_limit_error\"}}", verdict.Served},
 	} {
 		if got := frameKind([]byte(c.ev)); got != c.want {
 			t.Errorf("frameKind(%q) = %v, want %v", c.ev, got, c.want)
@@ -104,26 +109,85 @@ func TestFrameKind(t *testing.T) {
 	}
 }
 
+// watchKind returns what a frameWatch on l finds in the first event of
+// stream, read in chunks of the sizes given, then a byte at a time.
+func watchKind(t *testing.T, l *lane, stream []byte, sizes []byte) verdict.Kind {
+	t.Helper()
+	w := &frameWatch{rc: &chunkReader{data: bytes.Clone(stream), sizes: sizes, err: io.EOF}, l: l, ctx: t.Context()}
+	got, err := io.ReadAll(w)
+	if err != nil || !bytes.Equal(got, stream) {
+		t.Fatalf("read %d bytes (%v), want the %d sent", len(got), err, len(stream))
+	}
+	if !w.done || len(w.first) > 0 {
+		t.Fatalf("the look did not end with the stream: done %v, %d bytes kept", w.done, len(w.first))
+	}
+	return w.kind
+}
+
+// TestFrameWatchFirstEvent: the watch finds the first event whatever ends
+// its lines (LF, CRLF, CR, or a mix), however the reads split it, and
+// passes over the blocks before it that carry no data, which are no event:
+// a gateway's comments while the model starts, a stray blank line.
+func TestFrameWatchFirstEvent(t *testing.T) {
+	tr := mustNew(t, nopBase{})
+	l := tr.lane("api.test")
+	const (
+		ev   = "event: error"
+		data = `data: {"type":"error","error":{"type":"rate_limit_error"}}`
+		next = "event: message_start\ndata: {}\n\n"
+	)
+	for _, c := range []struct {
+		name, stream string
+		want         verdict.Kind
+	}{
+		{"LF", ev + "\n" + data + "\n\n" + next, verdict.Throttled},
+		{"CRLF", ev + "\r\n" + data + "\r\n\r\n" + next, verdict.Throttled},
+		{"CR", ev + "\r" + data + "\r\r" + next, verdict.Throttled},
+		{"LF then a CRLF blank line", ev + "\n" + data + "\n\r\n" + next, verdict.Throttled},
+		{"CRLF then an LF blank line", ev + "\r\n" + data + "\r\n\n" + next, verdict.Throttled},
+		{"CR then a CRLF blank line", ev + "\r" + data + "\r\r\n" + next, verdict.Throttled},
+		{"no blank line before the end", ev + "\n" + data, verdict.Throttled},
+		{"comments first", ": PROCESSING\n\n: PROCESSING\r\n\r\n" + ev + "\n" + data + "\n\n", verdict.Throttled},
+		{"a blank line first", "\n\r\n" + ev + "\n" + data + "\n\n", verdict.Throttled},
+		{"an event without data first", "event: ping\n\n" + ev + "\n" + data + "\n\n", verdict.Throttled},
+		{"the error second", next + ev + "\n" + data + "\n\n", verdict.Served},
+		{"a CRLF is one line end", "event: error\r\n" + data + "\n\n", verdict.Throttled},
+		{"the error past the look", strings.Repeat(": x\n\n", firstFrameLimit/5) + ev + "\n" + data + "\n\n", verdict.Served},
+	} {
+		for _, sizes := range [][]byte{nil, {255, 255}, {7}, {3, 1, 2, 1}} {
+			if got := watchKind(t, l, []byte(c.stream), sizes); got != c.want {
+				t.Errorf("%s, reads of %v: %v, want %v", c.name, sizes, got, c.want)
+			}
+		}
+	}
+}
+
 // FuzzFrameWatch: whatever a stream holds and however it is read, the
-// caller reads it through the watch as sent, and the look at its first
-// event stops within firstFrameLimit bytes.
+// caller reads it through the watch as sent, the look at its first event
+// stops within firstFrameLimit bytes, and what it finds depends neither on
+// how the reads split the stream nor, for a stream within the look, on
+// which line ends it uses.
 func FuzzFrameWatch(f *testing.F) {
 	f.Add([]byte(sseRateLimited), []byte{5, 1, 200})
 	f.Add([]byte(sseOverloaded), []byte{})
 	f.Add([]byte(strings.Repeat("data: x\n", 1000)), []byte{255})
+	f.Add([]byte(": c\r\n\r\nevent: error\rdata: overloaded\r\r"), []byte{1})
 	tr, err := New(nopBase{})
 	if err != nil {
 		f.Fatal(err)
 	}
 	l := tr.lane("api.test")
 	f.Fuzz(func(t *testing.T, data, sizes []byte) {
-		w := &frameWatch{rc: &chunkReader{data: bytes.Clone(data), sizes: sizes, err: io.EOF}, l: l, ctx: t.Context()}
-		got, err := io.ReadAll(w)
-		if err != nil || !bytes.Equal(got, data) {
-			t.Fatalf("read %d bytes (%v), want the %d sent", len(got), err, len(data))
+		k := watchKind(t, l, data, sizes)
+		if whole := watchKind(t, l, data, []byte{255, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255}); whole != k {
+			t.Fatalf("%v read in chunks of %v, %v read whole", k, sizes, whole)
 		}
-		if !w.done || len(w.first) > 0 {
-			t.Fatalf("the look did not end with the stream: done %v, %d bytes kept", w.done, len(w.first))
+		if len(data) >= firstFrameLimit {
+			return
+		}
+		lf := bytes.ReplaceAll(bytes.ReplaceAll(data, []byte("\r\n"), []byte("\n")), []byte("\r"), []byte("\n"))
+		if got := watchKind(t, l, lf, nil); got != k {
+			t.Fatalf("%v, and %v with its line ends made LFs (%q)", k, got, lf)
 		}
 	})
 }

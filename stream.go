@@ -38,7 +38,11 @@ type frameWatch struct {
 	p     Priority
 	sent  time.Duration
 	first []byte // the stream's bytes so far, up to the first event's end
-	done  bool
+	// first[at:] is the block after those with no data (see firstEvent);
+	// first[:from] has no blank line after at.
+	at, from int
+	done     bool
+	kind     verdict.Kind // what the first event said, once done
 }
 
 func (w *frameWatch) Read(b []byte) (int, error) {
@@ -53,37 +57,96 @@ func (w *frameWatch) Close() error { return w.rc.Close() }
 
 // see takes bytes the caller read; end says the stream ended or failed.
 func (w *frameWatch) see(b []byte, end bool) {
-	// A separator may straddle reads: look again from three bytes back.
-	from := max(len(w.first)-3, 0)
 	w.first = append(w.first, b[:min(len(b), firstFrameLimit-len(w.first))]...)
-	ev, whole := firstEvent(w.first, from)
+	ev, whole := w.firstEvent()
 	if !whole && !end && len(w.first) < firstFrameLimit {
 		return
 	}
 	w.done, w.first = true, nil
-	if k := frameKind(ev); k != verdict.Served {
+	if w.kind = frameKind(ev); w.kind != verdict.Served {
 		// The stream's slot went back with its headers: its lane may have
 		// been forgotten since, and the event is then the live lane's.
-		for l, sent := w.l, w.sent; !l.streamFailed(w.ctx, k, sent, w.p); {
+		for l, sent := w.l, w.sent; !l.streamFailed(w.ctx, w.kind, sent, w.p); {
 			l, sent = w.t.relaneAt(l, sent)
 		}
 	}
 }
 
-// firstEvent returns the first event of an SSE stream that begins with b,
-// and whether it is whole (a blank line ended it); b[:from] holds no blank
-// line.
-func firstEvent(b []byte, from int) (ev []byte, whole bool) {
-	end := -1
-	for _, sep := range [...]string{"\n\n", "\r\n\r\n", "\r\r"} {
-		if i := bytes.Index(b[from:], []byte(sep)); i >= 0 && (end < 0 || from+i < end) {
-			end = from + i
+// firstEvent returns the first event in the stream's bytes so far, and
+// whether it is whole (a blank line ended it). A block of lines with no
+// data field, such as a comment a gateway sends while the model starts,
+// is no event (see the HTML standard's "Interpreting an event stream"): it
+// is passed over.
+func (w *frameWatch) firstEvent() (ev []byte, whole bool) {
+	for {
+		end, next := blankLine(w.first, w.from)
+		if end < 0 {
+			// A blank line's two line ends may straddle reads.
+			w.from = max(len(w.first)-1, w.at)
+			return w.first[w.at:], false
+		}
+		if ev := w.first[w.at:end]; hasData(ev) {
+			return ev, true
+		}
+		w.at, w.from = next, next
+	}
+}
+
+// blankLine finds the first blank line in b at or after from, where an
+// event ends: two line ends in a row, each a CR, an LF or a CRLF. It
+// returns where the first line end begins and where the next block
+// begins; -1, -1 if there is none. A CRLF's LF that has not come yet is
+// read as a blank line of its own, which ends no event (see hasData).
+func blankLine(b []byte, from int) (end, next int) {
+	for i := from; i+1 < len(b); i++ {
+		c, d := b[i], b[i+1]
+		// LF then any line end, or CR then CR: a CR then an LF is one.
+		if c == '\n' && (d == '\n' || d == '\r') || c == '\r' && d == '\r' {
+			next = i + 2
+			if d == '\r' && next < len(b) && b[next] == '\n' {
+				next++
+			}
+			return i, next
 		}
 	}
-	if end < 0 {
-		return b, false
+	return -1, -1
+}
+
+// sseLines calls yield with each line of an event, split at CR, LF or CRLF
+// as the event stream format has it, with a byte order mark dropped.
+func sseLines(ev []byte, yield func(line []byte)) {
+	ev = bytes.TrimPrefix(ev, []byte("\uFEFF"))
+	for len(ev) > 0 {
+		i := bytes.IndexAny(ev, "\r\n")
+		if i < 0 {
+			yield(ev)
+			return
+		}
+		yield(ev[:i])
+		if ev[i] == '\r' && i+1 < len(ev) && ev[i+1] == '\n' {
+			i++
+		}
+		ev = ev[i+1:]
 	}
-	return b[:end], true
+}
+
+// field returns the name and value of an event's line ("name: value"),
+// with the one space the format allows after the colon dropped.
+func field(line []byte) (name, value []byte) {
+	name, value, _ = bytes.Cut(line, []byte(":"))
+	return name, bytes.TrimPrefix(value, []byte(" "))
+}
+
+// hasData reports whether a block of lines has a data field: only then is
+// it an event.
+func hasData(ev []byte) bool {
+	found := false
+	sseLines(ev, func(line []byte) {
+		if name, _ := field(line); string(name) == "data" {
+			found = true
+		}
+	})
+	return found
 }
 
 // frameKind returns what a stream's first event says: Throttled for an
@@ -92,14 +155,14 @@ func firstEvent(b []byte, from int) (ev []byte, whole bool) {
 func frameKind(ev []byte) verdict.Kind {
 	isError := false
 	var data []byte
-	for line := range bytes.Lines(ev) {
-		line = bytes.TrimRight(line, "\r\n")
-		if v, ok := bytes.CutPrefix(line, []byte("event:")); ok {
+	sseLines(ev, func(line []byte) {
+		switch name, v := field(line); string(name) {
+		case "event":
 			isError = string(bytes.TrimSpace(v)) == "error"
-		} else if v, ok := bytes.CutPrefix(line, []byte("data:")); ok {
-			data = append(data, v...)
+		case "data":
+			data = append(append(data, v...), '\n')
 		}
-	}
+	})
 	if !isError {
 		return verdict.Served
 	}
