@@ -31,13 +31,17 @@ const firstFrameLimit = 4 << 10
 // overload (see lane.streamFailed). It changes nothing the caller reads,
 // and looks at nothing past the first event.
 type frameWatch struct {
-	rc    io.ReadCloser
-	t     *Transport
-	l     *lane
-	ctx   context.Context
-	p     Priority
-	sent  time.Duration
-	first []byte // the stream's bytes so far, up to the first event's end
+	rc   io.ReadCloser
+	t    *Transport
+	l    *lane
+	ctx  context.Context
+	p    Priority
+	sent time.Duration
+	// host is the host's lane, and hostSent when the attempt was sent on
+	// its clock: an overload is the host's (see Transport.read).
+	host     *lane
+	hostSent time.Duration
+	first    []byte // the stream's bytes so far, up to the first event's end
 	// first[at:] is the block after those with no data (see firstEvent);
 	// first[:from] has no blank line after at.
 	at, from int
@@ -66,7 +70,11 @@ func (w *frameWatch) see(b []byte, end bool) {
 	if w.kind = frameKind(ev); w.kind != verdict.Served {
 		// The stream's slot went back with its headers: its lane may have
 		// been forgotten since, and the event is then the live lane's.
-		for l, sent := w.l, w.sent; !l.streamFailed(w.ctx, w.kind, sent, w.p); {
+		l, sent := w.l, w.sent
+		if w.kind == verdict.Overloaded && w.host != nil {
+			l, sent = w.host, w.hostSent
+		}
+		for !l.streamFailed(w.ctx, w.kind, sent, w.p) {
 			l, sent = w.t.relaneAt(l, sent)
 		}
 	}

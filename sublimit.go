@@ -192,11 +192,13 @@ func (rs *routes) lookup(r, path string, now time.Time) (string, *lane) {
 }
 
 // remember keeps sub, the lane of the sub-limit route r is filed under,
-// for the route's next lookups.
+// for the route's next lookups, unless r was filed anew since under
+// another limit.
 func (rs *routes) remember(r string, sub *lane) {
+	_, name := splitKey(sub.key)
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
-	if f, ok := rs.byPath[r]; ok && !f.major {
+	if f, ok := rs.byPath[r]; ok && !f.major && f.name == name {
 		f.sub = sub
 		rs.byPath[r] = f
 	}
@@ -379,37 +381,39 @@ func (t *Transport) routesOf(host string, create bool) *routes {
 }
 
 // sublimitOf returns the sub-limit lane req draws on besides its lane l,
-// or nil, and whether the caller named it (see WithSublimit and
-// WithSublimitKey). Where a response named the limit of req's route, that
-// one is drawn on: a caller's name is for where the server names none.
-func (t *Transport) sublimitOf(l *lane, req *http.Request) (sub *lane, caller bool) {
+// or nil, whether the caller named it (see WithSublimit and
+// WithSublimitKey), and whether it is the host's fallback (see
+// routes.fallback): req's route is filed nowhere. Where a response named
+// the limit of req's route, that one is drawn on: a caller's name is for
+// where the server names none.
+func (t *Transport) sublimitOf(l *lane, req *http.Request) (sub *lane, caller, fallback bool) {
 	now := time.Now()
 	rs := t.routesOf(l.key, false)
 	if rs != nil {
 		r := routeOf(req)
 		name, sub := rs.lookup(r, req.URL.Path, now)
 		if sub != nil {
-			return sub, false
+			return sub, false, false
 		}
 		if name != "" {
 			sub = t.subLane(l, name)
 			rs.remember(r, sub)
-			return sub, false
+			return sub, false, false
 		}
 	}
 	name := t.callerSublimit(req)
 	if name == "" {
 		if rs != nil {
 			if name := rs.fallback(now); name != "" {
-				return t.subLane(l, name), false
+				return t.subLane(l, name), false, true
 			}
 		}
-		return nil, false
+		return nil, false, false
 	}
 	if !t.routesOf(l.key, true).admit(name, now, false) {
-		return nil, false
+		return nil, false, false
 	}
-	return t.subLane(l, name), true
+	return t.subLane(l, name), true, false
 }
 
 // subLane returns the live sub-limit lane name of l.

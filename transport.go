@@ -319,11 +319,11 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 func (t *Transport) attempt(l *lane, req *http.Request, p Priority, id string, enq time.Duration, n int) (resp *http.Response, _ time.Duration, unread bool, err error) {
 	ctx := req.Context()
 	var s *hold // the attempt's hold on its sub-limit, if it draws on one
-	var caller bool
+	var caller, fallback bool
 	if t.learned.Load() || sublimitsNamed.Load() || t.cfg.sublimitKey != nil {
 		var sub *lane
 		var err error
-		if s, caller, sub, err = t.acquireSub(ctx, l, req, p, id, enq); err != nil {
+		if s, caller, fallback, sub, err = t.acquireSub(ctx, l, req, p, id, enq); err != nil {
 			t.refused(ctx, sub, p, n, err)
 			closeBody(req)
 			return nil, enq, false, err
@@ -379,7 +379,7 @@ func (t *Transport) attempt(l *lane, req *http.Request, p Priority, id string, e
 	if s == nil && h.ch == nil && !h.look && !speaks(resp) {
 		h.kind, on, sent = verdict.Of(resp.StatusCode), l, h.at // what read finds, without its frame
 	} else {
-		h.kind, on, sent = t.read(ctx, l, req, resp, p, h, s, caller)
+		h.kind, on, sent = t.read(ctx, l, req, resp, p, h, s, caller, fallback)
 	}
 	if s != nil {
 		// The sub-limit bounds no slots: its hold ends with the headers.
@@ -396,7 +396,7 @@ func (t *Transport) attempt(l *lane, req *http.Request, p Priority, id string, e
 	if stream := isStream(resp); stream {
 		// A stream's first event may be an error the headers did not say.
 		if h.kind == verdict.Served && on != nil {
-			resp.Body = &frameWatch{rc: resp.Body, t: t, l: on, ctx: ctx, p: p, sent: sent}
+			resp.Body = &frameWatch{rc: resp.Body, t: t, l: on, ctx: ctx, p: p, sent: sent, host: l, hostSent: h.at}
 		}
 		if !holdsStream(ctx) {
 			h.Done(h.kind)
@@ -409,19 +409,19 @@ func (t *Transport) attempt(l *lane, req *http.Request, p Priority, id string, e
 
 // acquireSub takes req's token on the sub-limit it draws on besides l, if
 // any (see sublimitOf), and returns its hold, whether the caller named the
-// sub-limit, and the sub-limit's lane. enq is the first attempt's enqueue
-// time on l's clock, or firstAttempt: a retry keeps its place on the
-// sub-limit too.
-func (t *Transport) acquireSub(ctx context.Context, l *lane, req *http.Request, p Priority, id string, enq time.Duration) (s *hold, caller bool, sub *lane, err error) {
-	sub, caller = t.sublimitOf(l, req)
+// sub-limit, whether it is the host's fallback, and the sub-limit's lane.
+// enq is the first attempt's enqueue time on l's clock, or firstAttempt: a
+// retry keeps its place on the sub-limit too.
+func (t *Transport) acquireSub(ctx context.Context, l *lane, req *http.Request, p Priority, id string, enq time.Duration) (s *hold, caller, fallback bool, sub *lane, err error) {
+	sub, caller, fallback = t.sublimitOf(l, req)
 	if sub == nil {
-		return nil, false, nil, nil
+		return nil, false, false, nil, nil
 	}
 	// A token the sub-limit grants while the host cools down would be
 	// sent with every other one the sub-limit granted meanwhile, at once,
 	// when the host opens: the sub-limit's pace begins after the cooldown.
 	if err := l.coolWait(ctx, t.done, t.cfg.maxWait[p]); err != nil {
-		return nil, false, nil, err
+		return nil, false, false, nil, err
 	}
 	var after time.Duration // the host's wait, which a deadline refusal counts too
 	if _, ok := ctx.Deadline(); ok || t.cfg.maxWait[p] > 0 {
@@ -434,7 +434,7 @@ func (t *Transport) acquireSub(ctx context.Context, l *lane, req *http.Request, 
 		}
 		s, _, err = sub.acquire(ctx, p, id, subEnq, !caller, after)
 		if err != errLaneGone {
-			return s, caller, sub, err
+			return s, caller, fallback, sub, err
 		}
 		sub = t.relane(sub)
 	}
@@ -458,8 +458,9 @@ func (t *Transport) refused(ctx context.Context, l *lane, p Priority, n int, err
 // which the lane learns from when the attempt is done, with the lane that
 // read it (nil if none did) and when the attempt was sent on that lane's
 // clock. s is the attempt's hold on a sub-limit, nil if none; caller: the
-// caller named it.
-func (t *Transport) read(ctx context.Context, l *lane, req *http.Request, resp *http.Response, p Priority, h, s *hold, caller bool) (verdict.Kind, *lane, time.Duration) {
+// caller named it; fallback: it is the host's fallback, and req's route is
+// filed nowhere.
+func (t *Transport) read(ctx context.Context, l *lane, req *http.Request, resp *http.Response, p Priority, h, s *hold, caller, fallback bool) (verdict.Kind, *lane, time.Duration) {
 	// A refusal's, a 403's or a GraphQL answer's body may say what its
 	// status and headers do not (see verdict.Body); other bodies are not
 	// looked at.
@@ -470,6 +471,13 @@ func (t *Transport) read(ctx context.Context, l *lane, req *http.Request, resp *
 		body = verdict.Body(prefix)
 	}
 	if !body.Throttles() && !body.Points.Stated && !l.reads(resp, h.look) {
+		if h.look && t.learned.Load() {
+			// Its headers were looked at and hold no rate-limit field:
+			// it names no limit (see routes.fallback).
+			if rs := t.routesOf(l.key, false); rs != nil {
+				rs.sawUnnamed(time.Now())
+			}
+		}
 		l.dropCharge(h.ch)
 		if s != nil {
 			s.l.dropCharge(s.ch)
@@ -490,12 +498,21 @@ func (t *Transport) read(ctx context.Context, l *lane, req *http.Request, resp *
 			rs.sawUnnamed(time.Now())
 		}
 	}
+	// An overload is of the server's capacity, which the host's in-flight
+	// limit bounds: a sub-limit has none to cut, and would pause instead.
+	overload := verdict.Of(resp.StatusCode) == verdict.Overloaded
+	if overload {
+		_, hasRA := headers.RetryAfter(resp.Header, time.Now(), t.cfg.maxRetryAfter)
+		overload = !hasRA // else it asks for a pause
+	}
 	switch {
+	case overload && (name != "" || caller):
+		quota = false // the sub-limit's, not the host's
 	case name != "" && hostRefusal(resp, body):
 		quota = false
 	case name != "":
 		var filedAs *lane // the sub-limit the route was found filed under
-		if s != nil && !caller {
+		if s != nil && !caller && !fallback {
 			filedAs = s.l
 		}
 		on = t.named(l, req, name, bucket, filedAs) // nil: past maxSublimits
