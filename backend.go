@@ -319,7 +319,12 @@ func (l *lane) grant(s Share) {
 		l.slot.leased = s.InFlight + 1
 	}
 	if !s.Cool.IsZero() {
-		l.cooledLocked(context.Background(), l.pace.Cool(now, l.clk.ticks(s.Cool), "a cooldown shared by another process"))
+		// Held to the cap of a server's Retry-After, as a Backend's wait
+		// is (see takeShared): a Leaser passes a cooldown again at each
+		// refresh while it lasts, and one that no process set (a time far
+		// off in its store) must not hold the lane after it stops.
+		until := min(l.clk.ticks(s.Cool), now+l.cfg.maxRetryAfter)
+		l.cooledLocked(context.Background(), l.pace.Cool(now, until, "a cooldown shared by another process"))
 	}
 	l.wakeLocked()
 }

@@ -5,6 +5,7 @@ import (
 	_ "embed"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"time"
 
@@ -74,19 +75,26 @@ func (b *backend) refreshBudgets(ctx context.Context, sk *shareKey, lanes []*mem
 	var names []string
 	var size []int
 	var per []time.Duration
+	// The budgets of every lane, by name: the lanes of several Transports
+	// on the key may list them in other orders, or have others.
 	from := func(ds []sluice.BudgetDemand) {
-		names, size, per = names[:0], size[:0], per[:0]
 		for _, d := range ds {
-			names = append(names, d.Name)
-			size = append(size, d.Size)
-			per = append(per, d.Per)
+			if !slices.Contains(names, d.Name) {
+				names = append(names, d.Name)
+				size = append(size, d.Size)
+				per = append(per, d.Per)
+			}
 		}
 	}
 	for _, m := range lanes {
-		if len(m.now.Budgets) > len(names) {
-			from(m.now.Budgets)
-			sk.budgets.known = m.now.Budgets
+		from(m.now.Budgets)
+	}
+	if len(lanes) > 0 && len(names) > 0 {
+		known := make([]sluice.BudgetDemand, len(names))
+		for j := range names {
+			known[j] = sluice.BudgetDemand{Name: names[j], Size: size[j], Per: per[j]}
 		}
+		sk.budgets.known = known
 	}
 	if len(lanes) == 0 {
 		if len(sk.budgets.back) == 0 && len(sk.budgets.fellGave) == 0 {
@@ -136,14 +144,15 @@ func (b *backend) refreshBudgets(ctx context.Context, sk *shareKey, lanes []*mem
 			if parts[i] == nil {
 				parts[i] = make([]lanePart, len(names))
 			}
-			if j >= len(m.now.Budgets) || m.now.Budgets[j].Name != name {
+			kj := budgetIndex(m.now.Budgets, name)
+			if kj < 0 {
 				continue
 			}
-			d := m.now.Budgets[j]
-			for len(m.budgets) <= j {
-				m.budgets = append(m.budgets, laneBudget{spent: d.Spent})
+			d := m.now.Budgets[kj]
+			for len(m.budgets) < len(m.now.Budgets) {
+				m.budgets = append(m.budgets, laneBudget{spent: m.now.Budgets[len(m.budgets)].Spent})
 			}
-			lb := &m.budgets[j]
+			lb := &m.budgets[kj]
 			p := &parts[i][j]
 			p.lb, p.was = lb, *lb
 			level := d.Level - lb.owed
@@ -174,8 +183,8 @@ func (b *backend) refreshBudgets(ctx context.Context, sk *shareKey, lanes []*mem
 				seen = true
 				var others float64
 				for k, o := range lanes {
-					if k != i && j < len(o.now.Budgets) {
-						others += o.now.Budgets[j].Unanswered
+					if ok := budgetIndex(o.now.Budgets, name); k != i && ok >= 0 {
+						others += o.now.Budgets[ok].Unanswered
 					}
 				}
 				server = min(server, d.Server-others)
@@ -246,12 +255,12 @@ func (b *backend) refreshBudgets(ctx context.Context, sk *shareKey, lanes []*mem
 		if grant > 0 {
 			give = apportion(grant, wants, 0)
 		}
-		for i, m := range lanes {
-			if j >= len(m.budgets) {
+		for i := range lanes {
+			p := parts[i][j]
+			if p.lb == nil {
 				continue
 			}
-			p := parts[i][j]
-			m.budgets[j].owed = 0
+			p.lb.owed = 0
 			s := sluice.BudgetShare{Add: -p.ret - p.was.owed, Rate: flow / float64(len(lanes)), Margin: margin}
 			switch {
 			case give != nil:
@@ -262,10 +271,15 @@ func (b *backend) refreshBudgets(ctx context.Context, sk *shareKey, lanes []*mem
 			if unmet > 0 {
 				s.Rate = flow * p.unmet / unmet
 			}
-			m.budgets[j].share = &s
+			p.lb.share = &s
 		}
 	}
 	return nil
+}
+
+// budgetIndex returns the index of the budget named name in ds, or -1.
+func budgetIndex(ds []sluice.BudgetDemand, name string) int {
+	return slices.IndexFunc(ds, func(d sluice.BudgetDemand) bool { return d.Name == name })
 }
 
 // budgetShares takes the grants refreshBudgets left for m, indexed as its

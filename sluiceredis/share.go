@@ -809,7 +809,7 @@ func parseShare(v []any, err error) (shareReply, error) {
 		vals[i] = f
 	}
 	r.rate, r.places, r.procs = vals[0], int(vals[1]), int(vals[2])
-	r.cool = micros(int64(vals[3]))
+	r.cool = min(micros(int64(vals[3])), maxCool)
 	r.keyRate, r.keyBurst, r.keyCap, r.short = vals[4], int(vals[5]), int(vals[6]), vals[7] != 0
 	r.seq = int64(vals[8])
 	if r.rate < 0 || r.procs < 1 || r.places < -1 || r.keyRate < 0 || r.keyCap < -1 || r.keyCap > 0 && r.places < 0 {

@@ -302,6 +302,8 @@ redis.call('PEXPIRE', KEYS[1], math.max(1, math.ceil((last - now) / 1000)))
 
 local cool = tonumber(redis.call('GET', KEYS[2]))
 local coolLeft = 0
-if cool and cool > now then coolLeft = math.ceil(cool - now) end
+-- cool.lua shares no cooldown longer than a day: a longer one was written
+-- by something else, and is told as a day (see maxCool).
+if cool and cool > now then coolLeft = math.min(math.ceil(cool - now), 86400000000) end
 
 return {string.format('%.17g', gr), gp, n, coolLeft, string.format('%.17g', rate), burst, cap, short, self.seq}
