@@ -37,8 +37,9 @@ const forEachPoll = 50 * time.Millisecond
 //
 // Bound. ForEach starts a goroutine for an item only while fewer item
 // goroutines are running than t's current in-flight limit (the sum of its
-// lanes' limits; before t has any lane, the minimum of WithConcurrency)
-// plus ForEachLookahead. The limit is re-read before every start (over more
+// lanes' limits, each capped by its share of a fleet's in-flight cap under
+// a Leaser; before t has any lane, the minimum of WithConcurrency) plus
+// ForEachLookahead. The limit is re-read before every start (over more
 // than 64 lanes, a sum at most a few milliseconds old), so as the
 // concurrency controller raises or lowers it, ForEach follows: a lower limit
 // stops new starts until enough items finish (nothing running is

@@ -668,20 +668,27 @@ func (t *Transport) sumLimits() int {
 	if testHookSum != nil {
 		testHookSum()
 	}
-	n := 0
+	n, seen := 0, false
 	t.lanes.Range(func(_, v any) bool {
 		l := v.(*lane)
 		if l.cfg.sub {
 			return true // its host's limit bounds it
 		}
+		seen = true
 		l.lock()
+		// What the lane can have in flight: its limit, or less under a
+		// Leaser's cap on the fleet's attempts (see limiter.free).
+		c := l.slot.limit
+		if l.slot.leased > 0 {
+			c = min(c, l.slot.leased-1)
+		}
 		// Held within the range of an int32 with room for the lookahead:
 		// limits of WithConcurrency(1, math.MaxInt) would overflow the sum.
-		n += min(l.slot.limit, math.MaxInt32-ForEachLookahead-n)
+		n += min(c, math.MaxInt32-ForEachLookahead-n)
 		l.unlock()
 		return true
 	})
-	if n == 0 {
+	if !seen {
 		// As the lanes' sum is: WithConcurrency(math.MaxInt, ...) would
 		// overflow ForEach's bound.
 		return min(t.cfg.minConc, math.MaxInt32-ForEachLookahead)

@@ -27,11 +27,17 @@ func (id ID) Compare(o ID) int {
 	return cmp.Compare(id.Sub, o.Sub)
 }
 
-// String returns a text that, unlike a name, no other ID has: a lane's
-// key, or for a sub-limit the key's length, ":", the key, "/" and the
-// name.
+// String returns a text that, unlike a name, no other ID has: for a
+// sub-limit the key's length, ":", the key, "/" and the name, which
+// begins with a digit; for a lane its key, with ":" before it if it
+// begins with a digit or ":", so that no lane reads as a sub-limit
+// ("3:abc/x" is the sub-limit x of lane abc, ":3:abc/x" the lane keyed
+// so).
 func (id ID) String() string {
 	if id.Sub == "" {
+		if k := id.Key; k != "" && (k[0] == ':' || '0' <= k[0] && k[0] <= '9') {
+			return ":" + k
+		}
 		return id.Key
 	}
 	return strconv.Itoa(len(id.Key)) + ":" + id.Key + "/" + id.Sub
