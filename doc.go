@@ -75,6 +75,6 @@
 //
 // Budgets beyond requests, such as tokens per minute, are named with
 // WithBudget and drawn on with WithCost. Processes that share an API key
-// can share one request budget through a Backend (see WithBackend and
-// package sluiceredis).
+// can share its rate and in-flight cap through a Backend, and its token
+// budgets through a Leaser (see WithBackend and package sluiceredis).
 package sluice

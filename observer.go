@@ -50,8 +50,10 @@ const (
 	// none, the base failed with Err), after Wait.
 	EventRetried
 	// EventThrottled: the server refused an attempt for its rate: a 429, a
-	// 403 that says so (GitHub's limits) or a 503 with Retry-After. Status
-	// is the response's.
+	// 403 that says so (GitHub's limits), a 502, 503, 504 or 529 with
+	// Retry-After, or a throttle in a GraphQL body or a stream's first
+	// event. Status is the response's. LaneStats.Throttled leaves out the
+	// 5xx ones, which pause the lane (LaneStats.Cooldowns).
 	EventThrottled
 	// EventCooldown: the lane sends nothing before Until, for Wait from
 	// now, because of Cause ("retry-after", "remaining 0", ...). A cooldown

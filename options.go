@@ -219,8 +219,8 @@ func WithHeadroom(f float64) Option {
 // flat completion rate under the rate, the upstream is queueing sluice's own
 // requests, and the limit comes down to about what it serves at its no-load
 // latency. With no rate this gradient alone sets the limit, starting at 4
-// and growing while requests wait and latency holds. 429, 503 and transport
-// errors are not latency samples. Stats reports the limit, the smoothed
+// and growing while requests wait and latency holds. Refusals, overloads
+// (502, 503, 504, 529) and transport errors are not latency samples. Stats reports the limit, the smoothed
 // latency and the baseline; changes are logged at debug level.
 func WithConcurrency(min, max int) Option {
 	return optionFunc(func(c *config) error {
@@ -295,9 +295,14 @@ func WithRetry(max int) Option {
 }
 
 // WithRetryPolicy sets the policy that decides whether an attempt is retried.
-// sluice's own safety rules apply on top of it: bodies that cannot be
-// replayed are never retried, and non-idempotent methods only on 429 and 503.
-// Default: retryablehttp.DefaultRetryPolicy.
+// sluice's own safety rules apply on top of it: a server's X-Should-Retry
+// or Stripe-Should-Retry answer decides first, either way; bodies that
+// cannot be replayed are never retried, nor permanent errors (a bad
+// certificate, too many redirects); a non-idempotent method is retried
+// only on 429 and 503, unless the request carries an Idempotency-Key; and
+// a request from an SDK that retries on its own (its X-Stainless-Retry-Count,
+// X-Stripe-Client-User-Agent or Amz-Sdk-Request header) is attempted once,
+// whatever WithRetry says. Default: retryablehttp.DefaultRetryPolicy.
 func WithRetryPolicy(p retryablehttp.CheckRetry) Option {
 	return optionFunc(func(c *config) error {
 		if p == nil {
@@ -343,8 +348,10 @@ func WithMaxRetryAfter(d time.Duration) Option {
 
 // WithKey sets which budget (lane) a request draws on. Requests with the same
 // key share one rate, one queue and one in-flight limit. Default: the URL's
-// host. A lane lives as long as the Transport, so keys should come from a
-// bounded set (hosts, API keys), not from per-request values.
+// host. A lane is forgotten once idle for WithLaneIdle (DefaultLaneIdle),
+// so keys from an unbounded set (a tenant each, a host each) cost memory
+// only while they are in use; a key per request still makes a lane per
+// request, with no rate shared among them.
 func WithKey(f func(*http.Request) string) Option {
 	return optionFunc(func(c *config) error {
 		if f == nil {

@@ -46,8 +46,8 @@ type LaneStats struct {
 	// and made again for the same key has a later Made, and its counters
 	// start again from zero.
 	Made time.Time
-	// Folded counts the responses whose named limit was read as the
-	// lane's own, because the lane had as many sub-limits as it may.
+	// Folded counts the responses that named a limit past the lane's cap
+	// of sub-limits: no lane learned from them.
 	Folded   uint64
 	Rate     float64   // tokens per second the lane paces to now; 0 if not paced
 	Ceiling  float64   // the most Rate can be: WithRate x WithHeadroom; 0 if none

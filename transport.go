@@ -20,8 +20,10 @@ import (
 // not usable. A Transport is safe for concurrent use by multiple goroutines,
 // and, like http.Transport, should be reused rather than created per request.
 //
-// A Transport starts no goroutine of its own: a lane runs one dispatcher
-// goroutine only while requests are waiting in it.
+// An idle Transport runs no goroutine: a lane runs a dispatcher only while
+// requests wait in it, events are delivered on a goroutine only while some
+// are pending, and the sweep of idle lanes runs on a timer only while
+// lanes exist.
 type Transport struct {
 	base http.RoundTripper // nil: http.DefaultTransport, read at each request
 	cfg  config

@@ -640,8 +640,8 @@ func TestTransportTracesWritesOnceRefused(t *testing.T) {
 
 // TestEarlyRefusalLeavesTheCallItsTime: calls take 200 ms. Behind a queue
 // whose wait fits the deadline but leaves the call less than its time,
-// a call is refused at once, where it was admitted and failed at its
-// deadline with its token spent.
+// a call is refused at once, not admitted to fail at its deadline with
+// its token spent.
 func TestEarlyRefusalLeavesTheCallItsTime(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		tr := mustNew(t, &fakeBase{latency: 200 * time.Millisecond}, WithRate(10, time.Second))

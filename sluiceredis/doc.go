@@ -30,12 +30,13 @@
 //
 // NewTokens returns Tokens, which take a token per request: one Lua script
 // call decides each admission on the Redis server's clock, so the fleet
-// sends at most rate x T + burst in any window T, exactly, at the cost of
-// about one Redis call per request (and with WithInFlight a second, in
-// Done); priority holds inside each process only. Against a server that
-// refuses the first request over a small burst, that exactness is what
-// keeps a fleet from being refused: three processes at 50/s against an
-// upstream with a burst of 2 (go run ./examples/fleet -burst 2) send about
+// sends at most rate x T + burst in any window T, plus one late token per
+// lane at most (see "How Tokens take"), at the cost of about one Redis call
+// per request (and with WithInFlight a second, in Done); priority holds
+// inside each process only. Against a server that refuses the first
+// request over a small burst, that tight bound is what keeps a fleet from
+// being refused: three processes at 50/s against an upstream with a burst
+// of 2 (go run ./examples/fleet -procs 3 -burst 2) send about
 // 1.00 of the rate with no refusal with Tokens (-tokens), while the
 // Backend's processes, each pacing its own share at its own phase, meet
 // on the server a few times a second, and each refusal's Retry-After of a

@@ -13,8 +13,8 @@ var _ sluice.Backend = (*Tokens)(nil)
 
 // Tokens is a sluice.Backend that takes its tokens from Redis one call at
 // a time (see the package doc, "How Tokens take"): the fleet sends at most
-// rate x T + burst in any window T, exactly, at the cost of about one Redis
-// call per request (and with WithInFlight one more, in Done). Use it
+// rate x T + burst in any window T, plus one late token per lane at most,
+// at the cost of about one Redis call per request (and with WithInFlight one more, in Done). Use it
 // against a server whose burst is smaller than about twice the number of
 // processes, which would refuse what a Backend's slack of two tokens a
 // process lets through; use a Backend otherwise.

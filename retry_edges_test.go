@@ -14,7 +14,7 @@ import (
 
 // TestRetryNilBody: a base may answer with a nil Body (net/http's Client
 // accepts it and puts http.NoBody in): a retryable status with no body is
-// retried, where keeping it crashed the caller.
+// retried, and the answer kept meanwhile crashes nothing.
 func TestRetryNilBody(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var n atomic.Int32
@@ -84,7 +84,7 @@ func TestRetryFoldedRefusalWaits(t *testing.T) {
 // TestRetryKeepsItsPlaceOnSublimit: TestRetryKeepsItsPlace on a
 // sub-limit: the retry is paced by the sub-limit named "m" (an LLM model),
 // and goes ahead of the requests that came after its first attempt there
-// too, where it was queued as a new arrival.
+// too, not queued as a new arrival.
 func TestRetryKeepsItsPlaceOnSublimit(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		base := &fakeBase{answer: answerWith(1, 500)}

@@ -14,8 +14,8 @@ import (
 // and tenant A 3, B first in the rotation. The grants alternate B, A, ...:
 // a new A request is the 8th grant (7 ahead), at 0.8 s at 10/s, and a 1 s
 // deadline is not refused. An estimate that counted A among the other
-// tenants taking turns, and the new waiter's own grant twice, found 12
-// ahead (1.3 s), and refused it.
+// tenants taking turns, and the new waiter's own grant twice, would find
+// 12 ahead (1.3 s), and refuse it.
 func TestEarlyRefusalTenantTurns(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		tr := mustNew(t, &fakeBase{}, WithRate(10, time.Second), WithBurst(1))
@@ -236,8 +236,8 @@ func TestEarlyRefusalHugeLowShare(t *testing.T) {
 // TestEarlyRefusalAgingTie: with WithAging(1s), Batch calls queued at 0
 // rank 0+2s; a Normal call at 1 s ranks 1s+1s, a tie that the Batch calls
 // win (they were queued first). The estimate counts them, and the Normal
-// call with a 1 s deadline is refused at once, where it was admitted and
-// failed at its deadline.
+// call with a 1 s deadline is refused at once, not admitted to fail at
+// its deadline.
 func TestEarlyRefusalAgingTie(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		tr := mustNew(t, &fakeBase{}, WithRate(10, time.Second), WithBurst(1), WithAging(time.Second), WithLowShare(0))
