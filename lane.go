@@ -779,6 +779,9 @@ func (l *lane) observe(ctx context.Context, resp *http.Response, sent time.Durat
 		r.BudgetOut = true // a budget had less left than the attempt cost
 	}
 	l.budgetsMovedLocked()
+	// The grants prepaid and not handed out are taken back before the
+	// attempts in flight are counted: their slots are nobody's.
+	l.revokeLocked(now)
 	k := l.pacedLocked(ctx, now, r, l.slot.inUse, p)
 	if k == verdict.Overloaded {
 		l.overloadedLocked(ctx, now, sent, r.Status, p)
@@ -918,6 +921,7 @@ func (l *lane) streamFailed(ctx context.Context, k verdict.Kind, sent time.Durat
 	now := l.clk.tick()
 	switch k {
 	case verdict.Throttled:
+		l.revokeLocked(now) // before the attempts in flight are counted
 		l.pacedLocked(ctx, now, pace.Reply{Status: http.StatusTooManyRequests, Sent: sent}, l.slot.inUse+1, p)
 	case verdict.Overloaded:
 		l.overloadedLocked(ctx, now, sent, 0, p)
