@@ -50,7 +50,7 @@ func TestPrepaidQuotaReadWithoutThem(t *testing.T) {
 		s, _ := tr.Stats().Lane("api.test")
 		if !s.Cooldown.IsZero() {
 			t.Errorf("the lane cools down until %v (%v) after a quota of 20 remaining with nothing else in flight",
-				s.Cooldown.Sub(time.Now()), s.Cooldown)
+				time.Until(s.Cooldown), s.Cooldown)
 		}
 		start := time.Now()
 		if err := get(t.Context(), tr, ""); err != nil {

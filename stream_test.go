@@ -218,7 +218,7 @@ func TestHeldStreamsDoNotStarveQuickCalls(t *testing.T) {
 // rate-limited, is the live lane's to learn: it counts the refusal.
 func TestStreamRefusalAfterItsLaneWasForgotten(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		tr := mustNew(t, sseRefusing{}, WithLaneIdle(time.Minute), WithRetry(0))
+		tr := mustNew(t, sseRefusing, WithLaneIdle(time.Minute), WithRetry(0))
 		req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, "http://api.test/v1/messages", nil)
 		resp, err := tr.RoundTrip(req)
 		if err != nil {

@@ -139,15 +139,18 @@ func TestSublimitReportAdjustsItsBudget(t *testing.T) {
 	})
 }
 
-// sseRefusing answers every request with a 200 event stream whose first event
-// is a rate-limit error, as Anthropic and OpenAI-compatible gateways send.
-type sseRefusing struct{}
+// sseAnswer answers every request at once with a 200 event stream that
+// holds the stream it is.
+type sseAnswer string
 
-func (sseRefusing) RoundTrip(r *http.Request) (*http.Response, error) {
-	body := "event: error\ndata: {\"type\":\"rate_limit_error\"}\n\n"
+func (s sseAnswer) RoundTrip(r *http.Request) (*http.Response, error) {
 	return &http.Response{StatusCode: 200, Header: http.Header{"Content-Type": {"text/event-stream"}},
-		Body: io.NopCloser(strings.NewReader(body)), Request: r}, nil
+		Body: io.NopCloser(strings.NewReader(string(s))), Request: r}, nil
 }
+
+// sseRefusing is a stream whose first event is a rate-limit error, as
+// Anthropic and OpenAI-compatible gateways send.
+const sseRefusing = sseAnswer("event: error\ndata: {\"type\":\"rate_limit_error\"}\n\n")
 
 // A stream's first event that says the caller is rate-limited is a refusal
 // of the limit the request drew on: with a sub-limit (one model), that
@@ -155,7 +158,7 @@ func (sseRefusing) RoundTrip(r *http.Request) (*http.Response, error) {
 // not.
 func TestSublimitStreamRefusalStaysOnSublimit(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		tr := mustNew(t, sseRefusing{})
+		tr := mustNew(t, sseRefusing)
 		defer tr.Close()
 		if err := call(WithSublimit(t.Context(), "model-a"), tr, "http://api.test/v1/messages"); err != nil {
 			t.Fatal(err)

@@ -2,7 +2,6 @@ package sluice
 
 import (
 	"context"
-	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -38,16 +37,6 @@ func TestSublimitOverloadCutsTheHost(t *testing.T) {
 	})
 }
 
-// sseOverloadedBase answers a 200 stream whose first event is Anthropic's
-// overloaded_error.
-type sseOverloadedBase struct{}
-
-func (sseOverloadedBase) RoundTrip(r *http.Request) (*http.Response, error) {
-	body := "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n"
-	return &http.Response{StatusCode: 200, Header: http.Header{"Content-Type": {"text/event-stream"}},
-		Body: io.NopCloser(strings.NewReader(body)), Request: r}, nil
-}
-
 // TestSublimitStreamOverloadIsTheHosts: a stream whose first event says
 // the server is overloaded is an overload of the host, whose in-flight
 // limit is the server's capacity, with a sub-limit named or not.
@@ -62,7 +51,7 @@ func TestSublimitStreamOverloadIsTheHosts(t *testing.T) {
 				mu.Unlock()
 			}
 		})
-		tr := mustNew(t, sseOverloadedBase{}, WithObserver(obs))
+		tr := mustNew(t, sseAnswer(sseOverloaded), WithObserver(obs))
 		defer tr.Close()
 		if err := call(WithSublimit(t.Context(), "model-a"), tr, "http://api.test/v1/messages"); err != nil {
 			t.Fatal(err)
@@ -91,23 +80,15 @@ func TestUnnamedAnswerEndsTheFallback(t *testing.T) {
 		base := rtFunc(func(r *http.Request) (*http.Response, error) {
 			h := http.Header{}
 			if !strings.HasPrefix(r.URL.Path, "/app/") {
-				n := max(left.Add(-1), 0)
-				h = http.Header{"X-Ratelimit-Resource": {"core"}, "X-Ratelimit-Limit": {"5000"},
-					"X-Ratelimit-Remaining": {strconv.Itoa(int(n))}, "X-Ratelimit-Reset": {strconv.FormatInt(reset.Unix(), 10)}}
+				h = githubQuota("core", max(left.Add(-1), 0), reset)
 			}
 			return &http.Response{StatusCode: 200, Header: h, Body: http.NoBody, Request: r}, nil
 		})
 		tr := mustNew(t, base, WithRetry(0))
 		defer tr.Close()
-		must := func(ctx context.Context, url string) {
-			t.Helper()
-			if err := call(ctx, tr, url); err != nil {
-				t.Fatalf("%s: %v", url, err)
-			}
-		}
-		must(t.Context(), "http://api.test/repos/o/r")                         // core: 1 left
-		must(t.Context(), "http://api.test/app/installations/7/access_tokens") // no rate-limit field
-		must(t.Context(), "http://api.test/repos/o/r")                         // core: none left for an hour
+		mustCall(t, tr, "http://api.test/repos/o/r")                         // core: 1 left
+		mustCall(t, tr, "http://api.test/app/installations/7/access_tokens") // no rate-limit field
+		mustCall(t, tr, "http://api.test/repos/o/r")                         // core: none left for an hour
 		ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 		defer cancel()
 		start := time.Now()
@@ -134,22 +115,14 @@ func TestRouteUnderTheFallbackIsFiled(t *testing.T) {
 			if strings.HasPrefix(r.URL.Path, "/search/") {
 				res, left = "search", max(searchLeft.Add(-1), 0)
 			}
-			h := http.Header{"X-Ratelimit-Resource": {res}, "X-Ratelimit-Limit": {"5000"},
-				"X-Ratelimit-Remaining": {strconv.Itoa(int(left))}, "X-Ratelimit-Reset": {strconv.FormatInt(reset.Unix(), 10)}}
-			return &http.Response{StatusCode: 200, Header: h, Body: http.NoBody, Request: r}, nil
+			return &http.Response{StatusCode: 200, Header: githubQuota(res, left, reset), Body: http.NoBody, Request: r}, nil
 		})
 		tr := mustNew(t, base, WithRetry(0))
 		defer tr.Close()
-		must := func(ctx context.Context, url string) {
-			t.Helper()
-			if err := call(ctx, tr, url); err != nil {
-				t.Fatalf("%s: %v", url, err)
-			}
-		}
-		must(t.Context(), "http://api.test/user")           // filed under core
-		must(t.Context(), "http://api.test/repos/o/a")      // sent under the fallback, core; names core
-		must(t.Context(), "http://api.test/search/issues")  // search: 1 left
-		must(t.Context(), "http://api.test/search/commits") // search: none left for a minute
+		mustCall(t, tr, "http://api.test/user")           // filed under core
+		mustCall(t, tr, "http://api.test/repos/o/a")      // sent under the fallback, core; names core
+		mustCall(t, tr, "http://api.test/search/issues")  // search: 1 left
+		mustCall(t, tr, "http://api.test/search/commits") // search: none left for a minute
 		ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 		defer cancel()
 		if err := call(ctx, tr, "http://api.test/repos/o/a"); err != nil {
@@ -177,4 +150,22 @@ func TestRouteRememberedAfterRefile(t *testing.T) {
 	if name, sub := rs.lookup(r, "/search/issues", now); sub == core {
 		t.Errorf("route filed under %q is drawn on core's lane", name)
 	}
+}
+
+// mustCall makes a call to each of urls through tr in turn, and ends the
+// test at the first error.
+func mustCall(t *testing.T, tr *Transport, urls ...string) {
+	t.Helper()
+	for _, u := range urls {
+		if err := call(t.Context(), tr, u); err != nil {
+			t.Fatalf("%s: %v", u, err)
+		}
+	}
+}
+
+// githubQuota is what GitHub says of the quota of resource, of 5,000: left
+// remaining until reset.
+func githubQuota(resource string, left int32, reset time.Time) http.Header {
+	return http.Header{"X-Ratelimit-Resource": {resource}, "X-Ratelimit-Limit": {"5000"},
+		"X-Ratelimit-Remaining": {strconv.Itoa(int(left))}, "X-Ratelimit-Reset": {strconv.FormatInt(reset.Unix(), 10)}}
 }
