@@ -64,9 +64,11 @@ const maxCostMargin = 1.0
 const maxOut = 4096
 
 // A charge is what one attempt costs the budgets, indexed as budgets.bs,
-// and each budget's sent count when it was granted.
+// each budget's sent count when it was granted, and each budget's level
+// once it was paid, moved by what changed the level since other than the
+// refill and the grants (see reconcile).
 type charge struct {
-	cost, mark []float64
+	cost, mark, lvl []float64
 }
 
 // newBudgets returns budgets of the sizes cfg gives, full.
@@ -127,7 +129,7 @@ func (bs *budgets) chargeOf(costs *cost) (ch *charge, over *cost) {
 	if bs.bs == nil {
 		return nil, nil
 	}
-	ch = &charge{cost: make([]float64, len(bs.bs)), mark: make([]float64, len(bs.bs))}
+	ch = &charge{cost: make([]float64, len(bs.bs)), mark: make([]float64, len(bs.bs)), lvl: make([]float64, len(bs.bs))}
 	for i := range bs.bs {
 		b := &bs.bs[i]
 		for c := costs; c != nil; c = c.next {
@@ -186,6 +188,7 @@ func (bs *budgets) pay(now time.Duration, ch *charge) {
 			b.b.Set(now, b.b.Level(now)-c)
 			b.sent += c
 		}
+		ch.lvl[i] = b.b.Level(now)
 	}
 }
 
@@ -245,6 +248,7 @@ func (bs *budgets) resent(i int, ch *charge, d float64) {
 	if k := slices.Index(bs.out, ch); k >= 0 {
 		for _, o := range bs.out[k+1:] {
 			o.mark[i] += d
+			o.lvl[i] -= d // what was taken before them moved too
 		}
 	}
 }
@@ -276,8 +280,9 @@ func (bs *budgets) queue(p Priority, ch *charge, sign float64) {
 }
 
 // wait estimates how long a new waiter of level p costing ch waits for the
-// budgets from start: the cost queued at p and above, and its own, less
-// what each budget holds at start.
+// budgets from start: the cost queued at p and above, and what it must find
+// held to be paid (its cost and the margin: see need), less what each
+// budget holds at start.
 func (bs *budgets) wait(start time.Duration, p Priority, ch *charge) time.Duration {
 	var d time.Duration
 	if ch == nil {
@@ -286,6 +291,9 @@ func (bs *budgets) wait(start time.Duration, p Priority, ch *charge) time.Durati
 	for i := range bs.bs {
 		b := &bs.bs[i]
 		need := ch.cost[i]
+		if need > 0 {
+			need = b.need(need)
+		}
 		for lv := Interactive; lv <= p; lv++ {
 			need += b.queued[lv]
 		}
@@ -377,13 +385,27 @@ func (bs *budgets) reconcile(i int, remaining int64, now, sent time.Duration, ch
 		return
 	}
 	since, before := bs.uncounted(i, ch)
+	level := b.b.Level(now)
 	t := float64(remaining) + (now-sent).Seconds()*b.b.Rate() - since - before
+	if ch != nil {
+		// The refill since sent counts only while the server's bucket was
+		// not full: the lane's own bucket, which got the same grants and
+		// refill since, lost what the server's did. The server holds at
+		// most the lane's level plus what it held above the lane's at
+		// the send (exactly that when it held less).
+		t = min(t, level+max(float64(remaining)-before-ch.lvl[i], 0))
+	}
 	t = min(max(t, -b.b.Burst()), b.b.Burst())
 	if ch != nil && ch.cost[i] > 0 && before == 0 {
-		under := (b.b.Level(now) - t) / (ch.cost[i] + max(since, 0))
+		under := (level - t) / (ch.cost[i] + max(since, 0))
 		b.margin = min(max(b.margin*0.9999, under), maxCostMargin)
 	}
 	b.b.Set(now, t)
+	// The charges still unanswered read their counts against the level
+	// as it is now known.
+	for _, o := range bs.out {
+		o.lvl[i] += t - level
+	}
 }
 
 // uncounted returns what a server's count in answer to the attempt of

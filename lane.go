@@ -467,7 +467,7 @@ func (l *lane) chargeOf(ctx context.Context, p Priority) (*charge, *RejectedErro
 	if over != nil {
 		key, sub := splitKey(l.key)
 		return nil, &RejectedError{Key: key, Sublimit: sub, Priority: p, Reason: ReasonCost, Budget: over.name,
-			Cost: int64(over.n), Size: int64(l.budgets.size(l.budgets.index(over.name))), Limit: time.Duration(math.MaxInt64)}
+			Cost: int64(min(over.n, 1<<63-1024)), Size: int64(l.budgets.size(l.budgets.index(over.name))), Limit: time.Duration(math.MaxInt64)}
 	}
 	return ch, nil
 }
