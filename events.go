@@ -52,6 +52,9 @@ type events struct {
 	room atomic.Uint64 // head + eventCap, as a push last read head
 	_    [48]byte
 	head atomic.Uint64 // the next position to deliver; written by the deliverer only
+	// delivered is the position before which every event has been handed
+	// to every Observer (head moves before an event is handed out).
+	delivered atomic.Uint64
 
 	running atomic.Bool // a deliverer goroutine runs, or is starting
 
@@ -258,6 +261,8 @@ func (q *events) handOut(ring *[eventCap]eventSlot, h, t uint64, d *delivery) (n
 		}
 		if i+1 < len(q.obs) {
 			*d = delivery{ctx: ctx, e: e, i: i + 1}
+		} else {
+			q.delivered.Store(next)
 		}
 	}()
 	if d.i > 0 {
@@ -266,6 +271,7 @@ func (q *events) handOut(ring *[eventCap]eventSlot, h, t uint64, d *delivery) (n
 		for ; i < len(q.obs); i++ {
 			q.obs[i].Observe(ctx, e)
 		}
+		q.delivered.Store(next)
 	}
 	for next != t {
 		s := &ring[next%eventCap]
@@ -283,15 +289,18 @@ func (q *events) handOut(ring *[eventCap]eventSlot, h, t uint64, d *delivery) (n
 		for i = 0; i < len(q.obs); i++ {
 			q.obs[i].Observe(ctx, e)
 		}
+		q.delivered.Store(next)
 	}
 	return next
 }
 
-// wait returns when every event pushed so far has been delivered and the
-// deliverer has found no more and exited, or ctx ends.
+// wait returns when every event pushed so far has been delivered and,
+// unless more were pushed since, the deliverer has found no more and
+// exited; or when ctx ends. A client that goes on making events keeps the
+// deliverer running: wait does not wait for it then.
 func (q *events) wait(ctx context.Context) error {
 	t := q.tail.Load()
-	for q.head.Load() < t || q.running.Load() {
+	for q.delivered.Load() < t || q.running.Load() && q.tail.Load() == t {
 		select {
 		case <-time.After(deliverEvery):
 		case <-ctx.Done():

@@ -131,7 +131,7 @@ type Event struct {
 	Sublimit string    // the sub-limit of the lane, if the event is of one (see WithSublimit)
 	Priority Priority
 	Tenant   string // see WithTenant
-	Attempt  int    // 1 for a first attempt; set for Queued, Granted, Refused and Retried
+	Attempt  int    // 1 for a first attempt; set for Granted, Refused and Retried (0 for Queued)
 
 	Wait   time.Duration
 	Queued int

@@ -25,9 +25,9 @@
 // sluice.rate_changed (sluice.cause, sluice.rate.from, sluice.rate.to) and
 // sluice.overloaded (sluice.cause: status or stream, http.response.status_code
 // for a status, sluice.in_flight.limit: the limit it left, sluice.wait_time:
-// the lane's pause, 0 if none); the attempt events carry sluice.attempt. The client span then shows where
-// its time went: queued for the rate, cooling down after a 429, or on the
-// wire.
+// the lane's pause, 0 if none); sluice.granted and sluice.refused carry
+// sluice.attempt. The client span then shows where its time went: queued
+// for the rate, cooling down after a 429, or on the wire.
 //
 // Events reach an Observer a few microseconds after they happen, so each
 // span event is stamped with the time the event happened, not the time it

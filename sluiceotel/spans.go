@@ -34,7 +34,10 @@ func spanEvent(ctx context.Context, e sluice.Event) {
 	switch e.Kind {
 	case sluice.EventQueued:
 		name = EventQueued
-		kv = []attribute.KeyValue{AttemptKey.Int(e.Attempt), QueuedKey.Int(e.Queued)}
+		kv = []attribute.KeyValue{QueuedKey.Int(e.Queued)}
+		if e.Attempt > 0 { // sluice does not say which attempt queued
+			kv = append(kv, AttemptKey.Int(e.Attempt))
+		}
 	case sluice.EventGranted:
 		name = EventGranted
 		kv = []attribute.KeyValue{AttemptKey.Int(e.Attempt), WaitKey.Float64(e.Wait.Seconds())}

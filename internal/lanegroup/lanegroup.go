@@ -131,7 +131,9 @@ func (g *Grouper) subLabelLocked(id laneid.ID, label string) string {
 	if l, ok := g.byKey[id]; ok {
 		return l
 	}
-	l := label + "/" + id.Sub
+	// A sub-limit's name may come from a request's path (a bucket kept
+	// per major parameter), in any bytes.
+	l := label + "/" + strings.ToValidUTF8(id.Sub, "\uFFFD")
 	if !g.labels[l] {
 		if label == Other || g.max > 0 && (len(g.labels) >= g.max || g.subs >= g.max/2) {
 			// label + "/other" is a label too, within the cap: past it,
