@@ -102,12 +102,7 @@ func TestBudgetSlowCallCount(t *testing.T) {
 func TestEarlyRefusalCountsTheMargin(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		remaining := "5000"
-		base := &fakeBase{answer: func(*http.Request) *http.Response {
-			resp := answerWith(0, 200)(nil)
-			resp.Header.Set("X-Ratelimit-Remaining-Tokens", remaining)
-			resp.Header.Set("X-Ratelimit-Reset-Tokens", "10s")
-			return resp
-		}}
+		base := tokensLeft(&remaining)
 		tr := mustNew(t, base, WithBudget("tokens", 6000, time.Minute))
 		if err := getCost(t.Context(), tr, 3000, ""); err != nil {
 			t.Fatal(err)

@@ -126,12 +126,7 @@ func TestBudgetOrderAndCancel(t *testing.T) {
 func TestBudgetFollowsServer(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		remaining := "5000"
-		base := &fakeBase{answer: func(*http.Request) *http.Response {
-			resp := answerWith(0, 200)(nil)
-			resp.Header.Set("X-Ratelimit-Remaining-Tokens", remaining)
-			resp.Header.Set("X-Ratelimit-Reset-Tokens", "10s")
-			return resp
-		}}
+		base := tokensLeft(&remaining)
 		tr := mustNew(t, base, WithBudget("tokens", 6000, time.Minute)) // 100 a second
 		start := time.Now()
 		// Estimated 3,000; the server says 5,000 remain (it cost 1,000).
@@ -624,4 +619,15 @@ func TestBudgetCountOfACallWithoutCost(t *testing.T) {
 			t.Errorf("a call of 1,000 tokens waited %v with the server's bucket full", d)
 		}
 	})
+}
+
+// tokensLeft answers every request with a 200 that says *remaining tokens
+// are left, as OpenAI's headers do, the budget resetting in 10 s.
+func tokensLeft(remaining *string) *fakeBase {
+	return &fakeBase{answer: func(*http.Request) *http.Response {
+		resp := answerWith(0, 200)(nil)
+		resp.Header.Set("X-Ratelimit-Remaining-Tokens", *remaining)
+		resp.Header.Set("X-Ratelimit-Reset-Tokens", "10s")
+		return resp
+	}}
 }
