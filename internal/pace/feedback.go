@@ -355,7 +355,8 @@ func (f *feedback) cut(now time.Duration, r refusal) {
 	// A rough count is a guess too: a window's first fill, spent fast,
 	// reads as a bucket that refills at a fraction of the window's rate.
 	f.probing = current == 0 && !stated || guess || !edge && !stated && acc+thr < ratioTrusted
-	f.peak = max(f.peak, rf)
+	// The floor follows rates the server took; rf was refused.
+	f.peak = max(f.peak, min(rf, f.acceptedRate(now)))
 	f.fail, f.failAt, f.grown, f.cutGrants = rf, now, now, int32(r.grants)
 	f.throttle = max(f.floor(), min(cut, 1-f.margin)*rf)
 	f.cutTo = f.throttle
@@ -447,7 +448,7 @@ func (f *feedback) grow(now time.Duration) {
 		return
 	}
 	f.narrow()
-	plateau := f.plateau()
+	before, plateau := f.throttle, f.plateau()
 	switch {
 	case f.throttle < plateau && !f.probing:
 		step := (plateau - f.cutTo) / throttleRamp.Seconds()
@@ -464,6 +465,13 @@ func (f *feedback) grow(now time.Duration) {
 	}
 	if f.ceiling > 0 && f.throttle >= f.ceiling {
 		f.throttle = 0
+	} else if f.ceiling == 0 && f.throttle > before {
+		// With no ceiling to end the climb, a pace the lane does not
+		// use says nothing of the server's limit: the climb stops at
+		// usedRoom times what the server accepted (or what failed), or
+		// it grows without bound while the lane sends little, and the
+		// floor it lifts makes every later cut too small.
+		f.throttle = max(before, min(f.throttle, usedRoom*max(f.fail, f.acceptedRate(now))))
 	}
 }
 

@@ -368,3 +368,34 @@ func TestAcceptNIsManyAccepts(t *testing.T) {
 		}
 	}
 }
+
+// TestFeedbackClimbStopsAtWhatIsUsed: a lane with no ceiling that probes
+// up from a first estimate while it sends 10 a second climbs to usedRoom
+// times what the server accepts, no further, and the floor the next cut
+// leaves follows what the server took, not the pace it refused.
+func TestFeedbackClimbStopsAtWhatIsUsed(t *testing.T) {
+	f := newFeedback(0, 0)
+	now := time.Duration(0)
+	for range 4 {
+		f.accept(now, now, false, quotaView{})
+		now += 100 * time.Millisecond
+	}
+	f.cut(now, refusal{sent: now, ra: time.Second})
+	if f.throttle == 0 || !f.probing {
+		t.Fatalf("the first cut left throttle %g, probing %v: the case tests nothing", f.throttle, f.probing)
+	}
+	for range 600 { // a minute at 10 a second
+		now += 100 * time.Millisecond
+		f.accept(now, now, true, quotaView{})
+	}
+	if hi := usedRoom * max(f.fail, 10); f.throttle > hi*1.01 {
+		t.Errorf("after a minute of 10 accepted a second the throttle rate is %g; want at most %g", f.throttle, hi)
+	}
+	if f.throttle < 20 {
+		t.Errorf("the throttle rate is %g: the climb stopped under twice what was used", f.throttle)
+	}
+	f.cut(now, refusal{sent: now, pace: f.throttle, kept: f.throttle})
+	if fl := f.floor(); fl > ThrottleFloor*10*1.01 {
+		t.Errorf("after a cut of a pace of 10 accepted a second the floor is %g; want at most %g", fl, ThrottleFloor*10)
+	}
+}

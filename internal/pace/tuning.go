@@ -69,6 +69,10 @@ const (
 	// firstProbe is the growth per second from a guess, until the next
 	// 429, which is then the edge.
 	firstProbe = 4
+	// usedRoom bounds the climb of a lane with no configured rate to this
+	// multiple of the rate the server accepted: room for firstProbe's
+	// growth, whose average over acceptWindow trails the pace by 3x.
+	usedRoom = 4
 	// minRate is the least pace, whatever is known: one request per 100 s.
 	minRate = 0.01
 )
