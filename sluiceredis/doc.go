@@ -95,12 +95,11 @@
 // granted to the new one as soon as the same call's message reaches it, so
 // the overlap is at most a round trip of the share that moves. A refresh
 // whose reply is lost (a Redis stall longer than WithTimeout) may leave its
-// process sending at its previous share, for the rest of its lease, while
-// Redis has recorded a smaller one; a process whose replies are lost one
-// after another (its calls run, their answers come after WithTimeout)
-// then falls back to its fallback share while Redis keeps recording it
-// smaller, and the fleet may send up to that share over the rate for as
-// long as that lasts. A message lost costs only the wait for the next
+// process sending at its previous share while Redis has recorded a
+// smaller one, until its next call, a quarter of a refresh later: that call
+// records the share the process still holds (and, after its lease, its
+// fallback), and its entry holds it until a reply comes, however many
+// replies are lost. A message lost costs only the wait for the next
 // refresh. A Redis that loses its data (restarted
 // empty) forgets the shares held: see "When Redis is down".
 //

@@ -156,8 +156,7 @@ func countCalls(c *redis.Client) *counter {
 }
 
 // cutter is a go-redis hook that fails every call while cut is set, as a
-// network that drops them would.
-// cutter fails every call while cut is set; failed counts those calls.
+// network that drops them would; failed counts those calls.
 type cutter struct {
 	cut    atomic.Bool
 	failed atomic.Int64

@@ -458,12 +458,15 @@ func (b *backend) prepare(ctx context.Context, sk *shareKey) *refreshing {
 		}}
 }
 
-// most is the most rate the next refresh of sk takes; negative: no bound.
-// After a failed call it is what sk holds (the fallback's rate, or the
-// lease's): Redis may have lost the others' entries meanwhile (they
-// expired on its clock, or a failover lost them), and would give the
-// first process to ask the whole rate while the others still send at
-// their fallback rates until they reach it again.
+// most is, after a failed call, the rate sk holds (the fallback's, or the
+// lease's), which the next refresh of sk takes no more than and records
+// no less than; negative: no bound. No more: Redis may have lost the
+// others' entries meanwhile (they expired on its clock, or a failover
+// lost them), and would give the first process to ask the whole rate
+// while the others still send at their fallback rates until they reach
+// it again. No less: the failed call may have run and recorded a smaller
+// share, which this process did not take, and Redis would give the rest
+// to others while this one still sends at what it holds.
 func (sk *shareKey) most() float64 {
 	switch {
 	case sk.fallen && sk.fellTo > 0:
@@ -748,7 +751,7 @@ type shareArgs struct {
 	inFlight int
 	wants    [levels]float64
 	places   [levels]float64
-	most     float64 // the most rate to take; negative: no bound
+	most     float64 // after a failed call, the rate held: take no more, record no less; negative: none
 	channel  string  // where to name the processes to refresh now (see nudges)
 	lowShare int     // the part of the levels below the highest that wants (see apportion)
 }

@@ -15,7 +15,8 @@
 -- ARGV[3] rate (tokens a second; 0: not paced)   ARGV[4] burst
 -- ARGV[5] in-flight cap (0: none)   ARGV[6] attempts in flight now
 -- ARGV[7..9] rate wanted per level   ARGV[10..12] places wanted per level
--- ARGV[13] the most rate the caller takes (negative: no such bound)
+-- ARGV[13] after a call whose reply the caller lacks, the rate it holds
+-- (negative: none; see below)
 -- ARGV[14] the channel on which to name processes (see below)
 -- ARGV[15] the low share (see part; 0: strict priority)
 --
@@ -41,6 +42,13 @@
 --    entries never hold more than the rate, and a process never sends at
 --    more than its entry holds.
 -- Moves under a hundredth of the rate are left to the refreshes.
+--
+-- A call whose reply was lost may have run and recorded a smaller share
+-- than the one its process still sends at, and will send at until a reply
+-- comes (its last share, then its fallback). The process's next call
+-- passes that rate (ARGV[13]): it takes no more, for Redis may have lost
+-- the others' entries meanwhile, and its entry holds no less until a
+-- reply has come.
 
 if redis.replicate_commands then redis.replicate_commands() end
 local t = redis.call('TIME')
@@ -243,8 +251,9 @@ if cap > 0 then
 end
 
 -- What the caller holds counts its attempts in flight, which outlive a
--- smaller grant.
-self.gr, self.gp = gr, math.max(gp, inflight)
+-- smaller grant, and what it held before a lost reply (see above).
+local kept = tonumber(ARGV[13])
+self.gr, self.gp = math.max(gr, kept), math.max(gp, inflight)
 local function put(e)
   e.seq = e.seq + 1
   redis.call('HSET', KEYS[1], e.id, string.format('%.0f %.17g %d %d %.17g %d %.17g %.17g %.17g %d %d %d %d',
