@@ -726,7 +726,11 @@ func (l *lane) releaseLocked(h *hold, k verdict.Kind, sample bool, d time.Durati
 	if sample {
 		d = l.clk.at(d)
 		ahead := int(l.fast.Load() & fastMask) // prepaid grants left: their slots are not in flight
-		l.limitMovedLocked(l.slot.onSample(d, d-h.start, k, l.q.len() > 0, l.currentRateLocked(), ahead))
+		ch := l.slot.onSample(d, d-h.start, k, l.q.len() > 0, l.currentRateLocked(), ahead)
+		l.limitMovedLocked(ch)
+		if ch.sooner && l.q.len() > 0 {
+			l.wakeLocked() // it may sleep until the later instant
+		}
 		if l.slot.spreading {
 			l.spreadLocked(d)
 		}

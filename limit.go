@@ -124,6 +124,10 @@ type limitChange struct {
 	from, to int
 	found    finding
 	pause    time.Duration // the lane should send nothing for this long
+	// sooner: the sample brought forward when the next attempt in flight
+	// may turn long (see longAt): a dispatcher sleeping until then must
+	// look again.
+	sooner bool
 }
 
 // A finding is what a closed window concluded; the zero value is none worth
@@ -165,6 +169,7 @@ func (s *limiter) onSample(now, latency time.Duration, k verdict.Kind, waiting b
 	s.pause = 0
 	x := max(latency.Seconds(), 0)
 	w := s.w // before this sample
+	o := s.outlier()
 	if !s.started {
 		// RFC 6298's start: the deviation is unknown, assume it large.
 		s.w, s.dev, s.start, s.started = x, x/2, now, true
@@ -185,6 +190,12 @@ func (s *limiter) onSample(now, latency time.Duration, k verdict.Kind, waiting b
 	}
 	ch := s.set(s.target(rate))
 	ch.found = f
+	// longAt was set by the outlier time of its look: the attempts in
+	// flight turn long sooner by as much as that time shrank.
+	if n := s.outlier(); s.longAt > 0 && n < o {
+		s.longAt -= o - n
+		ch.sooner = true
+	}
 	return ch
 }
 

@@ -237,3 +237,75 @@ func TestStreamRefusalAfterItsLaneWasForgotten(t *testing.T) {
 		}
 	})
 }
+
+// TestHeldStreamsTurnLongAsLatencyFalls: a paced lane (10/s, at most 8 in
+// flight) first learns a latency of 20 s, so the dispatcher, finding every
+// slot taken by slow calls, notes that nothing may turn long for a minute
+// (W + 4D). The calls then take 200 ms and six callers hold streams of
+// minutes (HoldStream): the streams outlast W + 4D within a second, and
+// must be counted beside the limit: the look for long attempts follows
+// the outlier time as it shrinks, or the quick calls get nothing until
+// the instant the old one set, about 40 s.
+func TestHeldStreamsTurnLongAsLatencyFalls(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		base := rtFunc(func(req *http.Request) (*http.Response, error) {
+			switch {
+			case strings.HasSuffix(req.URL.Path, "/stream"):
+				time.Sleep(300 * time.Millisecond)
+				return &http.Response{StatusCode: 200, Header: http.Header{"Content-Type": {"text/event-stream"}},
+					Body: &sseBody{n: 2, interval: 2 * time.Minute}, Request: req}, nil
+			case strings.HasSuffix(req.URL.Path, "/slow"):
+				time.Sleep(20 * time.Second)
+			default:
+				time.Sleep(200 * time.Millisecond)
+			}
+			return &http.Response{StatusCode: 200, Header: http.Header{}, Body: io.NopCloser(strings.NewReader("ok")), Request: req}, nil
+		})
+		tr := mustNew(t, base, WithRetry(0), WithRate(600, time.Minute), WithConcurrency(1, 8))
+		ctx, cancel := context.WithCancel(t.Context())
+		call := func(ctx context.Context, path string) error {
+			req, _ := http.NewRequestWithContext(ctx, "POST", "http://api.test"+path, nil)
+			resp, err := tr.RoundTrip(req)
+			if err != nil {
+				return err
+			}
+			io.Copy(io.Discard, resp.Body)
+			return resp.Body.Close()
+		}
+		if err := call(ctx, "/slow"); err != nil { // W = 20 s, W + 4D = 60 s
+			t.Fatal(err)
+		}
+		var wg sync.WaitGroup
+		for range 8 {
+			wg.Go(func() { call(ctx, "/slow") })
+		}
+		var quick atomic.Int64
+		for range 4 {
+			wg.Go(func() {
+				for ctx.Err() == nil {
+					if call(ctx, "/quick") == nil {
+						quick.Add(1)
+					}
+				}
+			})
+		}
+		time.Sleep(21 * time.Second)
+		for range 6 {
+			wg.Go(func() {
+				for ctx.Err() == nil {
+					call(HoldStream(ctx), "/stream")
+				}
+			})
+		}
+		time.Sleep(10 * time.Second)
+		from := quick.Load()
+		const d = 30 * time.Second
+		time.Sleep(d)
+		got := float64(quick.Load()-from) / d.Seconds()
+		cancel()
+		wg.Wait()
+		if got < 8 {
+			t.Errorf("quick calls at %.2f/s beside six held streams, want about 10/s", got)
+		}
+	})
+}
