@@ -471,6 +471,11 @@ func (t *Transport) read(ctx context.Context, l *lane, req *http.Request, resp *
 		var prefix []byte
 		prefix, resp.Body = peek(resp.Body)
 		body = verdict.Body(prefix)
+		if resp.StatusCode != http.StatusForbidden && resp.StatusCode != http.StatusTooManyRequests {
+			// GitHub states its secondary limit in a 403's or a 429's
+			// body only: a GraphQL answer's data may quote its words.
+			body.Secondary = false
+		}
 	}
 	if !body.Throttles() && !body.Points.Stated && !l.reads(resp, h.look) {
 		if h.look && t.learned.Load() {

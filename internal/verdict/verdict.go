@@ -152,10 +152,50 @@ const MaxPoints = 1e9
 func Body(prefix []byte) Signal {
 	return Signal{
 		Secondary: containsFold(prefix, "secondary rate limit") || containsFold(prefix, "abuse detection mechanism"),
-		GraphQL: bytes.Contains(prefix, []byte(`"RATE_LIMITED"`)) || bytes.Contains(prefix, []byte(`"RATELIMITED"`)) ||
-			bytes.Contains(prefix, []byte(`"THROTTLED"`)),
-		Points: points(prefix),
+		GraphQL:   graphQLThrottled(prefix),
+		Points:    points(prefix),
 	}
+}
+
+// graphQLCodes are the error codes that say a GraphQL query was throttled:
+// GitHub's type RATE_LIMITED, Linear's code RATELIMITED, Shopify's code
+// THROTTLED.
+var graphQLCodes = [...][]byte{[]byte(`"RATE_LIMITED"`), []byte(`"RATELIMITED"`), []byte(`"THROTTLED"`)}
+
+// graphQLThrottled reports whether b, a GraphQL answer's prefix, holds one
+// of graphQLCodes as the value of a "type" or "code" key after its
+// "errors" key: the same word elsewhere (a value in data, a job's status, a
+// label's name) says nothing of the query.
+func graphQLThrottled(b []byte) bool {
+	e := bytes.Index(b, []byte(`"errors"`))
+	if e < 0 {
+		return false
+	}
+	b = b[e:]
+	for _, code := range graphQLCodes {
+		for rest, off := b, 0; ; {
+			i := bytes.Index(rest, code)
+			if i < 0 {
+				break
+			}
+			if errorKeyBefore(b[:off+i]) {
+				return true
+			}
+			rest, off = rest[i+len(code):], off+i+len(code)
+		}
+	}
+	return false
+}
+
+// errorKeyBefore reports whether b, what precedes a JSON string value, ends
+// with the key "type" or "code" and its colon.
+func errorKeyBefore(b []byte) bool {
+	b = bytes.TrimRight(b, " \t\r\n")
+	if len(b) == 0 || b[len(b)-1] != ':' {
+		return false
+	}
+	b = bytes.TrimRight(b[:len(b)-1], " \t\r\n")
+	return bytes.HasSuffix(b, []byte(`"type"`)) || bytes.HasSuffix(b, []byte(`"code"`))
 }
 
 // points reads Shopify's extensions.cost from a body's prefix: a bounded

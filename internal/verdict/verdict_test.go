@@ -166,3 +166,24 @@ func FuzzBody(f *testing.F) {
 		}
 	})
 }
+
+// TestBodyGraphQLCodeOnlyInErrors: a throttle code counts only as an
+// error's type or code, in any JSON spacing; the same word as a value in
+// data is no throttle.
+func TestBodyGraphQLCodeOnlyInErrors(t *testing.T) {
+	for _, c := range []struct {
+		body string
+		want bool
+	}{
+		{`{"data":{"jobs":[{"status":"THROTTLED"}]}}`, false},
+		{`{"data":{"labels":[{"name":"RATE_LIMITED"}]}}`, false},
+		{`{"data":{"x":{"code":"THROTTLED"}}}`, false}, // no errors key
+		{`{"data":null,"errors":[{"type" : "RATE_LIMITED","message":"API rate limit exceeded"}]}`, true},
+		{"{\n  \"errors\": [ {\"extensions\": {\"code\":\n \"RATELIMITED\"}} ]\n}", true},
+		{`{"errors":[{"message":"\"THROTTLED\" is not a field"}]}`, false},
+	} {
+		if got := Body([]byte(c.body)).GraphQL; got != c.want {
+			t.Errorf("Body(%s).GraphQL = %v, want %v", c.body, got, c.want)
+		}
+	}
+}
