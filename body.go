@@ -3,6 +3,8 @@ package sluice
 import (
 	"io"
 	"sync/atomic"
+
+	"github.com/sluice-go/sluice/internal/verdict"
 )
 
 // body gives its attempt's hold back when it is read to EOF, fails a read
@@ -69,7 +71,11 @@ func (b *body) Close() error {
 
 // finish gives the hold back, if the body is not done yet, and recycles
 // its token.
-func (b *body) finish() {
+func (b *body) finish() { b.finishAs(verdict.Served, false) }
+
+// finishAs is finish, giving the hold back as k if as is set (what a
+// stream's first event said the attempt was), else as its own kind.
+func (b *body) finishAs(k verdict.Kind, as bool) {
 	// Read first: a Close after EOF, as most callers make, finds it done.
 	if b.done.Load() || !b.done.CompareAndSwap(false, true) {
 		return
@@ -79,7 +85,10 @@ func (b *body) finish() {
 	h := tk.h
 	tk.h = nil
 	h.tok = tk // the owner's: the lane's list and watch never touch it
-	h.Done(h.kind)
+	if !as {
+		k = h.kind
+	}
+	h.Done(k)
 }
 
 // collected runs when the token is unreachable: if its body was never done,

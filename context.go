@@ -110,9 +110,11 @@ type holdStreamKey struct{}
 //
 // By default a response that streams (Content-Type text/event-stream, as
 // LLM APIs send a completion token by token) gives its slot back when its
-// headers arrive, and the time to them is its latency sample: a stream of
-// minutes would otherwise hold back the lane's quick calls, and teach the
-// adaptive limit a latency that starves them. Its rate token was spent
+// first event is read, and the time to it is its latency sample: a stream
+// of minutes would otherwise hold back the lane's quick calls, and teach
+// the adaptive limit a latency that starves them. (A first event that
+// says the server is overloaded cuts the limit while its slot is still
+// counted, as an overload's status does.) Its rate token was spent
 // when it was sent, as for any request. Use HoldStream where the server
 // limits concurrent streams, not only their rate: its refusals of more
 // streams (an overload, a 429) then cut the lane's in-flight limit, and

@@ -273,13 +273,16 @@ func ExampleForEach() {
 }
 
 // A response streamed as server-sent events gives its in-flight slot back
-// when its headers arrive, so that a long stream does not hold back the
-// lane's other calls; HoldStream keeps the slot until the body is closed,
-// for servers that limit concurrent streams.
+// when its first event arrives, so that a long stream does not hold back
+// the lane's other calls; HoldStream keeps the slot until the body is
+// closed, for servers that limit concurrent streams.
 func ExampleHoldStream() {
+	const event = "data: hello\n\n"
 	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/event-stream")
-		io.WriteString(w, "data: hello\n\n")
+		io.WriteString(w, event)
+		w.(http.Flusher).Flush()
+		<-r.Context().Done() // the stream stays open until the client closes it
 	}))
 	defer api.Close()
 	tr, err := sluice.New(nil, sluice.WithRate(100, time.Second))
@@ -295,12 +298,14 @@ func ExampleHoldStream() {
 		if err != nil {
 			log.Fatal(err)
 		}
+		if _, err := io.ReadFull(resp.Body, make([]byte, len(event))); err != nil {
+			log.Fatal(err)
+		}
 		lane, _ := tr.LaneStats(key)
-		fmt.Println("in flight while the stream is open:", lane.InFlight)
-		io.Copy(io.Discard, resp.Body)
+		fmt.Println("in flight after the first event:", lane.InFlight)
 		resp.Body.Close()
 	}
 	// Output:
-	// in flight while the stream is open: 0
-	// in flight while the stream is open: 1
+	// in flight after the first event: 0
+	// in flight after the first event: 1
 }

@@ -21,6 +21,10 @@ type overloadBase struct {
 	capacity int
 	latency  time.Duration
 	always   bool
+	// stream: it answers with an event stream, whose first event says it
+	// is overloaded, as Anthropic's streaming API does, where it would
+	// answer 529.
+	stream bool
 
 	mu             sync.Mutex
 	in             int
@@ -32,6 +36,10 @@ func (b *overloadBase) RoundTrip(req *http.Request) (*http.Response, error) {
 	if b.always || b.in >= b.capacity {
 		b.failed = append(b.failed, time.Now())
 		b.mu.Unlock()
+		if b.stream {
+			return &http.Response{StatusCode: 200, Request: req, Header: http.Header{"Content-Type": {"text/event-stream"}},
+				Body: io.NopCloser(strings.NewReader(sseOverloaded))}, nil
+		}
 		return &http.Response{StatusCode: verdict.StatusOverloaded, Request: req,
 			Body: io.NopCloser(strings.NewReader(`{"type":"error","error":{"type":"overloaded_error"}}`))}, nil
 	}
@@ -45,6 +53,10 @@ func (b *overloadBase) RoundTrip(req *http.Request) (*http.Response, error) {
 	b.in--
 	b.served = append(b.served, time.Now())
 	b.mu.Unlock()
+	if b.stream {
+		return &http.Response{StatusCode: 200, Request: req, Header: http.Header{"Content-Type": {"text/event-stream"}},
+			Body: io.NopCloser(strings.NewReader("event: message_start\ndata: {}\n\n"))}, nil
+	}
 	return &http.Response{StatusCode: 200, Request: req, Body: io.NopCloser(strings.NewReader("ok"))}, nil
 }
 
@@ -108,6 +120,37 @@ func TestOverloadCutsLimit(t *testing.T) {
 			t.Errorf("%.0f%% of the calls in the second half got 529, want at most 20%%", 100*share)
 		}
 	})
+}
+
+// TestStreamOverloadCutsAsAStatus: a server that holds 8 calls at a time
+// says it is overloaded in the first event of a stream, where it would
+// answer 529. The stream's slot goes back at that event, so the cut
+// counts it and the attempts in flight with it, as a 529's does: from
+// 64 callers at once, the lane is served within a tenth of what it is
+// against 529s over the first seconds (a slot given back with the
+// headers left the cut to count the few attempts still waiting for
+// theirs, 2 to 5 where the server holds 8, and the limit climbed back a
+// slot a second).
+func TestStreamOverloadCutsAsAStatus(t *testing.T) {
+	served := func(stream bool) (float64, int) {
+		var n, limit int
+		synctest.Test(t, func(t *testing.T) {
+			base := &overloadBase{capacity: 8, latency: 50 * time.Millisecond, stream: stream}
+			tr := mustNew(t, base, WithRate(1000, time.Second), WithRetry(0))
+			start := time.Now()
+			closedLoop(t.Context(), tr, 64, 5*time.Second)
+			n, _ = base.count(start.Add(time.Second))
+			s, _ := tr.LaneStats("api.test")
+			limit = s.Limit
+		})
+		return float64(n) / 4, limit
+	}
+	status, sl := served(false)
+	stream, tl := served(true)
+	t.Logf("from 1 s to 5 s: 529s %.0f/s (limit %d), overloaded streams %.0f/s (limit %d); the server holds 160/s", status, sl, stream, tl)
+	if stream < 0.9*status {
+		t.Errorf("overloaded streams served %.0f/s, under 0.9 of the %.0f/s served beside 529s", stream, status)
+	}
 }
 
 // TestOverloadNeverRaisesLimit: a phase of nothing but fast 529s leaves the

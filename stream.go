@@ -47,6 +47,10 @@ type frameWatch struct {
 	at, from int
 	done     bool
 	kind     verdict.Kind // what the first event said, once done
+	// slot is the body whose hold goes back at the first event, as what
+	// that event said, unless the stream is held (HoldStream): nil then,
+	// and once it went back.
+	slot *body
 }
 
 func (w *frameWatch) Read(b []byte) (int, error) {
@@ -68,8 +72,10 @@ func (w *frameWatch) see(b []byte, end bool) {
 	}
 	w.done, w.first = true, nil
 	if w.kind = frameKind(ev); w.kind != verdict.Served {
-		// The stream's slot went back with its headers: its lane may have
-		// been forgotten since, and the event is then the live lane's.
+		// Its lane may have been forgotten since the headers, and the
+		// event is then the live lane's. The stream's slot is still held
+		// (see slot): an overload is read beside the attempts in flight
+		// with it, as an overload's status is.
 		l, sent := w.l, w.sent
 		if w.kind == verdict.Overloaded && w.host != nil {
 			l, sent = w.host, w.hostSent
@@ -77,6 +83,10 @@ func (w *frameWatch) see(b []byte, end bool) {
 		for !l.streamFailed(w.ctx, w.kind, sent, w.p) {
 			l, sent = w.t.relaneAt(l, sent)
 		}
+	}
+	if b := w.slot; b != nil {
+		w.slot = nil
+		b.finishAs(w.kind, true)
 	}
 }
 

@@ -144,8 +144,14 @@ func TestHoldStream(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer resp.Body.Close()
+		if s, _ := tr.Stats().Lane("api.test"); s.InFlight != 1 {
+			t.Errorf("stream by default: %d in flight before its first event, want 1", s.InFlight)
+		}
+		if _, err := resp.Body.Read(make([]byte, 64)); err != nil { // the first event
+			t.Fatal(err)
+		}
 		if s, _ := tr.Stats().Lane("api.test"); s.InFlight != 0 {
-			t.Errorf("stream by default: %d in flight after its headers, want 0", s.InFlight)
+			t.Errorf("stream by default: %d in flight after its first event, want 0", s.InFlight)
 		}
 	})
 }
@@ -212,18 +218,21 @@ func TestHeldStreamsDoNotStarveQuickCalls(t *testing.T) {
 	})
 }
 
-// TestStreamRefusalAfterItsLaneWasForgotten: a stream gives its slot back
-// with its headers, so its lane may be forgotten while the caller holds
-// it. A first event read after that, one that says the caller is
-// rate-limited, is the live lane's to learn: it counts the refusal.
+// TestStreamRefusalAfterItsLaneWasForgotten: a stream whose context has
+// ended gives its slot back, so its lane may be forgotten while the caller
+// holds it unread. A first event read after that, one that says the
+// caller is rate-limited, is the live lane's to learn: it counts the
+// refusal.
 func TestStreamRefusalAfterItsLaneWasForgotten(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		tr := mustNew(t, sseRefusing, WithLaneIdle(time.Minute), WithRetry(0))
-		req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, "http://api.test/v1/messages", nil)
+		ctx, cancel := context.WithCancel(t.Context())
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://api.test/v1/messages", nil)
 		resp, err := tr.RoundTrip(req)
 		if err != nil {
 			t.Fatal(err)
 		}
+		cancel() // the caller gave up on the stream, and reads it later
 		old := tr.find("api.test")
 		time.Sleep(3 * time.Minute) // idle: the sweep forgets the lane
 		if tr.find("api.test") == old {

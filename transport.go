@@ -389,19 +389,28 @@ func (t *Transport) attempt(l *lane, req *http.Request, p Priority, id string, e
 	}
 	// A protocol switch keeps the connection for as long as it lives; it is
 	// not a request in flight, and its body must stay writable. A stream
-	// (see HoldStream) is done with the server's work when its headers
-	// come: its slot goes back, and its latency is the time to them.
+	// (see HoldStream) is done with the server's work when its first event
+	// comes: its slot goes back, and its latency is the time to it.
 	if resp.StatusCode == http.StatusSwitchingProtocols || resp.Body == nil || resp.Body == http.NoBody {
 		h.Done(h.kind)
 		return resp, enq, on == nil, nil
 	}
 	if stream := isStream(resp); stream {
 		// A stream's first event may be an error the headers did not say.
+		var fw *frameWatch
 		if h.kind == verdict.Served && on != nil {
-			resp.Body = &frameWatch{rc: resp.Body, t: t, l: on, ctx: ctx, p: p, sent: sent, host: l, hostSent: h.at}
+			fw = &frameWatch{rc: resp.Body, t: t, l: on, ctx: ctx, p: p, sent: sent, host: l, hostSent: h.at}
+			resp.Body = fw
 		}
 		if !holdsStream(ctx) {
-			h.Done(h.kind)
+			if fw == nil {
+				h.Done(h.kind)
+				return resp, enq, on == nil, nil
+			}
+			// Its slot goes back at the first event, as what the event
+			// says (see frameWatch.slot).
+			b := wrap(resp.Body, h)
+			fw.slot, resp.Body = b, b
 			return resp, enq, on == nil, nil
 		}
 	}
