@@ -280,7 +280,8 @@ func (bs *budgets) queue(p Priority, ch *charge, sign float64) {
 }
 
 // wait estimates how long a new waiter of level p costing ch waits for the
-// budgets from start: the cost queued at p and above, and what it must find
+// budgets from start: the cost queued at p and above, with the margin (the
+// calls ahead are underestimated as this one is), and what it must find
 // held to be paid (its cost and the margin: see need), less what each
 // budget holds at start.
 func (bs *budgets) wait(start time.Duration, p Priority, ch *charge) time.Duration {
@@ -295,7 +296,7 @@ func (bs *budgets) wait(start time.Duration, p Priority, ch *charge) time.Durati
 			need = b.need(need)
 		}
 		for lv := Interactive; lv <= p; lv++ {
-			need += b.queued[lv]
+			need += b.queued[lv] * (1 + b.margin)
 		}
 		d = max(d, pace.TokensDelay(need-b.b.Level(start), b.estRate()))
 	}

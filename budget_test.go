@@ -504,9 +504,10 @@ func TestBudgetsShared(t *testing.T) {
 	if need := 1000 + 0.1*1000; !bs.canPay(time.Minute, ch) || bs.bs[0].need(1000) != need {
 		t.Fatalf("granted 1500 with margin 0.1: need %v, want %v", bs.bs[0].need(1000), need)
 	}
-	// 1,000 queued, and 1,100 of its own with the margin, 1,500 held.
-	if got := bs.wait(time.Minute, Batch, ch); got != 12*time.Second {
-		t.Errorf("wait for 1000 queued and 1100 needed with 1500 held at 50 a second: %v, want 12s", got)
+	// 1,000 queued and 1,000 of its own, each with the margin: 2,200;
+	// 1,500 held.
+	if got := bs.wait(time.Minute, Batch, ch); got != 14*time.Second {
+		t.Errorf("wait for 1100 queued and 1100 needed (margin 0.1) with 1500 held at 50 a second: %v, want 14s", got)
 	}
 	bs.queue(Batch, ch, -1)
 	bs.pay(time.Minute, ch)
