@@ -177,25 +177,9 @@ func TestHeldStreamsDoNotStarveQuickCalls(t *testing.T) {
 		tr := mustNew(t, base, WithRetry(0), WithRate(600, time.Minute))
 		ctx, cancel := context.WithCancel(t.Context())
 		var quick atomic.Int64
-		call := func(ctx context.Context, path string) error {
-			req, _ := http.NewRequestWithContext(ctx, "POST", "http://api.test"+path, nil)
-			resp, err := tr.RoundTrip(req)
-			if err != nil {
-				return err
-			}
-			io.Copy(io.Discard, resp.Body)
-			return resp.Body.Close()
-		}
+		call := func(ctx context.Context, path string) error { return postPath(ctx, tr, path) }
 		var wg sync.WaitGroup
-		for range 4 {
-			wg.Go(func() {
-				for ctx.Err() == nil {
-					if call(ctx, "/quick") == nil {
-						quick.Add(1)
-					}
-				}
-			})
-		}
+		quickCallers(ctx, &wg, 4, call, &quick)
 		for range 6 {
 			wg.Go(func() {
 				for ctx.Err() == nil {
@@ -272,15 +256,7 @@ func TestHeldStreamsTurnLongAsLatencyFalls(t *testing.T) {
 		})
 		tr := mustNew(t, base, WithRetry(0), WithRate(600, time.Minute), WithConcurrency(1, 8))
 		ctx, cancel := context.WithCancel(t.Context())
-		call := func(ctx context.Context, path string) error {
-			req, _ := http.NewRequestWithContext(ctx, "POST", "http://api.test"+path, nil)
-			resp, err := tr.RoundTrip(req)
-			if err != nil {
-				return err
-			}
-			io.Copy(io.Discard, resp.Body)
-			return resp.Body.Close()
-		}
+		call := func(ctx context.Context, path string) error { return postPath(ctx, tr, path) }
 		if err := call(ctx, "/slow"); err != nil { // W = 20 s, W + 4D = 60 s
 			t.Fatal(err)
 		}
@@ -289,15 +265,7 @@ func TestHeldStreamsTurnLongAsLatencyFalls(t *testing.T) {
 			wg.Go(func() { call(ctx, "/slow") })
 		}
 		var quick atomic.Int64
-		for range 4 {
-			wg.Go(func() {
-				for ctx.Err() == nil {
-					if call(ctx, "/quick") == nil {
-						quick.Add(1)
-					}
-				}
-			})
-		}
+		quickCallers(ctx, &wg, 4, call, &quick)
 		time.Sleep(21 * time.Second)
 		for range 6 {
 			wg.Go(func() {
@@ -317,4 +285,30 @@ func TestHeldStreamsTurnLongAsLatencyFalls(t *testing.T) {
 			t.Errorf("quick calls at %.2f/s beside six held streams, want about 10/s", got)
 		}
 	})
+}
+
+// postPath posts to path on api.test through rt and reads the answer's
+// body to its end.
+func postPath(ctx context.Context, rt http.RoundTripper, path string) error {
+	req, _ := http.NewRequestWithContext(ctx, "POST", "http://api.test"+path, nil)
+	resp, err := rt.RoundTrip(req)
+	if err != nil {
+		return err
+	}
+	io.Copy(io.Discard, resp.Body)
+	return resp.Body.Close()
+}
+
+// quickCallers starts n callers on wg that call /quick until ctx ends,
+// counting in served the calls that were.
+func quickCallers(ctx context.Context, wg *sync.WaitGroup, n int, call func(context.Context, string) error, served *atomic.Int64) {
+	for range n {
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				if call(ctx, "/quick") == nil {
+					served.Add(1)
+				}
+			}
+		})
+	}
 }
