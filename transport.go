@@ -108,6 +108,16 @@ func (t *Transport) keyOf(req *http.Request) string {
 	return k
 }
 
+// laneOf returns the lane of req's key (see keyOf), creating it on first
+// use, as lane does. The hot lane is matched before the key is cleaned: a
+// key that holds subSep never equals the hot lane's, which holds none.
+func (t *Transport) laneOf(req *http.Request) *lane {
+	if l, k := t.hot.Load(), t.cfg.key(req); l != nil && l.key == k {
+		return l
+	}
+	return t.lane(t.keyOf(req))
+}
+
 // baseRT returns the RoundTripper attempts are sent through.
 func (t *Transport) baseRT() http.RoundTripper {
 	if t.base != nil {
@@ -307,7 +317,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		closeBody(req)
 		return nil, ErrClosed
 	}
-	l := t.lane(t.keyOf(req))
+	l := t.laneOf(req)
 	lb := labelsOf(req.Context())
 	return t.do(l, req, lb.priority(), lb.tenant)
 }
