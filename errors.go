@@ -120,3 +120,8 @@ func (e *RejectedError) Unwrap() error { return ErrRejected }
 // os.IsTimeout and net.Error users see it as the timeout it stands for, as
 // they would see the deadline's own error without sluice.
 func (e *RejectedError) Timeout() bool { return e.Reason == ReasonDeadline }
+
+// Temporary reports what Timeout does, as context.DeadlineExceeded's does.
+// With it a RejectedError is a net.Error: errors.As finds a net.Error only
+// in an error that has both methods.
+func (e *RejectedError) Temporary() bool { return e.Timeout() }

@@ -3,6 +3,7 @@ package sluice
 import (
 	"context"
 	"errors"
+	"net"
 	"net/http"
 	"os"
 	"testing"
@@ -41,6 +42,29 @@ func TestDeadlineRefusalIsTimeout(t *testing.T) {
 		}
 		if os.IsTimeout(err) {
 			t.Error("a max-wait refusal is not a timeout")
+		}
+	})
+}
+
+// TestDeadlineRefusalIsNetError: a deadline refusal is a net.Error whose
+// Timeout is true, for a caller of RoundTrip as for one of http.Client
+// (whose *url.Error is one): net.Error asks for Temporary too.
+func TestDeadlineRefusalIsNetError(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr := mustNew(t, &fakeBase{}, WithRate(1, time.Second))
+		defer tr.Close()
+		if err := get(t.Context(), tr, ""); err != nil { // takes the only token
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
+		defer cancel()
+		err := get(ctx, tr, "")
+		if !errors.Is(err, ErrRejected) || !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("err = %v, want a deadline refusal", err)
+		}
+		var ne net.Error
+		if !errors.As(err, &ne) || !ne.Timeout() {
+			t.Errorf("deadline refusal %v: errors.As(err, *net.Error) = false", err)
 		}
 	})
 }

@@ -209,6 +209,7 @@ func (l *lane) acquire(ctx context.Context, p Priority, id string, enq time.Dura
 	if !free {
 		var rej *RejectedError
 		if ch, rej = l.chargeOf(ctx, p); rej != nil {
+			rej.Tenant = id
 			l.lock()
 			l.countRefusedLocked(p, ReasonCost)
 			l.unlock()

@@ -448,13 +448,14 @@ func (c *config) validate() error {
 		return invalid("WithBudget(%q, ...) with WithBackend of a %T: budgets are shared only through a Leaser", c.budgets[0].name, c.backend)
 	}
 	if c.rateN > 0 {
-		if r := c.perSecond(); math.IsInf(r, 0) || math.IsNaN(r) || r > 1e9 {
+		// A rate that underflows to 0 (a tiny headroom) would mean no rate.
+		if r := c.perSecond(); !(r > 0) || math.IsInf(r, 0) || r > 1e9 {
 			return invalid("WithRate(%d, %v): %v per second is out of range", c.rateN, c.ratePer, r)
 		}
 	}
 	for _, name := range slices.Sorted(maps.Keys(c.subRates)) {
 		sr := c.subRates[name]
-		if r := perSecond(sr.n, sr.per, c.headroom); r > 1e9 {
+		if r := perSecond(sr.n, sr.per, c.headroom); !(r > 0) || r > 1e9 {
 			return invalid("WithSublimitRate(%q, %d, %v): %v per second is out of range", name, sr.n, sr.per, r)
 		}
 	}

@@ -2,6 +2,7 @@ package sluice
 
 import (
 	"context"
+	"errors"
 	"io"
 	"math"
 	"net/http"
@@ -204,6 +205,49 @@ func TestLeaserKeepsNoIdleLane(t *testing.T) {
 		}
 		if n := tr.nLanes.Load(); n != 0 {
 			t.Errorf("%d lanes idle for 10 min (WithLaneIdle 1 min) kept: the Leaser's refreshes count as a use", n)
+		}
+	})
+}
+
+// TestRateUnderflowRefused: WithRate and WithSublimitRate with a
+// headroom so small that n/per x headroom underflows to 0 leave the lane
+// (or sub-limit) unpaced, since a rate of 0 means "no rate". New must
+// refuse the combination rather than send without any pacing.
+func TestRateUnderflowRefused(t *testing.T) {
+	for _, c := range []struct {
+		opts []Option
+		want string
+	}{
+		{[]Option{WithRate(1, time.Hour), WithHeadroom(5e-324)}, "WithRate(1, 1h0m0s)"},
+		{[]Option{WithSublimitRate("m", 1, time.Hour), WithHeadroom(5e-324)}, `WithSublimitRate("m", 1, 1h0m0s)`},
+	} {
+		_, err := New(nil, c.opts...)
+		if !errors.Is(err, ErrInvalidOption) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("New = %v; want an invalid option naming %s", err, c.want)
+		}
+	}
+	// What such a lane would do, made anyway: send unpaced.
+	synctest.Test(t, func(t *testing.T) {
+		tr, err := New(&fakeBase{latency: 10 * time.Millisecond}, WithRate(1, time.Hour), WithHeadroom(5e-324), WithConcurrency(8, 8))
+		if err != nil {
+			return // refused, as it must be
+		}
+		defer tr.Close()
+		base := tr.base.(*fakeBase)
+		ctx, cancel := context.WithCancel(t.Context())
+		var wg sync.WaitGroup
+		for range 4 {
+			wg.Go(func() {
+				for ctx.Err() == nil {
+					get(ctx, tr, "")
+				}
+			})
+		}
+		time.Sleep(time.Second)
+		cancel()
+		wg.Wait()
+		if n := len(base.times()); n > 2 {
+			t.Errorf("WithRate(1, 1h) x headroom 5e-324: %d requests sent in 1 s", n)
 		}
 	})
 }

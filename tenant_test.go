@@ -472,3 +472,36 @@ func TestTenantRecordKeptAcrossASettle(t *testing.T) {
 		wg.Wait()
 	})
 }
+
+// TestCostRefusalNamesTenant: a ReasonCost refusal carries the
+// request's tenant (RejectedError.Tenant, and the EventRefused), as every
+// other refusal does.
+func TestCostRefusalNamesTenant(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var mu sync.Mutex
+		var evs []Event
+		obs := ObserverFunc(func(_ context.Context, e Event) {
+			mu.Lock()
+			evs = append(evs, e)
+			mu.Unlock()
+		})
+		tr := mustNew(t, &fakeBase{}, WithBudget("tokens", 10, time.Minute), WithObserver(obs))
+		defer tr.Close()
+		err := get(WithCost(WithTenant(t.Context(), "acme"), "tokens", 100), tr, "")
+		var rej *RejectedError
+		if !errors.As(err, &rej) || rej.Reason != ReasonCost {
+			t.Fatalf("err = %v, want a cost refusal", err)
+		}
+		if rej.Tenant != "acme" {
+			t.Errorf("RejectedError.Tenant = %q, want %q", rej.Tenant, "acme")
+		}
+		tr.WaitEvents(t.Context())
+		mu.Lock()
+		defer mu.Unlock()
+		for _, e := range evs {
+			if e.Kind == EventRefused && e.Tenant != "acme" {
+				t.Errorf("EventRefused.Tenant = %q, want %q", e.Tenant, "acme")
+			}
+		}
+	})
+}
