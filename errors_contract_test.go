@@ -11,10 +11,10 @@ import (
 	"time"
 )
 
-// TestDeadlineRefusalIsTimeout: a refusal for the context's deadline
-// is a timeout to os.IsTimeout, directly and through http.Client, and still
-// matches ErrRejected and context.DeadlineExceeded; other refusals are not
-// timeouts.
+// TestDeadlineRefusalIsTimeout: a refusal for the context's deadline is a
+// timeout to os.IsTimeout and a net.Error, directly and through
+// http.Client, and still matches ErrRejected and
+// context.DeadlineExceeded; other refusals are not timeouts.
 func TestDeadlineRefusalIsTimeout(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		tr := mustNew(t, &fakeBase{}, WithRate(1, time.Second), WithMaxWait(Batch, 10*time.Millisecond))
@@ -30,6 +30,11 @@ func TestDeadlineRefusalIsTimeout(t *testing.T) {
 		if !os.IsTimeout(err) {
 			t.Error("os.IsTimeout(refusal for the deadline) = false")
 		}
+		// A net.Error (Timeout and Temporary) for a caller of RoundTrip,
+		// as the *url.Error of http.Client is.
+		if ne := net.Error(nil); !errors.As(err, &ne) || !ne.Timeout() {
+			t.Error("errors.As(refusal for the deadline, *net.Error) = false")
+		}
 		req, _ := http.NewRequestWithContext(ctx, "GET", "http://api.test/", nil)
 		_, err = (&http.Client{Transport: tr}).Do(req)
 		if !os.IsTimeout(err) || !errors.Is(err, ErrRejected) {
@@ -42,29 +47,6 @@ func TestDeadlineRefusalIsTimeout(t *testing.T) {
 		}
 		if os.IsTimeout(err) {
 			t.Error("a max-wait refusal is not a timeout")
-		}
-	})
-}
-
-// TestDeadlineRefusalIsNetError: a deadline refusal is a net.Error whose
-// Timeout is true, for a caller of RoundTrip as for one of http.Client
-// (whose *url.Error is one): net.Error asks for Temporary too.
-func TestDeadlineRefusalIsNetError(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		tr := mustNew(t, &fakeBase{}, WithRate(1, time.Second))
-		defer tr.Close()
-		if err := get(t.Context(), tr, ""); err != nil { // takes the only token
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
-		defer cancel()
-		err := get(ctx, tr, "")
-		if !errors.Is(err, ErrRejected) || !errors.Is(err, context.DeadlineExceeded) {
-			t.Fatalf("err = %v, want a deadline refusal", err)
-		}
-		var ne net.Error
-		if !errors.As(err, &ne) || !ne.Timeout() {
-			t.Errorf("deadline refusal %v: errors.As(err, *net.Error) = false", err)
 		}
 	})
 }
