@@ -8,6 +8,7 @@ package laneid
 import (
 	"cmp"
 	"strconv"
+	"unicode/utf8"
 
 	"github.com/sluice-go/sluice"
 )
@@ -30,15 +31,23 @@ func (id ID) Compare(o ID) int {
 // String returns a text that, unlike a name, no other ID has: for a
 // sub-limit the key's length, ":", the key, "/" and the name, which
 // begins with a digit; for a lane its key, with ":" before it if it
-// begins with a digit or ":", so that no lane reads as a sub-limit
+// begins with a digit, ":" or '"', so that no lane reads as a sub-limit
 // ("3:abc/x" is the sub-limit x of lane abc, ":3:abc/x" the lane keyed
-// so).
+// so). A text that would not be valid UTF-8 (a key is any bytes) is
+// quoted, as strconv.Quote does, so that it begins with '"' and stays
+// apart from every other once in JSON, which replaces invalid bytes.
 func (id ID) String() string {
+	var s string
 	if id.Sub == "" {
-		if k := id.Key; k != "" && (k[0] == ':' || '0' <= k[0] && k[0] <= '9') {
-			return ":" + k
+		s = id.Key
+		if k := id.Key; k != "" && (k[0] == ':' || k[0] == '"' || '0' <= k[0] && k[0] <= '9') {
+			s = ":" + k
 		}
-		return id.Key
+	} else {
+		s = strconv.Itoa(len(id.Key)) + ":" + id.Key + "/" + id.Sub
 	}
-	return strconv.Itoa(len(id.Key)) + ":" + id.Key + "/" + id.Sub
+	if !utf8.ValidString(s) {
+		return strconv.Quote(s)
+	}
+	return s
 }
