@@ -3,8 +3,6 @@ package sluice
 import (
 	"io"
 	"sync/atomic"
-
-	"github.com/sluice-go/sluice/internal/verdict"
 )
 
 // body gives its attempt's hold back when it is read to EOF, fails a read
@@ -71,24 +69,26 @@ func (b *body) Close() error {
 
 // finish gives the hold back, if the body is not done yet, and recycles
 // its token.
-func (b *body) finish() { b.finishAs(verdict.Served, false) }
+func (b *body) finish() {
+	if h := b.take(); h != nil {
+		h.Done(h.kind)
+	}
+}
 
-// finishAs is finish, giving the hold back as k if as is set (what a
-// stream's first event said the attempt was), else as its own kind.
-func (b *body) finishAs(k verdict.Kind, as bool) {
+// take marks the body done and returns its hold, for the caller to give
+// back (as finish does, or as what a stream's first event said: see
+// frameWatch.slot), with its token recycled; nil if it was done already.
+func (b *body) take() *hold {
 	// Read first: a Close after EOF, as most callers make, finds it done.
 	if b.done.Load() || !b.done.CompareAndSwap(false, true) {
-		return
+		return nil
 	}
 	tk := b.tok
 	b.tok = nil
 	h := tk.h
 	tk.h = nil
 	h.tok = tk // the owner's: the lane's list and watch never touch it
-	if !as {
-		k = h.kind
-	}
-	h.Done(k)
+	return h
 }
 
 // collected runs when the token is unreachable: if its body was never done,

@@ -86,7 +86,9 @@ func (w *frameWatch) see(b []byte, end bool) {
 	}
 	if b := w.slot; b != nil {
 		w.slot = nil
-		b.finishAs(w.kind, true)
+		if h := b.take(); h != nil {
+			h.Done(w.kind)
+		}
 	}
 }
 

@@ -405,26 +405,24 @@ func (t *Transport) attempt(l *lane, req *http.Request, p Priority, id string, e
 		h.Done(h.kind)
 		return resp, enq, on == nil, nil
 	}
-	if stream := isStream(resp); stream {
+	var fw *frameWatch
+	held := true // the slot goes back when the body is done
+	if isStream(resp) {
 		// A stream's first event may be an error the headers did not say.
-		var fw *frameWatch
 		if h.kind == verdict.Served && on != nil {
 			fw = &frameWatch{rc: resp.Body, t: t, l: on, ctx: ctx, p: p, sent: sent, host: l, hostSent: h.at}
 			resp.Body = fw
 		}
-		if !holdsStream(ctx) {
-			if fw == nil {
-				h.Done(h.kind)
-				return resp, enq, on == nil, nil
-			}
-			// Its slot goes back at the first event, as what the event
-			// says (see frameWatch.slot).
-			b := wrap(resp.Body, h)
-			fw.slot, resp.Body = b, b
+		if held = holdsStream(ctx); !held && fw == nil {
+			h.Done(h.kind)
 			return resp, enq, on == nil, nil
 		}
 	}
-	resp.Body = wrap(resp.Body, h)
+	b := wrap(resp.Body, h)
+	if !held {
+		fw.slot = b // it goes back at the first event, as what the event says
+	}
+	resp.Body = b
 	return resp, enq, on == nil, nil
 }
 

@@ -228,6 +228,7 @@ end
 
 local short = 0
 local gr = 0
+local most = tonumber(ARGV[13])
 local parts
 local owed = 0
 if rate > 0 then
@@ -238,7 +239,6 @@ if rate > 0 then
   gr = math.max(0, math.min(want, rate - held))
   if gr < want - 1e-9 then short = 1 end
   owed = want - gr
-  local most = tonumber(ARGV[13])
   if most >= 0 then gr = math.min(gr, most) end
 end
 local gp = -1
@@ -252,8 +252,7 @@ end
 
 -- What the caller holds counts its attempts in flight, which outlive a
 -- smaller grant, and what it held before a lost reply (see above).
-local kept = tonumber(ARGV[13])
-self.gr, self.gp = math.max(gr, kept), math.max(gp, inflight)
+self.gr, self.gp = math.max(gr, most), math.max(gp, inflight)
 local function put(e)
   e.seq = e.seq + 1
   redis.call('HSET', KEYS[1], e.id, string.format('%.0f %.17g %d %d %.17g %d %.17g %.17g %.17g %d %d %d %d',
