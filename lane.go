@@ -914,10 +914,11 @@ func (l *lane) limitMovedLocked(ch limitChange) {
 // streamFailed takes what a stream's first event said after its headers
 // (see frameWatch): for an attempt sent at sent, k is Throttled (a rate
 // limit, read as a 429 without headers would be) or Overloaded (read as an
-// overload: the in-flight limit is cut). The attempt's slot may be back
-// already: only the lane's pace and limit learn. It reports false, having
-// learned nothing, if the lane was forgotten.
-func (l *lane) streamFailed(ctx context.Context, k verdict.Kind, sent time.Duration, p Priority) bool {
+// overload: the in-flight limit is cut). counted: the attempt's slot is
+// held on l, and counted among its attempts in flight. Only the lane's
+// pace and limit learn. It reports false, having learned nothing, if the
+// lane was forgotten.
+func (l *lane) streamFailed(ctx context.Context, k verdict.Kind, sent time.Duration, p Priority, counted bool) bool {
 	l.lock()
 	defer l.unlock()
 	if l.isDead() {
@@ -927,7 +928,11 @@ func (l *lane) streamFailed(ctx context.Context, k verdict.Kind, sent time.Durat
 	switch k {
 	case verdict.Throttled:
 		l.revokeLocked(now) // before the attempts in flight are counted
-		l.pacedLocked(ctx, now, pace.Reply{Status: http.StatusTooManyRequests, Sent: sent}, l.slot.inUse+1, p)
+		inFlight := l.slot.inUse
+		if !counted {
+			inFlight++ // as a 429 is, whose slot is held when it is read
+		}
+		l.pacedLocked(ctx, now, pace.Reply{Status: http.StatusTooManyRequests, Sent: sent}, inFlight, p)
 	case verdict.Overloaded:
 		l.overloadedLocked(ctx, now, sent, 0, p)
 	}

@@ -80,7 +80,10 @@ func (w *frameWatch) see(b []byte, end bool) {
 		if w.kind == verdict.Overloaded && w.host != nil {
 			l, sent = w.host, w.hostSent
 		}
-		for !l.streamFailed(w.ctx, w.kind, sent, w.p) {
+		// The slot is the host lane's (a sub-limit's hold ends with the
+		// headers), and a lane that took the forgotten one's place does
+		// not count it.
+		for counted := l == w.host; !l.streamFailed(w.ctx, w.kind, sent, w.p, counted); counted = false {
 			l, sent = w.t.relaneAt(l, sent)
 		}
 	}
