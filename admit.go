@@ -26,9 +26,14 @@ func (l *lane) estimateBehind(now time.Duration, p Priority, ahead int, ch *char
 		d = until - start
 		start = until
 	}
+	var queued [numLevels]int
+	for lv := range queued {
+		queued[lv] = l.q.levels[lv].n
+	}
+	bw := l.budgets.wait(start, p, ch, ahead, &queued)
 	r := l.pace.PaceRate()
 	if r == 0 {
-		return d + l.budgets.wait(start, p, ch)
+		return d + bw
 	}
 	need := float64(ahead + 1)
 	if !l.perToken() {
@@ -37,7 +42,7 @@ func (l *lane) estimateBehind(now time.Duration, p Priority, ahead int, ch *char
 		// as empty.
 		need -= l.pace.Held(start)
 	}
-	w := max(pace.TokensDelay(need, r), l.budgets.wait(start, p, ch))
+	w := max(pace.TokensDelay(need, r), bw)
 	if w > math.MaxInt64-d {
 		return math.MaxInt64
 	}

@@ -280,14 +280,28 @@ func (bs *budgets) queue(p Priority, ch *charge, sign float64) {
 }
 
 // wait estimates how long a new waiter of level p costing ch waits for the
-// budgets from start: the cost queued at p and above, with the margin (the
-// calls ahead are underestimated as this one is), and what it must find
-// held to be paid (its cost and the margin: see need), less what each
-// budget holds at start.
-func (bs *budgets) wait(start time.Duration, p Priority, ch *charge) time.Duration {
+// budgets from start, with ahead waiters ranked before it (see
+// waitQueue.ahead) of queued[lv] at each level: ahead times the mean cost
+// queued at p and above (at every level if none waits there), with the
+// margin (the calls ahead are underestimated as this one is), and what it
+// must find held to be paid (its cost and the margin: see need), less
+// what each budget holds at start. The waiters ahead are counted as the
+// queue will grant them, tenants' turns and aged waiters below included,
+// and not as the levels hold them.
+func (bs *budgets) wait(start time.Duration, p Priority, ch *charge, ahead int, queued *[numLevels]int) time.Duration {
 	var d time.Duration
 	if ch == nil {
 		return 0
+	}
+	top, n := p, 0
+	for lv := Interactive; lv <= p; lv++ {
+		n += queued[lv]
+	}
+	if n == 0 {
+		top = numLevels - 1
+		for lv := p + 1; lv <= top; lv++ {
+			n += queued[lv]
+		}
 	}
 	for i := range bs.bs {
 		b := &bs.bs[i]
@@ -295,8 +309,12 @@ func (bs *budgets) wait(start time.Duration, p Priority, ch *charge) time.Durati
 		if need > 0 {
 			need = b.need(need)
 		}
-		for lv := Interactive; lv <= p; lv++ {
-			need += b.queued[lv] * (1 + b.margin)
+		if ahead > 0 && n > 0 {
+			var cost float64
+			for lv := Interactive; lv <= top; lv++ {
+				cost += b.queued[lv]
+			}
+			need += cost / float64(n) * float64(ahead) * (1 + b.margin)
 		}
 		d = max(d, pace.TokensDelay(need-b.b.Level(start), b.estRate()))
 	}

@@ -393,7 +393,7 @@ func TestBudgetsCharge(t *testing.T) {
 		t.Errorf("charge of output 101 of 100: %+v, over %v, want refused for it", ch, over)
 	}
 	var none budgets
-	if !none.empty() || none.len() != 0 || !none.full(0) || !none.canPay(0, nil) || none.payDelay(0, nil) != 0 || none.wait(0, Batch, nil) != 0 {
+	if !none.empty() || none.len() != 0 || !none.full(0) || !none.canPay(0, nil) || none.payDelay(0, nil) != 0 || none.wait(0, Batch, nil, 0, &[numLevels]int{}) != 0 {
 		t.Error("no budgets: not empty, not full, or something to pay")
 	}
 	if ch, over := none.chargeOf(costs); ch != nil || over != nil {
@@ -447,17 +447,17 @@ func TestBudgetsQueuedWait(t *testing.T) {
 	bs.queue(Batch, batch, 1)
 	bs.queue(Interactive, inter, 1)
 	ch := mustCharge(t, &bs, 20)
-	if d := bs.wait(0, Normal, ch); d != 500*time.Millisecond {
+	if d := bs.wait(0, Normal, ch, 1, &[numLevels]int{1, 0, 1}); d != 500*time.Millisecond {
 		t.Errorf("Normal behind 30 Interactive: wait %v, want 500ms (50 tokens)", d)
 	}
-	if d := bs.wait(0, Batch, ch); d != time.Second {
+	if d := bs.wait(0, Batch, ch, 2, &[numLevels]int{1, 0, 1}); d != time.Second {
 		t.Errorf("Batch behind 30 Interactive and 50 Batch: wait %v, want 1s", d)
 	}
-	if d := bs.wait(200*time.Millisecond, Batch, ch); d != 800*time.Millisecond {
+	if d := bs.wait(200*time.Millisecond, Batch, ch, 2, &[numLevels]int{1, 0, 1}); d != 800*time.Millisecond {
 		t.Errorf("Batch, 20 tokens held: wait %v, want 800ms", d)
 	}
 	bs.queue(Batch, batch, -1)
-	if d := bs.wait(0, Batch, ch); d != 500*time.Millisecond {
+	if d := bs.wait(0, Batch, ch, 1, &[numLevels]int{1, 0, 0}); d != 500*time.Millisecond {
 		t.Errorf("after the Batch waiter left: wait %v, want 500ms", d)
 	}
 }
@@ -506,7 +506,7 @@ func TestBudgetsShared(t *testing.T) {
 	}
 	// 1,000 queued and 1,000 of its own, each with the margin: 2,200;
 	// 1,500 held.
-	if got := bs.wait(time.Minute, Batch, ch); got != 14*time.Second {
+	if got := bs.wait(time.Minute, Batch, ch, 1, &[numLevels]int{0, 0, 1}); got != 14*time.Second {
 		t.Errorf("wait for 1100 queued and 1100 needed (margin 0.1) with 1500 held at 50 a second: %v, want 14s", got)
 	}
 	bs.queue(Batch, ch, -1)
@@ -631,4 +631,60 @@ func tokensLeft(remaining *string) *fakeBase {
 		resp.Header.Set("X-Ratelimit-Reset-Tokens", "10s")
 		return resp
 	}}
+}
+
+// TestBudgetWaitCountsTenantTurns: tenants take turns within a level, so
+// a new tenant's call waits for one turn of each tenant with waiters, not
+// for every cost they queued. Budget 1,000 tokens a second, emptied;
+// tenant A queues five 1,000-token calls; tenant B's 100-token call, with
+// a deadline of 3 s, is served after A's first, at 1.1 s.
+func TestBudgetWaitCountsTenantTurns(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr := mustNew(t, &fakeBase{}, WithBudget("tokens", 1000, time.Second))
+		a := WithTenant(t.Context(), "A")
+		if err := getCost(a, tr, 1000, "first"); err != nil { // empties the budget
+			t.Fatal(err)
+		}
+		var wg sync.WaitGroup
+		for range 5 {
+			wg.Go(func() { getCost(a, tr, 1000, "A") })
+			synctest.Wait()
+		}
+		start := time.Now()
+		ctx, cancel := context.WithTimeout(WithTenant(t.Context(), "B"), 3*time.Second)
+		defer cancel()
+		err := getCost(ctx, tr, 100, "B")
+		if took := time.Since(start); err != nil || took > 1100*time.Millisecond {
+			t.Errorf("B's call behind five of A's: %v after %v, want it served at 1.1s", err, took)
+		}
+		wg.Wait()
+	})
+}
+
+// TestBudgetWaitCountsAgedWaiters: with aging, Batch waiters that have
+// waited long enough rank ahead of a new Normal call, which then waits for
+// their tokens too: behind 3,000 tokens of them at 100 a second, a call
+// with a deadline of 8 s is refused at once, not failed at its deadline.
+func TestBudgetWaitCountsAgedWaiters(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr := mustNew(t, &fakeBase{}, WithBudget("tokens", 1000, 10*time.Second), WithAging(time.Second))
+		if err := getCost(t.Context(), tr, 1000, "first"); err != nil { // empties the budget
+			t.Fatal(err)
+		}
+		var wg sync.WaitGroup
+		bctx := WithPriority(t.Context(), Batch)
+		for range 3 {
+			wg.Go(func() { getCost(bctx, tr, 1000, "batch") })
+			synctest.Wait()
+		}
+		time.Sleep(5 * time.Second) // the Batch waiters now rank ahead of a new Normal one
+		start := time.Now()
+		ctx, cancel := context.WithTimeout(t.Context(), 8*time.Second)
+		defer cancel()
+		err := getCost(ctx, tr, 100, "normal")
+		if took := time.Since(start); !errors.Is(err, ErrRejected) || took != 0 {
+			t.Errorf("Normal call behind 3,000 aged Batch tokens (30 s), deadline 8 s: %v after %v, want refused at once", err, took)
+		}
+		wg.Wait()
+	})
 }
