@@ -40,8 +40,11 @@ func laneAttrs(name string) []attribute.KeyValue {
 	}
 	kv := []attribute.KeyValue{semconv.ServerAddress(host)}
 	if port != "" {
+		// Only a port written as a number is written (no sign, no leading
+		// zero): lanes "host:80" and "host:080" are two, and would
+		// otherwise share their attributes.
 		n, err := strconv.Atoi(port)
-		if err != nil {
+		if err != nil || n < 0 || n > 65535 || strconv.Itoa(n) != port {
 			return []attribute.KeyValue{LaneKey.String(name)}
 		}
 		kv = append(kv, semconv.ServerPort(n))
