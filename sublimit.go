@@ -465,31 +465,30 @@ func isNamed(sub *lane, name string, bucket bool, path string) bool {
 	return ok && rest == ""
 }
 
-// coolWait waits until the lane's cooldown, if any, ends, or ctx does, or
-// closed is closed (then it returns ErrClosed). It waits for nothing if
-// ctx's deadline comes first, or the wait is longer than maxWait (0: no
-// such bound): the grant that follows refuses such a request at once.
-func (l *lane) coolWait(ctx context.Context, closed <-chan struct{}, maxWait time.Duration) error {
+// coolEnd returns when the lane's cooldown ends, and whether a request of
+// ctx at a level of WithMaxWait maxWait (0: none) waits for it: not if it
+// has ended, nor if ctx's deadline comes first or the wait is longer than
+// maxWait (the grant that follows refuses such a request at once).
+func (l *lane) coolEnd(ctx context.Context, maxWait time.Duration) (time.Time, bool) {
 	l.lock()
 	until, now := l.pace.Cooldown(), l.clk.tick()
 	l.unlock()
 	if until <= now {
-		return nil // the cooldown's zero value is far in the past: no subtraction
+		return time.Time{}, false // the cooldown's zero value is far in the past: no subtraction
 	}
 	d := until - now
 	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < d || maxWait > 0 && d > maxWait {
-		return nil
+		return time.Time{}, false
 	}
-	timer := time.NewTimer(d)
-	defer timer.Stop()
-	select {
-	case <-timer.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-closed:
-		return ErrClosed
-	}
+	return l.clk.timeOf(until), true
+}
+
+// holdTo holds the sub-limit lane's grants back until until (its host's
+// cooldown ends): its waiters wait in its queue, in priority order.
+func (l *lane) holdTo(until time.Time) {
+	l.lock()
+	l.pace.Hold(l.clk.tick(), l.clk.ticks(until))
+	l.unlock()
 }
 
 // chargedLane returns the lane that drew the costs of req, sent through

@@ -439,23 +439,42 @@ func (t *Transport) acquireSub(ctx context.Context, l *lane, req *http.Request, 
 	// A token the sub-limit grants while the host cools down would be
 	// sent with every other one the sub-limit granted meanwhile, at once,
 	// when the host opens: the sub-limit's pace begins after the cooldown.
-	if err := l.coolWait(ctx, t.done, t.cfg.maxWait[p]); err != nil {
-		return nil, false, false, nil, err
-	}
+	// Its waiters wait for the host in its queue, so that they are granted
+	// in priority order when the host opens.
 	var after time.Duration // the host's wait, which a deadline refusal counts too
 	if _, ok := ctx.Deadline(); ok || t.cfg.maxWait[p] > 0 {
 		after = l.waitEstimate(p, id)
 	}
+	var held, kept time.Time // the host's cooldown end the sub-limit was held to; the first enqueue
 	for {
+		if until, ok := l.coolEnd(ctx, t.cfg.maxWait[p]); ok {
+			sub.holdTo(until)
+			held = until
+		}
 		subEnq := firstAttempt
 		if enq != firstAttempt {
 			subEnq = max(sub.clk.ticks(l.clk.timeOf(enq)), 0)
+		} else if !kept.IsZero() {
+			subEnq = max(sub.clk.ticks(kept), 0)
 		}
-		s, _, err = sub.acquire(ctx, p, id, subEnq, !caller, after)
-		if err != errLaneGone {
+		var at time.Duration
+		s, at, err = sub.acquire(ctx, p, id, subEnq, !caller, after)
+		if err == errLaneGone {
+			sub = t.relane(sub)
+			continue
+		}
+		if err != nil {
 			return s, caller, fallback, sub, err
 		}
-		sub = t.relane(sub)
+		// A cooldown of the host that began or grew while the request
+		// waited here: the grant goes back, and the request waits for
+		// the host in the queue, keeping its place.
+		if until, ok := l.coolEnd(ctx, t.cfg.maxWait[p]); ok && until.After(held) {
+			s.Drop()
+			held, kept = until, sub.clk.timeOf(at)
+			continue
+		}
+		return s, caller, fallback, sub, nil
 	}
 }
 

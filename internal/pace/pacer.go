@@ -375,6 +375,19 @@ func (p *Pacer) cool(now, until time.Duration, why string, cold bool) CoolChange
 	return CoolChange{Extended: ext, Fresh: fresh, Until: p.fb.coolEnd(), Why: p.fb.coolCause()}
 }
 
+// Hold holds back every grant until until, at now, as a cooldown does,
+// for a cooldown of another lane (a sub-limit's host): it is not counted
+// as one of this lane's, nor does its end keep a token back.
+func (p *Pacer) Hold(now, until time.Duration) {
+	if until <= p.fb.coolTo {
+		return
+	}
+	if p.fb.coolTo <= now {
+		p.fb.coolFrom = now
+	}
+	p.fb.coolTo = until
+}
+
 // SetWait records at now that the Backend named wait before it is asked
 // again, held to maxWait.
 func (p *Pacer) SetWait(now, wait time.Duration) {

@@ -179,6 +179,24 @@ func TestPacerCooldown(t *testing.T) {
 	}
 }
 
+// TestPacerHold: a hold for another lane's cooldown keeps every token
+// until it ends, as a cooldown does, but is not counted as one, and its
+// end keeps no token back: the bucket's burst is there at once.
+func TestPacerHold(t *testing.T) {
+	p := New(1, 2, time.Minute, true, 0)
+	p.Hold(time.Second, 3*time.Second)
+	p.Hold(time.Second, 2*time.Second) // earlier: no change
+	if p.Ready(2*time.Second) || p.Cooldown() != 3*time.Second {
+		t.Errorf("inside the hold: ready %v, cooldown to %v, want held to 3s", p.Ready(2*time.Second), p.Cooldown())
+	}
+	if !p.Take(3*time.Second, false) || !p.Take(3*time.Second, false) {
+		t.Error("the burst of 2 not there at the hold's end")
+	}
+	if ls := p.Stats(); ls.Cooldowns != 0 {
+		t.Errorf("%d cooldowns counted for a hold, want 0", ls.Cooldowns)
+	}
+}
+
 // TestPacerNotBefore: nothing is sent before the cooldown and the Backend's
 // wait both end; the wait is held to the cap on named waits.
 func TestPacerNotBefore(t *testing.T) {

@@ -1,0 +1,127 @@
+package sluice
+
+import (
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+)
+
+// coolingHost answers /status with a 503 and Retry-After: 5 (the host
+// cools down for 5 s), and any other path with a 200 after 100 ms,
+// recording when each such call arrived, and in what order, by its
+// X-Class.
+func coolingHost(mu *sync.Mutex, at map[string]time.Time, order *[]string) http.RoundTripper {
+	return rtFunc(func(r *http.Request) (*http.Response, error) {
+		if r.URL.Path == "/status" {
+			return &http.Response{StatusCode: 503, Header: http.Header{"Retry-After": {"5"}}, Body: http.NoBody, Request: r}, nil
+		}
+		mu.Lock()
+		at[r.Header.Get("X-Class")] = time.Now()
+		*order = append(*order, r.Header.Get("X-Class"))
+		mu.Unlock()
+		time.Sleep(100 * time.Millisecond)
+		return &http.Response{StatusCode: 200, Header: http.Header{}, Body: io.NopCloser(strings.NewReader("ok")), Request: r}, nil
+	})
+}
+
+// sendModel makes a request of class at level p through tr, on the
+// sub-limit sub if it is not empty, and reads its body.
+func sendModel(t *testing.T, tr http.RoundTripper, p Priority, sub, class string) {
+	ctx := WithPriority(t.Context(), p)
+	if sub != "" {
+		ctx = WithSublimit(ctx, sub)
+	}
+	req, _ := http.NewRequestWithContext(ctx, "GET", "http://api.test/v1/chat", nil)
+	req.Header.Set("X-Class", class)
+	resp, err := tr.RoundTrip(req)
+	if err != nil {
+		t.Errorf("%s: %v", class, err)
+		return
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+}
+
+// TestSublimitPriorityAfterHostCooldown: six Batch requests of a
+// sub-limit (a model, paced at 1/s) wait out a 5 s cooldown of their
+// host, and an Interactive one of the same model comes a second later.
+// The sub-limit holds its waiters in its queue until the host opens, so
+// the Interactive request goes first, as it does with no sub-limit. The
+// order the waiters' goroutines wake in varies, so the scenario runs
+// eight times.
+func TestSublimitPriorityAfterHostCooldown(t *testing.T) {
+	for _, sub := range []string{"", "m"} {
+		t.Run("sub="+sub, func(t *testing.T) {
+			for run := range 8 {
+				synctest.Test(t, func(t *testing.T) {
+					var mu sync.Mutex
+					at := map[string]time.Time{}
+					var order []string
+					tr := mustNew(t, coolingHost(&mu, at, &order), WithRetry(0), WithRate(10, time.Second), WithBurst(1),
+						WithSublimitRate("m", 1, time.Second))
+					defer tr.Close()
+					t0 := time.Now()
+					call(t.Context(), tr, "http://api.test/status") // the host cools for 5 s
+					var wg sync.WaitGroup
+					for i := range 6 {
+						wg.Go(func() { sendModel(t, tr, Batch, sub, "b"+string(rune('0'+i))) })
+						time.Sleep(10 * time.Millisecond)
+					}
+					time.Sleep(time.Second)
+					wg.Go(func() { sendModel(t, tr, Interactive, sub, "I") })
+					wg.Wait()
+					mu.Lock()
+					defer mu.Unlock()
+					for c, a := range at {
+						if a.Before(at["I"]) {
+							t.Errorf("run %d: sent in order %v: Batch %s sent at %v, before the Interactive request, waiting since 1 s, at %v",
+								run, order, c, a.Sub(t0), at["I"].Sub(t0))
+						}
+					}
+				})
+			}
+		})
+	}
+}
+
+// TestSublimitNoBurstWhenHostCoolsWhileQueued: a sub-limit paced at 1/s
+// has requests queued when its host begins a 5 s cooldown. The sub-limit
+// grants nothing until the host opens, and then goes on at its pace: no
+// grants made meanwhile wait at the host to go out at once when it opens.
+func TestSublimitNoBurstWhenHostCoolsWhileQueued(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var mu sync.Mutex
+		at := map[string]time.Time{}
+		var order []string
+		tr := mustNew(t, coolingHost(&mu, at, &order), WithRetry(0), WithBurst(1), WithSublimitRate("m", 1, time.Second))
+		defer tr.Close()
+		t0 := time.Now()
+		var wg sync.WaitGroup
+		for i := range 6 {
+			wg.Go(func() { sendModel(t, tr, Normal, "m", "n"+string(rune('0'+i))) })
+		}
+		time.Sleep(1500 * time.Millisecond)
+		call(t.Context(), tr, "http://api.test/status") // the host cools for 5 s
+		wg.Wait()
+		mu.Lock()
+		defer mu.Unlock()
+		var ts []time.Time
+		for _, c := range order {
+			ts = append(ts, at[c])
+		}
+		var offs []time.Duration
+		for _, s := range ts {
+			offs = append(offs, s.Sub(t0))
+		}
+		t.Logf("model calls sent at %v", offs)
+		for i := 1; i < len(ts); i++ {
+			if gap := ts[i].Sub(ts[i-1]); gap < 500*time.Millisecond {
+				t.Errorf("model calls %d and %d sent %v apart, under the sub-limit's pace of 1/s", i-1, i, gap)
+			}
+		}
+	})
+}
