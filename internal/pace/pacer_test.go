@@ -189,8 +189,10 @@ func TestPacerHold(t *testing.T) {
 	if p.Ready(2*time.Second) || p.Cooldown() != 3*time.Second {
 		t.Errorf("inside the hold: ready %v, cooldown to %v, want held to 3s", p.Ready(2*time.Second), p.Cooldown())
 	}
-	if !p.Take(3*time.Second, false) || !p.Take(3*time.Second, false) {
-		t.Error("the burst of 2 not there at the hold's end")
+	for i := range 2 {
+		if !p.Take(3*time.Second, false) {
+			t.Errorf("token %d of the burst of 2 not there at the hold's end", i+1)
+		}
 	}
 	if ls := p.Stats(); ls.Cooldowns != 0 {
 		t.Errorf("%d cooldowns counted for a hold, want 0", ls.Cooldowns)
