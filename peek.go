@@ -24,7 +24,8 @@ const peekWait = 100 * time.Millisecond
 // rc would have: the bytes read ahead, then the rest of rc, then rc's own
 // error (io.EOF, or the error that cut the look short, at the point where
 // rc returned it). Its Close is rc's; it does not wait for a read in
-// progress, which Close cuts short. It is used only for the bodies that
+// progress, which Close cuts short, and a Read after it is rc's too (an
+// error, as net/http's bodies give), not the bytes read ahead. It is used only for the bodies that
 // may carry a signal (see looksAt): other bodies are not looked at.
 func peek(rc io.ReadCloser) ([]byte, io.ReadCloser) {
 	p := &peeked{rc: rc, buf: make([]byte, 0, 512)}
@@ -57,6 +58,7 @@ type peeked struct {
 	err    error      // what rc returned when the look stopped; nil: rc has more
 	filled bool       // the look stopped: what rc has next is the caller's to read
 	handed bool       // peek stopped waiting: the look stops at its next read's end
+	closed bool       // Close was called: reads are rc's, once the look stopped
 }
 
 // fill reads ahead until peekLimit, rc's end or error, or (once peek
@@ -93,8 +95,13 @@ func (p *peeked) fill(done chan<- struct{}) {
 
 func (p *peeked) Read(b []byte) (int, error) {
 	p.mu.Lock()
-	for len(p.buf) == 0 && p.err == nil && !p.filled {
+	for !p.filled && (p.closed || len(p.buf) == 0 && p.err == nil) {
 		p.more.Wait()
+	}
+	if p.closed {
+		// What rc gives after its Close, not what was read ahead.
+		p.mu.Unlock()
+		return p.rc.Read(b)
 	}
 	if len(p.buf) > 0 {
 		n := copy(b, p.buf)
@@ -110,7 +117,12 @@ func (p *peeked) Read(b []byte) (int, error) {
 	return p.rc.Read(b)
 }
 
-func (p *peeked) Close() error { return p.rc.Close() }
+func (p *peeked) Close() error {
+	p.mu.Lock()
+	p.closed, p.handed = true, true // the look stops at the end of its read
+	p.mu.Unlock()
+	return p.rc.Close()
+}
 
 // looksAt reports whether resp's body is looked at (see peek): a 403's or
 // a 429's, and the JSON answer (a 200 or a 4xx) of a GraphQL endpoint,

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strconv"
 	"strings"
@@ -256,5 +257,38 @@ func TestPeekDoesNotHoldTheResponse(t *testing.T) {
 				}
 			})
 		})
+	}
+}
+
+// readAfterClose returns what a Read of resp's body gives after Close,
+// the body's first bytes unread.
+func readAfterClose(t *testing.T, rt http.RoundTripper, url string) (int, error) {
+	t.Helper()
+	req, _ := http.NewRequest("GET", url, nil)
+	resp, err := rt.RoundTrip(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	return resp.Body.Read(make([]byte, 64))
+}
+
+// TestPeekReadAfterClose: a 429's body is read ahead (peek); a Read
+// after Close must give what the base's body gives (net/http: an error,
+// no bytes), not the bytes read ahead.
+func TestPeekReadAfterClose(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusTooManyRequests)
+		io.WriteString(w, `{"error":"slow down"}`)
+	}))
+	defer srv.Close()
+	bt := &http.Transport{}
+	defer bt.CloseIdleConnections()
+	wantN, wantErr := readAfterClose(t, bt, srv.URL+"/x")
+	tr := mustNew(t, bt, WithRetry(0))
+	gotN, gotErr := readAfterClose(t, tr, srv.URL+"/x")
+	if gotN != wantN || (gotErr == nil) != (wantErr == nil) {
+		t.Errorf("Read after Close through sluice gave %d bytes, %v; the base's body gives %d, %v", gotN, gotErr, wantN, wantErr)
 	}
 }

@@ -136,10 +136,13 @@ func (t *Transport) retry(l *lane, req *http.Request, p Priority, id string, res
 			}
 			resp, first, unread, err = t.attempt(l, areq, p, id, enq, n+1)
 		}
-		if kept != nil && (errors.Is(err, ErrRejected) || errors.Is(err, ErrClosed)) {
-			// The retry was not sent: the answer that caused it stands.
+		if countedOn != nil && (errors.Is(err, ErrRejected) || errors.Is(err, ErrClosed)) {
+			// The retry was not sent: the budget takes it back, and the
+			// answer that caused it stands, if it was kept.
 			countedOn.unretry(counted)
-			return kept, nil
+			if kept != nil {
+				return kept, nil
+			}
 		}
 		enq = first
 		if resp != nil && areq != req {

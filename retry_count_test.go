@@ -113,3 +113,58 @@ func TestRetryTakenBackOnItsLane(t *testing.T) {
 		time.Sleep(11 * time.Second)
 	})
 }
+
+// TestRefusedRetryTakenBackWithoutKept: a retry the lane refuses is
+// taken back from the retry budget whether or not the answer that caused
+// it could be kept (here a 500 whose body is over 64 KiB).
+func TestRefusedRetryTakenBackWithoutKept(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		big := strings.Repeat("x", drainLimit+10)
+		var fails atomic.Int32
+		base := &fakeBase{answer: func(req *http.Request) *http.Response {
+			if req.Header.Get("Fail") != "" && fails.Add(1) == 1 {
+				return &http.Response{StatusCode: 500, Header: http.Header{}, Body: io.NopCloser(strings.NewReader(big))}
+			}
+			if req.Header.Get("Fail") != "" {
+				return &http.Response{StatusCode: 500, Header: http.Header{}, Body: http.NoBody}
+			}
+			if req.Header.Get("Slow") != "" {
+				time.Sleep(2 * time.Second)
+			}
+			return &http.Response{StatusCode: 200, Header: http.Header{}, Body: io.NopCloser(strings.NewReader("ok"))}
+		}}
+		tr := mustNew(t, base, WithConcurrency(1, 1), WithMaxQueue(1), WithRetry(1), WithRetryBudget(0, 1),
+			WithBackoff(func(_, _ time.Duration, _ int, _ *http.Response) time.Duration { return 200 * time.Millisecond }))
+		defer tr.Close()
+		send := func(h string) error {
+			req, _ := http.NewRequest("GET", "http://api.test/x", nil)
+			if h != "" {
+				req.Header.Set(h, "1")
+			}
+			resp, err := tr.RoundTrip(req)
+			if err == nil {
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+			return err
+		}
+		first := make(chan error, 1)
+		go func() { first <- send("Fail") }() // 500 with a long body, then a 200 ms backoff
+		time.Sleep(100 * time.Millisecond)
+		go send("Slow") // takes the one slot
+		synctest.Wait()
+		go send("Slow") // waits: the queue is full
+		synctest.Wait()
+		if err := <-first; !errors.Is(err, ErrRejected) {
+			t.Fatalf("first request: %v, want its retry refused", err)
+		}
+		time.Sleep(5 * time.Second) // the slow ones are done; within the budget's window still
+		if err := send("Fail"); err != nil {
+			t.Fatal(err)
+		}
+		ls, _ := tr.LaneStats("api.test")
+		if ls.RetriesDenied != 0 || ls.Retries != 1 {
+			t.Errorf("retries made %d, denied %d; want 1 made: the refused retry, never sent, is taken back", ls.Retries, ls.RetriesDenied)
+		}
+	})
+}
