@@ -25,8 +25,9 @@ const peekWait = 100 * time.Millisecond
 // error (io.EOF, or the error that cut the look short, at the point where
 // rc returned it). Its Close is rc's; it does not wait for a read in
 // progress, which Close cuts short, and a Read after it is rc's too (an
-// error, as net/http's bodies give), not the bytes read ahead. It is used only for the bodies that
-// may carry a signal (see looksAt): other bodies are not looked at.
+// error, as net/http's bodies give), not the bytes read ahead. It is used
+// only for the bodies that may carry a signal (see looksAt): other bodies
+// are not looked at.
 func peek(rc io.ReadCloser) ([]byte, io.ReadCloser) {
 	p := &peeked{rc: rc, buf: make([]byte, 0, 512)}
 	p.more = sync.NewCond(&p.mu)

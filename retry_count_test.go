@@ -122,13 +122,14 @@ func TestRefusedRetryTakenBackWithoutKept(t *testing.T) {
 		big := strings.Repeat("x", drainLimit+10)
 		var fails atomic.Int32
 		base := &fakeBase{answer: func(req *http.Request) *http.Response {
-			if req.Header.Get("Fail") != "" && fails.Add(1) == 1 {
+			class := req.Header.Get("X-Class")
+			if class == "fail" && fails.Add(1) == 1 {
 				return &http.Response{StatusCode: 500, Header: http.Header{}, Body: io.NopCloser(strings.NewReader(big))}
 			}
-			if req.Header.Get("Fail") != "" {
+			if class == "fail" {
 				return &http.Response{StatusCode: 500, Header: http.Header{}, Body: http.NoBody}
 			}
-			if req.Header.Get("Slow") != "" {
+			if class == "slow" {
 				time.Sleep(2 * time.Second)
 			}
 			return &http.Response{StatusCode: 200, Header: http.Header{}, Body: io.NopCloser(strings.NewReader("ok"))}
@@ -136,30 +137,19 @@ func TestRefusedRetryTakenBackWithoutKept(t *testing.T) {
 		tr := mustNew(t, base, WithConcurrency(1, 1), WithMaxQueue(1), WithRetry(1), WithRetryBudget(0, 1),
 			WithBackoff(func(_, _ time.Duration, _ int, _ *http.Response) time.Duration { return 200 * time.Millisecond }))
 		defer tr.Close()
-		send := func(h string) error {
-			req, _ := http.NewRequest("GET", "http://api.test/x", nil)
-			if h != "" {
-				req.Header.Set(h, "1")
-			}
-			resp, err := tr.RoundTrip(req)
-			if err == nil {
-				io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-			}
-			return err
-		}
+		ctx := context.Background()
 		first := make(chan error, 1)
-		go func() { first <- send("Fail") }() // 500 with a long body, then a 200 ms backoff
+		go func() { first <- get(ctx, tr, "fail") }() // 500 with a long body, then a 200 ms backoff
 		time.Sleep(100 * time.Millisecond)
-		go send("Slow") // takes the one slot
+		go get(ctx, tr, "slow") // takes the one slot
 		synctest.Wait()
-		go send("Slow") // waits: the queue is full
+		go get(ctx, tr, "slow") // waits: the queue is full
 		synctest.Wait()
 		if err := <-first; !errors.Is(err, ErrRejected) {
 			t.Fatalf("first request: %v, want its retry refused", err)
 		}
 		time.Sleep(5 * time.Second) // the slow ones are done; within the budget's window still
-		if err := send("Fail"); err != nil {
+		if err := get(ctx, tr, "fail"); err != nil {
 			t.Fatal(err)
 		}
 		ls, _ := tr.LaneStats("api.test")

@@ -35,15 +35,9 @@ func sendModel(t *testing.T, tr http.RoundTripper, p Priority, sub, class string
 	if sub != "" {
 		ctx = WithSublimit(ctx, sub)
 	}
-	req, _ := http.NewRequestWithContext(ctx, "GET", "http://api.test/v1/chat", nil)
-	req.Header.Set("X-Class", class)
-	resp, err := tr.RoundTrip(req)
-	if err != nil {
+	if err := get(ctx, tr, class); err != nil {
 		t.Errorf("%s: %v", class, err)
-		return
 	}
-	io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
 }
 
 // TestSublimitPriorityAfterHostCooldown: six Batch requests of a
