@@ -468,7 +468,11 @@ func (t *Transport) acquireSub(ctx context.Context, l *lane, req *http.Request, 
 		}
 		// A cooldown of the host that began or grew while the request
 		// waited here: the grant goes back, and the request waits for
-		// the host in the queue, keeping its place.
+		// the host in the queue, keeping its place. A grant that waited
+		// for nothing came just after the look above.
+		if s.wait == 0 {
+			return s, caller, fallback, sub, nil
+		}
 		if until, ok := l.coolEnd(ctx, t.cfg.maxWait[p]); ok && until.After(held) {
 			s.Drop()
 			held, kept = until, sub.clk.timeOf(at)
