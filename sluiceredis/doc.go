@@ -100,8 +100,9 @@
 // records the share the process still holds (and, after its lease, its
 // fallback), and its entry holds it until a reply comes, however many
 // replies are lost. A message lost costs only the wait for the next
-// refresh. A Redis that loses its data (restarted
-// empty) forgets the shares held: see "When Redis is down".
+// refresh. A Redis that loses the entries (restarted empty, flushed, or a
+// failover that lost the latest writes), though no call fails, holds the
+// fleet to the shares it holds for a lease: see "When Redis is down".
 //
 // A key is refreshed for as long as a lane on it lives and wants something.
 // A key whose lanes had nothing waiting, in flight or granted at three
@@ -152,6 +153,21 @@
 // at a refresh of 500ms; go test -run TestClusterFailover -v). Give a
 // ClusterClient DialerRetries: 1, so that a call to a dead master fails at
 // once rather than after go-redis's five dials, or at WithTimeout.
+//
+// A process whose refresh finds its entry gone (missing, expired, or of an
+// older version: Redis restarted empty or was flushed, or a failover, an
+// eviction or an outage lost it) knows that Redis may have lost the
+// others' entries too, while their processes still send at their shares:
+// Redis, which knows of no one else, would grant the first to ask the
+// whole rate. So for a lease from then (three refreshes: every share held
+// before the loss has ended or been renewed by then) no process is
+// granted more than it holds, a process that holds nothing (new on the
+// key, or parked) is granted nothing, and rate that nobody holds is not
+// handed out; then shares move again as usual. Three processes holding a
+// third each of 100/s through a FLUSHALL hold 100/s at most (go test -run
+// TestSharesAfterRedisLosesThem -v). Redis cannot tell a loss from a new
+// key: a process that holds nothing and asks first after the loss is
+// granted what the others hold, until their next refreshes.
 //
 // # How Tokens take
 //

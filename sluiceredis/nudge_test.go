@@ -28,7 +28,7 @@ func TestShareMovesAtOnce(t *testing.T) {
 	}
 	ask := func(id string, w [levels]float64) shareReply {
 		t.Helper()
-		r, err := runShare(ctx, c, [2]string{k.shares(), k[1]}, shareArgs{
+		r, err := runShare(ctx, c, [3]string{k.shares(), k[1], k.recovery()}, shareArgs{
 			self: id, lease: 10 * time.Second, rate: 100, burst: 4, wants: w, most: -1, channel: k.moved(),
 		})
 		if err != nil {

@@ -88,6 +88,10 @@ func (k keys) lease() string { return k[2] }
 func (k keys) shares() string { return k[0][:len(k[0])-len("tat")] + "shares" }
 func (k keys) gone() string   { return k[3] }
 
+// recovery names the key share.lua sets while the shares recover from
+// Redis losing entries.
+func (k keys) recovery() string { return k[0][:len(k[0])-len("tat")] + "recovery" }
+
 // moved names the channel on which share.lua names the processes that are
 // to refresh now (see nudges).
 func (k keys) moved() string { return k[0][:len(k[0])-len("tat")] + "moved" }

@@ -91,7 +91,7 @@ type shares struct {
 // goroutine only.
 type shareKey struct {
 	key     string
-	redis   [2]string // the entries and the cooldown (see share.lua)
+	redis   [3]string // the entries, the cooldown and the recovery (see share.lua)
 	channel string    // where share.lua names the processes to refresh now
 	lanes   []*member // guarded by shares.mu
 	fresh   bool      // a lane joined since the last refresh; guarded by shares.mu
@@ -189,7 +189,7 @@ func (b *backend) join(key string, demand func() (sluice.Demand, bool), grant fu
 			s.kick = make(chan struct{}, 1)
 		}
 		k := newKeys(b.cfg.prefix, key)
-		sk = &shareKey{key: key, redis: [2]string{k.shares(), k[1]}, channel: k.moved(), places: -1}
+		sk = &shareKey{key: key, redis: [3]string{k.shares(), k[1], k.recovery()}, channel: k.moved(), places: -1}
 		s.keys[key] = sk
 	}
 	sk.lanes = append(sk.lanes, &member{demand: demand, grant: grant})
@@ -361,6 +361,9 @@ func (b *backend) prepare(ctx context.Context, sk *shareKey) *refreshing {
 		if err := b.refreshBudgets(ctx, sk, nil, time.Now()); err != nil {
 			b.cfg.logger.Warn("sluiceredis: could not give back the budgets of a key whose lanes are gone", "key", sk.key, "err", err)
 		}
+		// A lane that joins the key before it is dropped holds nothing:
+		// its entry is not one Redis lost (see held).
+		sk.leased, sk.rate, sk.seq = false, 0, 0
 		return nil
 	}
 	sent := time.Now()
@@ -455,7 +458,24 @@ func (b *backend) prepare(ctx context.Context, sk *shareKey) *refreshing {
 			self: b.self, lease: shareLeases * b.cfg.refresh,
 			rate: rate, burst: burst, cap: b.cfg.leases, inFlight: inFlight,
 			wants: total, places: ptotal, most: sk.most(), channel: sk.channel, lowShare: lowShare,
+			held: sk.held(),
 		}}
+}
+
+// held is the share sk's lanes send at now, and the version of sk's entry
+// it was granted at (0: none; a key that never had a share, or parked). A
+// refresh that finds the entry missing, expired or older knows that Redis
+// lost it, and may have lost the others' too, whose processes still send
+// at their shares: share.lua then grants no process more than it holds
+// until their leases have ended (see share.lua).
+func (sk *shareKey) held() heldShare {
+	switch {
+	case sk.fallen:
+		return heldShare{seq: sk.seq, rate: sk.fellTo, places: sk.places}
+	case sk.leased:
+		return heldShare{seq: sk.seq, rate: sk.rate, places: sk.places}
+	}
+	return heldShare{}
 }
 
 // most is, after a failed call, the rate sk holds (the fallback's, or the
@@ -754,6 +774,14 @@ type shareArgs struct {
 	most     float64 // after a failed call, the rate held: take no more, record no less; negative: none
 	channel  string  // where to name the processes to refresh now (see nudges)
 	lowShare int     // the part of the levels below the highest that wants (see apportion)
+	held     heldShare
+}
+
+// heldShare is what a process holds of a key's budget (see shareKey.held).
+type heldShare struct {
+	seq    int64 // the version of the entry it was granted at; 0: none
+	rate   float64
+	places int // -1: no cap
 }
 
 // shareReply is what share.lua answered.
@@ -770,7 +798,7 @@ type shareReply struct {
 }
 
 // runShare runs share.lua: one round trip.
-func runShare(ctx context.Context, c redis.Scripter, k [2]string, a shareArgs) (shareReply, error) {
+func runShare(ctx context.Context, c redis.Scripter, k [3]string, a shareArgs) (shareReply, error) {
 	return parseShare(shareScript.Run(ctx, c, k[:], a.list()...).Slice())
 }
 
@@ -779,7 +807,8 @@ func (a shareArgs) list() []any {
 	f := func(x float64) string { return strconv.FormatFloat(x, 'g', -1, 64) }
 	return []any{a.self, a.lease.Microseconds(), f(a.rate), a.burst, a.cap, a.inFlight,
 		f(a.wants[0]), f(a.wants[1]), f(a.wants[2]),
-		f(a.places[0]), f(a.places[1]), f(a.places[2]), f(a.most), a.channel, a.lowShare}
+		f(a.places[0]), f(a.places[1]), f(a.places[2]), f(a.most), a.channel, a.lowShare,
+		a.held.seq, f(a.held.rate), a.held.places}
 }
 
 // parseShare reads share.lua's answer v (or err).

@@ -11,6 +11,7 @@
 -- than the budget. Times are microseconds of the Redis server's clock.
 --
 -- KEYS[1] the entries (hash: process id -> entry)   KEYS[2] cooldown end
+-- KEYS[3] set for the recovery after Redis lost entries (see below)
 -- ARGV[1] process id   ARGV[2] lease (how long the entry lives)
 -- ARGV[3] rate (tokens a second; 0: not paced)   ARGV[4] burst
 -- ARGV[5] in-flight cap (0: none)   ARGV[6] attempts in flight now
@@ -19,6 +20,9 @@
 -- (negative: none; see below)
 -- ARGV[14] the channel on which to name processes (see below)
 -- ARGV[15] the low share (see part; 0: strict priority)
+-- ARGV[16] the version of the caller's entry that its share was granted
+-- at (0: it holds none)   ARGV[17] the rate it holds   ARGV[18] the places
+-- it holds (-1: no cap)
 --
 -- An entry is "expiry rate burst cap granted-rate granted-places w1 w2 w3
 -- p1 p2 p3 version"; the version grows with each write of the entry.
@@ -49,6 +53,17 @@
 -- passes that rate (ARGV[13]): it takes no more, for Redis may have lost
 -- the others' entries meanwhile, and its entry holds no less until a
 -- reply has come.
+--
+-- Redis may lose entries whose processes still send at their shares (it
+-- restarted empty, the hash was flushed or evicted, a failover lost the
+-- latest writes), and would grant the rate they hold to the first process
+-- to ask. A caller that holds a share (ARGV[16..18]) whose entry is
+-- missing, expired or of an older version finds such a loss, and starts
+-- the recovery (KEYS[3]) for a lease: each process's lease, held before
+-- the loss, has then ended or been renewed, and Redis knows every share
+-- held again. During the recovery no caller is granted more than it holds
+-- (a process that held nothing is granted nothing), and rate that nobody
+-- holds is not handed out: the processes Redis forgot may hold it.
 
 if redis.replicate_commands then redis.replicate_commands() end
 local t = redis.call('TIME')
@@ -66,6 +81,7 @@ local self = {
 local inflight = tonumber(ARGV[6])
 
 local procs, dead = {}, {}
+local mine -- the expiry of the caller's entry; nil: none
 local all = redis.call('HGETALL', KEYS[1])
 for i = 1, #all, 2 do
   local f = {}
@@ -73,6 +89,7 @@ for i = 1, #all, 2 do
   -- An entry of twelve fields, without a version, is one written before
   -- versions were: its version is 0.
   if all[i] == me then
+    if #f == 12 or #f == 13 then mine = f[1] end
     if #f == 13 then self.seq = f[13] end
   elseif (#f ~= 12 and #f ~= 13) or f[1] <= now then
     dead[#dead + 1] = all[i]
@@ -86,6 +103,19 @@ end
 if #dead > 0 then redis.call('HDEL', KEYS[1], unpack(dead)) end
 procs[#procs + 1] = self
 local n = #procs
+
+-- The recovery (see above): started, or made to last a lease from now, by
+-- a caller that finds its entry lost.
+local heldSeq, heldRate, heldPlaces = tonumber(ARGV[16]), tonumber(ARGV[17]), tonumber(ARGV[18])
+local recovery = redis.call('PTTL', KEYS[3])
+if heldSeq > 0 and (not mine or mine <= now or self.seq < heldSeq) then
+  local lease = math.max(1, math.ceil(tonumber(ARGV[2]) / 1000))
+  if recovery < lease then
+    redis.call('SET', KEYS[3], 1, 'PX', lease)
+    recovery = lease
+  end
+end
+local recovering = recovery > 0
 
 -- The budget is the lowest any live process passes: one that learned a
 -- lower rate from the server holds the fleet to it.
@@ -240,6 +270,7 @@ if rate > 0 then
   if gr < want - 1e-9 then short = 1 end
   owed = want - gr
   if most >= 0 then gr = math.min(gr, most) end
+  if recovering then gr = math.min(gr, heldRate) end
 end
 local gp = -1
 if cap > 0 then
@@ -248,6 +279,7 @@ if cap > 0 then
   for i = 1, n - 1 do held = held + procs[i].gp end
   gp = math.max(0, math.min(want, cap - held))
   if gp < want then short = 1 end
+  if recovering and heldPlaces >= 0 then gp = math.min(gp, heldPlaces) end
 end
 
 -- What the caller holds counts its attempts in flight, which outlive a
@@ -282,10 +314,11 @@ if parts then
   local ids = {}
   name(owed, function(i) return procs[i].gr - parts[i] end, ids)
   -- Rate nobody holds goes at once to those owed it, the most owed first:
-  -- their entries hold it from now, and the message tells them.
+  -- their entries hold it from now, and the message tells them. Not
+  -- during the recovery, when processes Redis forgot may hold it.
   local free = rate
   for i = 1, n do free = free - procs[i].gr end
-  if free >= least then
+  if free >= least and not recovering then
     local cand = {}
     for i = 1, n - 1 do
       if parts[i] - procs[i].gr > 1e-9 then cand[#cand + 1] = i end

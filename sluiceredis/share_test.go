@@ -532,6 +532,196 @@ func TestSharesAfterEntryLost(t *testing.T) {
 	waitShare(t, la, 50, "the first process, after its entry was lost")
 }
 
+// TestSharesAfterRedisLosesThem: Redis loses every entry of a key
+// (FLUSHALL, a restart quick enough for no call to fail, an eviction)
+// while three processes each hold a third of 100/s. Redis, which knows of
+// no one else, would grant the first process to refresh the whole rate
+// while the other two still send at their thirds until their own
+// refreshes: that process finds its entry lost, and no process is granted
+// more than it holds until their leases have ended (see share.lua). The
+// shares held never add up to more than the rate.
+func TestSharesAfterRedisLosesThem(t *testing.T) {
+	const refresh = 200 * time.Millisecond
+	srv := startRedis(t)
+	var lanes []*shareLane
+	for range 3 {
+		b := newBackend(t, newClient(t, srv.Addr()), WithRefresh(refresh))
+		defer b.Close()
+		lanes = append(lanes, joinLane(t, b, "api", batch100))
+	}
+	for i, l := range lanes {
+		waitShare(t, l, 100.0/3, "before Redis lost the entries, "+string(rune('a'+i)))
+	}
+	time.Sleep(refresh)
+	flushed := time.Now()
+	if err := newClient(t, srv.Addr()).FlushAll(context.Background()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(5 * refresh)
+	for i, l := range lanes {
+		waitShare(t, l, 100.0/3, "after Redis lost the entries, "+string(rune('a'+i)))
+	}
+	most, at := sharesHeld(lanes, flushed, 20*time.Millisecond)
+	t.Logf("most held at once after Redis lost the entries: %.1f/s, %v after; over the rate for %v", most,
+		at.Sub(flushed).Round(time.Millisecond), overFor(lanes, flushed, 100).Round(time.Millisecond))
+	if most > 100*1.01 {
+		t.Errorf("the shares held added up to %.1f/s at once, %v after Redis lost the entries: over the rate of 100/s",
+			most, at.Sub(flushed).Round(time.Millisecond))
+	}
+}
+
+// sharesHeld returns the most that lanes' grants add up to at any instant
+// (one of the grants' times) after from: each lane's latest grant at or
+// before the instant, or a smaller one it received within rtt after it
+// (given up in Redis at the instant, it reaches the process a round trip
+// later).
+func sharesHeld(lanes []*shareLane, from time.Time, rtt time.Duration) (float64, time.Time) {
+	var gs [][]grantAt
+	for _, l := range lanes {
+		gs = append(gs, l.since(time.Time{}))
+	}
+	most, when := 0.0, time.Time{}
+	for _, own := range gs {
+		for _, g := range own {
+			if g.at.Before(from) {
+				continue
+			}
+			sum := 0.0
+			for _, other := range gs {
+				last := -1
+				for k, h := range other {
+					if !h.at.After(g.at) {
+						last = k
+					}
+				}
+				if last < 0 {
+					continue
+				}
+				r := other[last].s.Rate
+				for _, h := range other[last+1:] {
+					if h.at.Sub(g.at) > rtt {
+						break
+					}
+					r = min(r, h.s.Rate)
+				}
+				sum += r
+			}
+			if sum > most {
+				most, when = sum, g.at
+			}
+		}
+	}
+	return most, when
+}
+
+// overFor returns how long after from the lanes' latest grants added up to
+// more than limit.
+func overFor(lanes []*shareLane, from time.Time, limit float64) time.Duration {
+	var all []time.Time
+	for _, l := range lanes {
+		for _, g := range l.since(from) {
+			all = append(all, g.at)
+		}
+	}
+	slices.SortFunc(all, func(a, b time.Time) int { return a.Compare(b) })
+	var over time.Duration
+	for k, at := range all {
+		sum := 0.0
+		for _, l := range lanes {
+			var r float64
+			for _, g := range l.since(time.Time{}) {
+				if !g.at.After(at) {
+					r = g.s.Rate
+				}
+			}
+			sum += r
+		}
+		if sum > limit*1.01 && k+1 < len(all) {
+			over += all[k+1].Sub(at)
+		}
+	}
+	return over
+}
+
+// TestShareRecovery drives share.lua by hand: a process whose entry Redis
+// lost starts the recovery for a lease, in which no process is granted
+// more than it holds, one that held nothing is granted nothing, and rate
+// nobody holds is not handed out. Once it ends, shares move again.
+func TestShareRecovery(t *testing.T) {
+	srv := startRedis(t)
+	c := newClient(t, srv.Addr())
+	ctx := context.Background()
+	k := newKeys(DefaultPrefix, "api")
+	const lease = 10 * time.Second
+	batch := [levels]float64{0, 0, 500}
+	ask := func(id string, w [levels]float64, held heldShare) shareReply {
+		t.Helper()
+		r, err := runShare(ctx, c, [3]string{k.shares(), k[1], k.recovery()}, shareArgs{
+			self: id, lease: lease, rate: 100, burst: 4, wants: w, most: -1, channel: k.moved(), held: held,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	held := func(r shareReply) heldShare { return heldShare{seq: r.seq, rate: r.rate, places: -1} }
+	granted := func(id string) string {
+		f := strings.Fields(c.HGet(ctx, k.shares(), id).Val())
+		if len(f) != 13 {
+			t.Fatalf("%s's entry %v", id, f)
+		}
+		return f[4]
+	}
+	// a and b hold half each.
+	ask("a", batch, heldShare{})
+	ask("b", batch, heldShare{})
+	ra := ask("a", batch, heldShare{})
+	rb := ask("b", batch, heldShare{})
+	if ra.rate != 50 || rb.rate != 50 {
+		t.Fatalf("a %v and b %v, want 50 each", ra.rate, rb.rate)
+	}
+	if n := c.Exists(ctx, k.recovery()).Val(); n != 0 {
+		t.Fatal("the recovery started with no entry lost")
+	}
+
+	if err := c.Del(ctx, k.shares()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	// a finds its entry lost: it keeps its half, not the whole rate, for a
+	// lease.
+	if r := ask("a", batch, held(ra)); r.rate != 50 {
+		t.Errorf("a got %v after its entry was lost, want the 50 it held", r.rate)
+	}
+	if d := c.PTTL(ctx, k.recovery()).Val(); d < lease-time.Second || d > lease {
+		t.Errorf("the recovery lasts %v, want a lease (%v)", d, lease)
+	}
+	// b finds its entry lost too: its half, which Redis did not know of, is
+	// still its own.
+	if r := ask("b", batch, held(rb)); r.rate != 50 {
+		t.Errorf("b got %v after its entry was lost, want the 50 it held", r.rate)
+	}
+	// c, new, finds nobody's rate free; then a gives up 40 of c's part,
+	// which goes to nobody, and c, holding nothing, is granted none of it.
+	if r := ask("c", batch, heldShare{}); r.rate != 0 {
+		t.Errorf("c got %v beside a's and b's halves", r.rate)
+	}
+	ask("a", [levels]float64{10, 0, 0}, held(ra))
+	if g := granted("c"); g != "0" {
+		t.Errorf("c's entry holds %s during the recovery: the rate a gave up was handed out", g)
+	}
+	if r := ask("c", batch, heldShare{seq: 1}); r.rate != 0 {
+		t.Errorf("c got %v during the recovery, holding nothing", r.rate)
+	}
+
+	// The recovery over, c is granted what a gave up.
+	if err := c.Del(ctx, k.recovery()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if r := ask("c", batch, heldShare{seq: 1}); r.rate != 40 {
+		t.Errorf("c got %v once the recovery ended, want the 40 nobody holds", r.rate)
+	}
+}
+
 // TestSharesLowShareBelow: one process's Interactive calls want the whole
 // rate while a second process's Normal calls and a third's Batch calls
 // wait. The two below share the tenth that WithLowShare keeps from the
