@@ -120,7 +120,9 @@ type holdStreamKey struct{}
 // streams (an overload, a 429) then cut the lane's in-flight limit, and
 // WithConcurrency's maximum bounds what is in flight. A held stream that
 // outlasts the lane's other calls by far is counted beside the limit
-// that their latency sizes, so that they keep their places.
+// that their latency sizes, so that they keep their places. A held stream
+// whose first event says it was refused gives its slot back at that event,
+// as a refusal's status does.
 func HoldStream(ctx context.Context) context.Context {
 	return context.WithValue(ctx, holdStreamKey{}, true)
 }

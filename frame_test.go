@@ -2,6 +2,7 @@ package sluice
 
 import (
 	"bytes"
+	"context"
 	"io"
 	"math"
 	"net/http"
@@ -197,47 +198,64 @@ func FuzzFrameWatch(f *testing.F) {
 
 // TestStreamRefusalReadAsAStatus: an unpaced lane whose server accepts 40
 // calls and then refuses, each after 500 ms, from 64 callers, learns the
-// same pace from a
-// rate-limit error event as from a 429 without headers: the refused
-// stream's slot is still held when its event is read, and is counted once
-// among the attempts in flight, as the 429's is.
+// same pace from a rate-limit error event as from a 429 without headers:
+// the refused stream's slot is still held when its event is read, and is
+// counted once among the attempts in flight, as the 429's is. The same
+// holds for a stream held (HoldStream): refused, it is no served call
+// when its body is done.
 func TestStreamRefusalReadAsAStatus(t *testing.T) {
-	learned := func(stream bool) float64 {
-		var rate float64
-		synctest.Test(t, func(t *testing.T) {
-			var n atomic.Int32
-			base := rtFunc(func(req *http.Request) (*http.Response, error) {
-				refuse := n.Add(1) > 40
-				time.Sleep(500 * time.Millisecond)
-				switch {
-				case stream && refuse:
-					return &http.Response{StatusCode: 200, Header: http.Header{"Content-Type": {"text/event-stream"}},
-						Body: io.NopCloser(strings.NewReader(sseRateLimited)), Request: req}, nil
-				case stream:
-					return &http.Response{StatusCode: 200, Header: http.Header{"Content-Type": {"text/event-stream"}},
-						Body: io.NopCloser(strings.NewReader(sseFine)), Request: req}, nil
-				case refuse:
-					return &http.Response{StatusCode: 429, Header: http.Header{}, Body: io.NopCloser(strings.NewReader("slow down")), Request: req}, nil
-				}
-				return &http.Response{StatusCode: 200, Header: http.Header{}, Body: io.NopCloser(strings.NewReader("ok")), Request: req}, nil
-			})
-			tr := mustNew(t, base, WithRetry(0))
-			var wg sync.WaitGroup
-			for range 64 {
-				wg.Go(func() {
-					for n.Load() <= 40 {
-						get(t.Context(), tr, "")
-					}
-				})
+	for _, c := range []struct {
+		name string
+		ctx  func(context.Context) context.Context
+	}{
+		{"not held", func(ctx context.Context) context.Context { return ctx }},
+		{"held", HoldStream},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			status, stream := refusedStreamRate(t, false, c.ctx), refusedStreamRate(t, true, c.ctx)
+			if status <= 0 || math.Abs(stream-status) > 1e-9*status {
+				t.Errorf("pace learned from a refused stream %v/s, from a 429 %v/s: want them equal, and set", stream, status)
 			}
-			wg.Wait()
-			s, _ := tr.LaneStats("api.test")
-			rate = s.Rate
 		})
-		return rate
 	}
-	status, stream := learned(false), learned(true)
-	if status <= 0 || math.Abs(stream-status) > 1e-9*status {
-		t.Errorf("pace learned from a refused stream %v/s, from a 429 %v/s: want them equal, and set", stream, status)
-	}
+}
+
+// refusedStreamRate returns the pace an unpaced lane learns from a server
+// that accepts 40 calls and then refuses, each after 500 ms, 64 callers
+// sending through ctx (see TestStreamRefusalReadAsAStatus): with a 429
+// without headers, or with a stream whose first event is a rate-limit
+// error.
+func refusedStreamRate(t *testing.T, stream bool, ctx func(context.Context) context.Context) float64 {
+	var rate float64
+	synctest.Test(t, func(t *testing.T) {
+		var n atomic.Int32
+		base := rtFunc(func(req *http.Request) (*http.Response, error) {
+			refuse := n.Add(1) > 40
+			time.Sleep(500 * time.Millisecond)
+			switch {
+			case stream && refuse:
+				return &http.Response{StatusCode: 200, Header: http.Header{"Content-Type": {"text/event-stream"}},
+					Body: io.NopCloser(strings.NewReader(sseRateLimited)), Request: req}, nil
+			case stream:
+				return &http.Response{StatusCode: 200, Header: http.Header{"Content-Type": {"text/event-stream"}},
+					Body: io.NopCloser(strings.NewReader(sseFine)), Request: req}, nil
+			case refuse:
+				return &http.Response{StatusCode: 429, Header: http.Header{}, Body: io.NopCloser(strings.NewReader("slow down")), Request: req}, nil
+			}
+			return &http.Response{StatusCode: 200, Header: http.Header{}, Body: io.NopCloser(strings.NewReader("ok")), Request: req}, nil
+		})
+		tr := mustNew(t, base, WithRetry(0))
+		var wg sync.WaitGroup
+		for range 64 {
+			wg.Go(func() {
+				for n.Load() <= 40 {
+					get(ctx(t.Context()), tr, "")
+				}
+			})
+		}
+		wg.Wait()
+		s, _ := tr.LaneStats("api.test")
+		rate = s.Rate
+	})
+	return rate
 }

@@ -193,3 +193,37 @@ func TestOverloadNeverRaisesLimit(t *testing.T) {
 		}
 	})
 }
+
+// TestStreamOverloadPauses: TestOverloadNeverRaisesLimit's phase of
+// overloads, with streams whose first event says the server is
+// overloaded, held (HoldStream) or not: either way the lane, at its floor,
+// pauses, longer at each overload in a row. A held stream refused so is
+// no served call when its body is done, which would end the pauses.
+func TestStreamOverloadPauses(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		ctx  func(context.Context) context.Context
+	}{
+		{"not held", func(ctx context.Context) context.Context { return ctx }},
+		{"held", HoldStream},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				base := &overloadBase{capacity: 8, latency: 50 * time.Millisecond, stream: true}
+				tr := mustNew(t, base, WithRetry(0))
+				ctx := c.ctx(t.Context())
+				closedLoop(ctx, tr, 16, 5*time.Second)
+				base.mu.Lock()
+				base.always = true
+				base.mu.Unlock()
+				phase := time.Now()
+				closedLoop(ctx, tr, 16, 20*time.Second)
+				_, failed := base.count(phase)
+				t.Logf("%d calls in 20 s of overloaded streams", failed)
+				if failed > 50 {
+					t.Errorf("%d calls in 20 s of overloaded streams, want at most 50: at its floor the lane pauses, longer each time", failed)
+				}
+			})
+		})
+	}
+}

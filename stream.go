@@ -48,9 +48,10 @@ type frameWatch struct {
 	done     bool
 	kind     verdict.Kind // what the first event said, once done
 	// slot is the body whose hold goes back at the first event, as what
-	// that event said, unless the stream is held (HoldStream): nil then,
-	// and once it went back.
+	// that event said; nil once it went back. A stream held (HoldStream)
+	// keeps it to its end if the event says it is served.
 	slot *body
+	held bool
 }
 
 func (w *frameWatch) Read(b []byte) (int, error) {
@@ -89,6 +90,9 @@ func (w *frameWatch) see(b []byte, end bool) {
 	}
 	if b := w.slot; b != nil {
 		w.slot = nil
+		if w.held && w.kind == verdict.Served {
+			return
+		}
 		if h := b.take(); h != nil {
 			h.Done(w.kind)
 		}

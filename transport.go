@@ -419,8 +419,10 @@ func (t *Transport) attempt(l *lane, req *http.Request, p Priority, id string, e
 		}
 	}
 	b := wrap(resp.Body, h)
-	if !held {
-		fw.slot = b // it goes back at the first event, as what the event says
+	if fw != nil {
+		// It goes back at the first event, as what the event says, or,
+		// held and served, when the body is done.
+		fw.slot, fw.held = b, held
 	}
 	resp.Body = b
 	return resp, enq, on == nil, nil
