@@ -723,11 +723,12 @@ func (l *lane) overloadedLocked(ctx context.Context, now, sent time.Duration, st
 // releaseLocked gives back h's slot (see release); d is the clock reading
 // of a sample, taken before the lock.
 func (l *lane) releaseLocked(h *hold, k verdict.Kind, sample bool, d time.Duration) {
+	long := h.long
 	l.unholdLocked(h)
 	if sample {
 		d = l.clk.at(d)
 		ahead := int(l.fast.Load() & fastMask) // prepaid grants left: their slots are not in flight
-		ch := l.slot.onSample(d, d-h.start, k, l.q.len() > 0, l.currentRateLocked(), ahead)
+		ch := l.slot.onSample(d, d-h.start, k, long, l.q.len() > 0, l.currentRateLocked(), ahead)
 		l.limitMovedLocked(ch)
 		if ch.sooner && l.q.len() > 0 {
 			l.wakeLocked() // it may sleep until the later instant

@@ -75,10 +75,14 @@ type limiter struct {
 	// lane's sends are spread until the next.
 	spreading, grew bool
 
-	n    int     // timed completions (samples)
-	done int     // completions, timed or not: the completion rate
+	n    int32   // timed completions (samples)
+	done int32   // completions, timed or not: the completion rate
 	sumW float64 // latencies (s)
-	sumL float64 // in-flight counts at completion
+	sumL float32 // in-flight counts at completion
+	// The samples of attempts counted long (see long), and the latencies
+	// of the others (see windowLatency).
+	nLong    int32
+	sumShort float64
 
 	means [baselineWindows]float64 // means of recent windows, 0: none
 	next  int32                    // where the next mean goes in means
@@ -90,18 +94,19 @@ type limiter struct {
 	// 200 ms within a few samples, sizes for the quick calls, and the lane
 	// would fall short of its rate.
 	long  int32
-	prevX float64 // completions per second of the previous window
-	prevL float64 // mean in-flight count of the previous window
+	prevX float32 // completions per second of the previous window
+	prevL float32 // mean in-flight count of the previous window
 
 	cap      int   // cap on the limit from the gradient; 0: none
 	sinceCut int32 // windows since the last cut, from 1; 0: none yet
 	knee     int32 // the upstream's capacity in calls, estimated by the last cut
 
 	// over caps the limit after the server answered overloaded (see
-	// onOverload); 0: no cap. overAt is when it was last cut.
-	over   int
-	overAt time.Duration
-	pause  time.Duration // the next overload pause; 0: firstOverloadPause
+	// onOverload); 0: no cap. overAt is when it was last cut, overGrew
+	// when it last grew.
+	over             int
+	overAt, overGrew time.Duration
+	pause            time.Duration // the next overload pause; 0: firstOverloadPause
 }
 
 // newLimiter returns the limiter of a lane whose limit stays within [lo,
@@ -155,18 +160,19 @@ func (s *limiter) set(n int) limitChange {
 }
 
 // onSample takes the completion at now of a timed attempt that held a slot
-// (counted in inUse) for latency and ended as k. waiting says whether
-// requests wait for the lane; rate is its rate, 0 if not paced; ahead is
-// how many of the slots in use were taken ahead for grants not handed out
-// yet (see prepaid.go), which are not in flight. It returns what became of
-// the limit. What is not the server's work (a refusal, an
-// overload, a transport error; see verdict.Kind.Sample) is no sample and
-// changes nothing.
-func (s *limiter) onSample(now, latency time.Duration, k verdict.Kind, waiting bool, rate float64, ahead int) limitChange {
+// (counted in inUse) for latency and ended as k; long: it was counted long
+// (see long). waiting says whether requests wait for the lane; rate is its
+// rate, 0 if not paced; ahead is how many of the slots in use were taken
+// ahead for grants not handed out yet (see prepaid.go), which are not in
+// flight. It returns what became of the limit. What is not the server's
+// work (a refusal, an overload, a transport error; see verdict.Kind.Sample)
+// is no sample and changes nothing.
+func (s *limiter) onSample(now, latency time.Duration, k verdict.Kind, long, waiting bool, rate float64, ahead int) limitChange {
 	if !k.Sample() {
 		return limitChange{from: s.limit, to: s.limit}
 	}
 	s.pause = 0
+	s.growOver(now)
 	x := max(latency.Seconds(), 0)
 	w := s.w // before this sample
 	o := s.outlier()
@@ -181,7 +187,12 @@ func (s *limiter) onSample(now, latency time.Duration, k verdict.Kind, waiting b
 	s.n++
 	s.done++
 	s.sumW += x
-	s.sumL += float64(s.inUse - ahead)
+	if long {
+		s.nLong++
+	} else {
+		s.sumShort += x
+	}
+	s.sumL += float32(s.inUse - ahead)
 	s.checkBound(waiting)
 	s.slowStart(x, w, waiting)
 	var f finding
@@ -258,9 +269,9 @@ func (s *limiter) spreadRate() float64 {
 // of work, so they are no latency samples, and what they say is that less
 // must be in flight. The limit is cut to backoff times what is in flight,
 // and capped there; an attempt sent before the last cut says nothing of
-// it (the overloads of one round of calls are one signal). Windows of
-// samples without overload raise the cap by a quarter each (see endWindow)
-// until it no longer binds.
+// it (the overloads of one round of calls are one signal). Round trips
+// without overload raise the cap by a quarter each (see growOver) until it
+// no longer binds.
 //
 // At the limit's floor, a cut can do no more, and answers that come fast
 // would let even one call in flight send thousands a second: the lane is
@@ -273,13 +284,28 @@ func (s *limiter) onOverload(now, sent time.Duration) limitChange {
 	s.slow = false
 	floor := s.limit <= s.min
 	s.over = max(s.min, min(s.limit, int(backoff*float64(s.inUse))))
-	s.overAt = now
+	s.overAt, s.overGrew = now, now
 	ch := s.set(s.over)
 	if floor {
 		ch.pause = max(s.pause, firstOverloadPause)
 		s.pause = min(2*ch.pause, lastOverloadPause)
 	}
 	return ch
+}
+
+// growOver grows the overload's cap (see onOverload) by a quarter, at
+// least one, if a round trip (the smoothed latency, at least windowLength)
+// went by without an overload since it was cut or last grew, and drops it
+// once it no longer binds. A round trip, not a window of samples: at one
+// call of 20 s in flight, a window's 16 samples take minutes.
+func (s *limiter) growOver(now time.Duration) {
+	if s.over == 0 || now-s.overGrew < max(windowLength, secs(s.w)) {
+		return
+	}
+	s.overGrew = now
+	if s.over += max(1, s.over/4); s.over >= s.max {
+		s.over = 0
+	}
 }
 
 // onUntimed takes the completion of an attempt that was not timed (see
@@ -298,7 +324,7 @@ func (s *limiter) onDone(n int, waiting bool) {
 	if !s.started {
 		return // no window yet: it starts at the first sample
 	}
-	s.done += n
+	s.done += int32(n)
 	s.checkBound(waiting)
 }
 
@@ -370,25 +396,17 @@ func (s *limiter) addLong(n int32, rate float64) limitChange {
 // endWindow closes the current window at now: it updates the baseline and
 // the gradient's cap, and starts the next window.
 func (s *limiter) endWindow(now time.Duration, r float64) finding {
-	n := float64(s.n)
-	mean, inFlight := s.sumW/n, s.sumL/n
+	mean, inFlight := s.windowLatency(), float64(s.sumL)/float64(s.n)
 	x := float64(s.done) / (now - s.start).Seconds()
 	base := s.baseline()
 	elevated := base > 0 && mean > base*(1+tolerance)
-	fell, rose := x*(1+tolerance) < s.prevX, x > s.prevX*(1+tolerance)
-	grew := inFlight > s.prevL*(1+tolerance)
+	fell, rose := x*(1+tolerance) < float64(s.prevX), x > float64(s.prevX)*(1+tolerance)
+	grew := inFlight > float64(s.prevL)*(1+tolerance)
 	short := r == 0 || x < r*rateShort
 	suspect := false
 	var f finding
 	if s.sinceCut > 0 {
 		s.sinceCut++
-	}
-	if s.over > 0 && now-s.overAt >= now-s.start {
-		// A window without overload: the cap grows back, and goes once
-		// it no longer binds.
-		if s.over += max(1, s.over/4); s.over >= s.max {
-			s.over = 0
-		}
 	}
 	switch {
 	case !elevated:
@@ -432,9 +450,24 @@ func (s *limiter) endWindow(now time.Duration, r float64) finding {
 		}
 		f = finding{kind: foundSlower, latency: secs(mean), baseline: secs(base)}
 	}
-	s.prevX, s.prevL, s.suspect = x, inFlight, suspect
+	s.prevX, s.prevL, s.suspect = float32(x), float32(inFlight), suspect
 	s.start, s.n, s.done, s.sumW, s.sumL, s.bound = now, 0, 0, 0, 0, false
+	s.nLong, s.sumShort = 0, 0
 	return f
+}
+
+// windowLatency returns the current window's mean latency in seconds. The
+// samples of attempts counted long are left out while they are a
+// minority: they are calls of another kind (the rare call of 30 s among
+// calls of 200 ms, a stream held), which long gives slots of their own,
+// and a few would raise the mean of a window of quick calls manyfold, read
+// as the upstream queueing. When most are long, the calls as a whole got
+// slower: they all count.
+func (s *limiter) windowLatency() float64 {
+	if 2*s.nLong < s.n {
+		return s.sumShort / float64(s.n-s.nLong)
+	}
+	return s.sumW / float64(s.n)
 }
 
 func (s *limiter) push(mean float64) {
@@ -460,4 +493,4 @@ func (s *limiter) fill(ls *LaneStats) {
 	ls.Saturated = s.sinceCut > 0 && s.sinceCut <= baselineWindows
 }
 
-func secs(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
+func secs(s float64) time.Duration { return time.Duration(math.Round(s * float64(time.Second))) }

@@ -32,7 +32,7 @@ func (s *limiter) pin(n int) limitChange {
 func feed(s *limiter, now, latency time.Duration, status int, rate float64) limitChange {
 	s.take()
 	defer s.put()
-	return s.onSample(now, latency, verdict.Of(status), false, rate, 0)
+	return s.onSample(now, latency, verdict.Of(status), false, false, rate, 0)
 }
 
 // window feeds s samples of latency, perSec a second from *now, until a
@@ -45,7 +45,7 @@ func window(t *testing.T, s *limiter, now *time.Duration, perSec int, latency ti
 	defer func() { s.inUse -= inUse }()
 	for {
 		*now += time.Second / time.Duration(perSec)
-		ch := s.onSample(*now, latency, verdict.Served, waiting, rate, 0)
+		ch := s.onSample(*now, latency, verdict.Served, false, waiting, rate, 0)
 		if ch.to != s.limit || s.limit < s.min || s.limit > s.max {
 			t.Fatalf("limit %d (change %+v), bounds [%d, %d]", s.limit, ch, s.min, s.max)
 		}
@@ -306,7 +306,7 @@ func BenchmarkControllerOnDone(b *testing.B) {
 			i := 0
 			for b.Loop() {
 				now += 20 * time.Millisecond
-				l.limitMovedLocked(l.slot.onSample(now, 400*time.Millisecond+time.Duration(i%7)*10*time.Millisecond, verdict.Served, l.q.len() > 0, l.currentRateLocked(), 0))
+				l.limitMovedLocked(l.slot.onSample(now, 400*time.Millisecond+time.Duration(i%7)*10*time.Millisecond, verdict.Served, false, l.q.len() > 0, l.currentRateLocked(), 0))
 				i++
 			}
 		})
@@ -323,7 +323,7 @@ func TestLimiterSlowStart(t *testing.T) {
 		*now += latency
 		for range s.limit {
 			s.inUse = s.limit
-			s.onSample(*now, latency, verdict.Served, true, 0, 0)
+			s.onSample(*now, latency, verdict.Served, false, true, 0, 0)
 		}
 	}
 	s := newLimiter(1, 64, false)
@@ -339,7 +339,7 @@ func TestLimiterSlowStart(t *testing.T) {
 	now = 0
 	round(&s, &now, 100*time.Millisecond) // 8
 	s.inUse = s.limit
-	s.onSample(now, 200*time.Millisecond, verdict.Served, true, 0, 0) // the server queues
+	s.onSample(now, 200*time.Millisecond, verdict.Served, false, true, 0, 0) // the server queues
 	round(&s, &now, 200*time.Millisecond)
 	if s.slow || s.limit != 8 {
 		t.Errorf("after a latency rise: slow start %v, limit %d; want it over, at 8", s.slow, s.limit)
@@ -360,7 +360,7 @@ func TestLimiterSlowStart(t *testing.T) {
 	}
 	// Idle or unbound samples grow nothing.
 	s = newLimiter(1, 64, false)
-	s.onSample(100*time.Millisecond, 100*time.Millisecond, verdict.Served, false, 0, 0)
+	s.onSample(100*time.Millisecond, 100*time.Millisecond, verdict.Served, false, false, 0, 0)
 	if s.limit != initialUnpaced {
 		t.Errorf("a sample with nobody waiting: limit %d, want %d", s.limit, initialUnpaced)
 	}

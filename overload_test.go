@@ -227,3 +227,46 @@ func TestStreamOverloadPauses(t *testing.T) {
 		})
 	}
 }
+
+// TestOverloadCapGrowsBackInRoundTrips: a lane paced at 1/s whose calls
+// take 20 s (a model's answer, not streamed) keeps about 20 in flight. The
+// server answers 529 at once for 30 s, then serves again. The overload's
+// cut takes the limit to its floor; its cap grows back a quarter a round
+// trip, where a window of 16 samples would take minutes at one call in
+// flight: within minutes of the server's recovery the lane serves its
+// rate again.
+func TestOverloadCapGrowsBackInRoundTrips(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		base := &overloadBase{capacity: 1000, latency: 20 * time.Second}
+		tr := mustNew(t, base, WithRate(60, time.Minute), WithRetry(0))
+		ctx, cancel := context.WithCancel(t.Context())
+		var wg sync.WaitGroup
+		wg.Go(func() { closedLoop(ctx, tr, 40, time.Hour) })
+		start := time.Now()
+		time.Sleep(2 * time.Minute)
+		before, _ := base.count(start.Add(time.Minute))
+		base.mu.Lock()
+		base.always = true
+		base.mu.Unlock()
+		time.Sleep(30 * time.Second)
+		base.mu.Lock()
+		base.always = false
+		base.mu.Unlock()
+		time.Sleep(2 * time.Minute)
+		from := time.Now()
+		var limits []int
+		for range 10 {
+			time.Sleep(30 * time.Second)
+			s, _ := tr.LaneStats("api.test")
+			limits = append(limits, s.Limit)
+		}
+		after, _ := base.count(from)
+		cancel()
+		wg.Wait()
+		b, a := float64(before)/60, float64(after)/300
+		t.Logf("served %.2f/s before the 30 s of 529s; %.2f/s from 2 to 7 min after they ended; limit every 30 s: %v", b, a, limits)
+		if a < 0.5*b {
+			t.Errorf("served %.2f/s from 2 to 7 min after a 30 s overload, want at least half the %.2f/s before it", a, b)
+		}
+	})
+}

@@ -300,15 +300,22 @@ func TestBoundRealClock(t *testing.T) {
 			base := &stampBase{}
 			tr := mustNew(t, base, WithRate(c.r, time.Second), WithBurst(c.burst), WithConcurrency(1, 4096))
 			// The grants sent: a grant that raced with its context's end
-			// is given back unsent (testHookRefund).
+			// is given back unsent (testHookRefund). Only this Transport's:
+			// a lane another test left may still grant.
 			var mu sync.Mutex
 			granted := map[time.Duration]int{}
 			testHookGrant = func(l *lane, at time.Duration) {
+				if l.cfg != &tr.cfg {
+					return
+				}
 				mu.Lock()
 				granted[at]++
 				mu.Unlock()
 			}
 			testHookRefund = func(l *lane, at time.Duration) {
+				if l.cfg != &tr.cfg {
+					return
+				}
 				mu.Lock()
 				granted[at]--
 				mu.Unlock()

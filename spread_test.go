@@ -108,27 +108,27 @@ func TestSpreadRate(t *testing.T) {
 	}
 	now := 400 * time.Millisecond
 	s.inUse = s.limit
-	s.onSample(now, 400*time.Millisecond, verdict.Served, true, 0, 0) // grows to 5
+	s.onSample(now, 400*time.Millisecond, verdict.Served, false, true, 0, 0) // grows to 5
 	if r := s.spreadRate(); r != 2*5/0.4 {
 		t.Errorf("after a growing sample at 400 ms: spread at %v, want %v", r, 2*5/0.4)
 	}
 	// The spread lane's sends wait for the round: a sample with requests
 	// waiting grows the limit, every slot taken or not.
 	s.inUse = 2
-	s.onSample(now, 400*time.Millisecond, verdict.Served, true, 0, 0)
+	s.onSample(now, 400*time.Millisecond, verdict.Served, false, true, 0, 0)
 	if s.limit != 6 {
 		t.Errorf("a sample with requests waiting while spread: limit %d, want 6", s.limit)
 	}
-	s.onSample(now, 400*time.Millisecond, verdict.Served, false, 0, 0) // nobody waits
+	s.onSample(now, 400*time.Millisecond, verdict.Served, false, false, 0, 0) // nobody waits
 	if r := s.spreadRate(); !math.IsInf(r, 1) || s.limit != 6 {
 		t.Errorf("after a sample that grew nothing: spread at %v, limit %d; want +Inf, 6", r, s.limit)
 	}
 	s.inUse = 2
-	s.onSample(now, 400*time.Millisecond, verdict.Served, true, 0, 0)
+	s.onSample(now, 400*time.Millisecond, verdict.Served, false, true, 0, 0)
 	if s.limit != 6 {
 		t.Errorf("a sample with slots free and requests waiting, not spread: limit %d, want 6", s.limit)
 	}
-	s.onSample(now, 400*time.Millisecond, verdict.Served, true, 10, 0) // a rate: slow start ends
+	s.onSample(now, 400*time.Millisecond, verdict.Served, false, true, 10, 0) // a rate: slow start ends
 	if r := s.spreadRate(); r != 0 || s.spreading {
 		t.Errorf("after slow start: spread at %v (spreading %v), want 0", r, s.spreading)
 	}

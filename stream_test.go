@@ -312,3 +312,75 @@ func quickCallers(ctx context.Context, wg *sync.WaitGroup, n int, call func(cont
 		})
 	}
 }
+
+// TestLongCallsLeaveTheGradientAlone: a lane paced at 30/s with at most 8
+// calls in flight (WithConcurrency(1, 8)); four callers make calls of a
+// minute (held streams, or plain long calls), started together, and eight
+// make calls of 200 ms. The quick calls have the 4 slots the long ones
+// leave: 20/s. The long calls' samples are left out of the gradient's
+// window while they are a minority: in its mean, a few samples of 60 s
+// among calls of 200 ms would read, at a completion rate under the rate
+// with every slot taken, as the upstream queueing, and cap the limit at 1
+// for minutes.
+func TestLongCallsLeaveTheGradientAlone(t *testing.T) {
+	for _, held := range []bool{true, false} {
+		name := "plain long calls"
+		if held {
+			name = "held streams"
+		}
+		t.Run(name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				base := rtFunc(func(req *http.Request) (*http.Response, error) {
+					switch {
+					case strings.HasSuffix(req.URL.Path, "/stream"):
+						time.Sleep(200 * time.Millisecond)
+						return &http.Response{StatusCode: 200, Header: http.Header{"Content-Type": {"text/event-stream"}},
+							Body: &sseBody{n: 2, interval: time.Minute}, Request: req}, nil
+					case strings.HasSuffix(req.URL.Path, "/slow"):
+						time.Sleep(time.Minute)
+					default:
+						time.Sleep(200 * time.Millisecond)
+					}
+					return &http.Response{StatusCode: 200, Header: http.Header{}, Body: io.NopCloser(strings.NewReader("ok")), Request: req}, nil
+				})
+				tr := mustNew(t, base, WithRetry(0), WithRate(30, time.Second), WithConcurrency(1, 8))
+				ctx, cancel := context.WithCancel(t.Context())
+				var quick atomic.Int64
+				call := func(ctx context.Context, path string) error { return postPath(ctx, tr, path) }
+				var wg sync.WaitGroup
+				quickCallers(ctx, &wg, 8, call, &quick)
+				for range 4 {
+					wg.Go(func() {
+						for ctx.Err() == nil {
+							if held {
+								call(HoldStream(ctx), "/stream")
+							} else {
+								call(ctx, "/slow")
+							}
+						}
+					})
+				}
+				time.Sleep(time.Minute)
+				from := quick.Load()
+				var limits []int
+				saturated := 0
+				const d = 4 * time.Minute
+				for range int(d / (10 * time.Second)) {
+					time.Sleep(10 * time.Second)
+					s, _ := tr.LaneStats("api.test")
+					limits = append(limits, s.Limit)
+					if s.Saturated {
+						saturated++
+					}
+				}
+				got := float64(quick.Load()-from) / d.Seconds()
+				cancel()
+				wg.Wait()
+				t.Logf("held %v: quick calls %.2f/s; limit every 10 s %v; saturated in %d of %d looks", held, got, limits, saturated, len(limits))
+				if got < 0.9*20 {
+					t.Errorf("held %v: quick calls at %.2f/s beside 4 calls of a minute, want the 4 slots they leave (20/s) within 10%%", held, got)
+				}
+			})
+		})
+	}
+}
