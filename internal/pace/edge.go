@@ -99,20 +99,38 @@ type windowEdge struct {
 // current window stated to an attempt sent before (a window counts only
 // down): a truncated instant passes before its window ends, and reads as
 // 0 from then on, in the window after it as well.
+//
+// A reset stated as a delay names no instant: the window's end is within
+// its grain (a second, where it is rounded up) before the attempt's send
+// plus the delay, on the clock the attempts are sent by, as the server
+// counted the attempt after it was sent. The current window's instant is
+// then the earliest of these its answers stated, and a later window
+// answered when the remaining rose as above, or by two or more (a window
+// counts only down; two attempts sent close together may be counted in
+// the other order), or when the answer's window ends after that instant
+// whatever its rounding. A delay of 0 says nothing of the window.
 func (e *windowEdge) observe(now, sent time.Duration, q headers.Quota, accepted bool) (told bool) {
-	if !q.Instant || q.Limit <= 0 || q.Remaining < 0 {
+	delay := !q.Instant
+	if q.Limit <= 0 || q.Remaining < 0 || delay && q.Reset <= 0 {
 		return false
 	}
 	inst, stated := e.cur, q.Reset > 0
-	if stated || inst == 0 {
+	switch {
+	case delay:
+		inst = sent + q.Reset
+	case stated || inst == 0:
 		inst = now + q.Reset
 	}
-	rose := 2*(q.Remaining-e.least) >= q.Limit && sent > e.leastAt
+	grain := resetSlack
+	if q.Coarse {
+		grain = time.Second
+	}
+	rose := (2*(q.Remaining-e.least) >= q.Limit || delay && q.Remaining-e.least >= 2) && sent > e.leastAt
 	switch {
 	case e.cur == 0:
-		e.start(inst, stated, sent, q.Remaining)
+		e.start(inst, stated && !delay, sent, q.Remaining)
 		return false
-	case inst > e.cur+resetSlack || rose && inst >= e.cur-resetSlack:
+	case !delay && inst > e.cur+resetSlack || delay && inst-grain > e.cur+resetSlack || rose && inst >= e.cur-resetSlack:
 		// A later window answered: the one before ended before sent.
 		if e.told && 2*q.Remaining < q.Limit {
 			// No refill at once: a sliding window's count lets the window
@@ -150,10 +168,6 @@ func (e *windowEdge) observe(now, sent time.Duration, q headers.Quota, accepted 
 			// and a shorter one was answered for a moment only (a window
 			// told by its remaining rising, at its very end).
 			e.period = sent - e.from
-			grain := resetSlack
-			if q.Coarse {
-				grain = time.Second
-			}
 			if least := inst - sent; stated && (e.period < least || e.period > least+grain) {
 				e.period = least
 			}
@@ -163,12 +177,15 @@ func (e *windowEdge) observe(now, sent time.Duration, q headers.Quota, accepted 
 		}
 		e.guard = max(e.guard, e.period/edgeGuardMin)
 		e.end = sent + e.period + e.guard
+		if delay {
+			e.end = min(e.end, inst+e.guard)
+		}
 		if !stated {
 			inst = max(inst, now) // a passed instant: the next stated one is later
 		}
-		e.start(inst, stated, sent, q.Remaining)
+		e.start(inst, stated && !delay, sent, q.Remaining)
 		return told
-	case inst < e.cur-resetSlack:
+	case !delay && inst < e.cur-resetSlack, delay && sent < e.from:
 		return false // an answer from a window before, out of order
 	}
 	if accepted {
@@ -176,6 +193,11 @@ func (e *windowEdge) observe(now, sent time.Duration, q headers.Quota, accepted 
 	}
 	if q.Remaining < e.least || q.Remaining == e.least && sent > e.leastAt {
 		e.least, e.leastAt = q.Remaining, sent
+	}
+	if delay && inst < e.cur {
+		// A tighter bound of the window's end.
+		e.cur = inst
+		e.end = min(e.end, inst+e.guard)
 	}
 	if e.told && sent >= e.end {
 		e.guard = guardAfter(e.guard, sent-e.end, e.period)

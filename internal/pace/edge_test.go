@@ -97,6 +97,50 @@ func TestWindowEdgeEnd(t *testing.T) {
 	}
 }
 
+// TestWindowEdgeDelay follows a window of 10 a second on a grid 0.3 s
+// off the lane's clock, its reset draft-07's delay rounded up to the
+// second ("1" all through each window), answered 20 ms after each send,
+// with a lane sending every 100 ms: the first refill tells the window
+// apart, its period is measured, and the end measured is never before the
+// window truly ends, nor more than one send's interval after it.
+func TestWindowEdgeDelay(t *testing.T) {
+	const limit, per, off = 10, time.Second, 300 * time.Millisecond
+	var (
+		e    windowEdge
+		idx  time.Duration = -1
+		n    int
+		told time.Duration = -1
+	)
+	for sent := time.Duration(0); sent < 5*time.Second; sent += 100 * time.Millisecond {
+		if i := (sent + off) / per; i != idx {
+			idx, n = i, 0
+		}
+		end := (idx+1)*per - off
+		ok := n < limit
+		if ok {
+			n++
+		}
+		reset := (end - sent + time.Second - 1).Truncate(time.Second)
+		q := headers.Quota{Limit: limit, Remaining: int64(limit - n), Reset: reset, Coarse: true, Source: "ietf-draft07"}
+		now := sent + 20*time.Millisecond
+		if e.observe(now, sent, q, ok) && told < 0 {
+			told = sent
+		}
+		if !e.isTold() {
+			continue
+		}
+		if measured := now + e.until(now); measured < end || measured > end+100*time.Millisecond+e.guard {
+			t.Fatalf("sent at %v: the window ends at %v, measured %v", sent, end, measured)
+		}
+	}
+	if told < 0 || told > per {
+		t.Errorf("told apart at %v; want at the first refill, 0.7 s in", told)
+	}
+	if period(&e) != per {
+		t.Errorf("period %v, want %v", period(&e), per)
+	}
+}
+
 // TestWindowEdgeContradicted: a window told apart as one refilled at once
 // (10 a second, each spent in its first tenth and refused for the rest)
 // whose next window's first answer states less than half the limit

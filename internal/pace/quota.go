@@ -134,8 +134,8 @@ type quotaModel struct {
 	lastLeft int64
 
 	// edge tells a window that refills at once apart, and measures its
-	// end (see windowEdge); nil until a quota states its reset as an
-	// instant, which most lanes never see.
+	// end (see windowEdge); nil until a quota states a reset whose window's
+	// end is measured (see measured), which most lanes never see.
 	edge *windowEdge
 }
 
@@ -532,14 +532,14 @@ func commonStep(a, b time.Duration) time.Duration {
 // grants a burst would let bunch.
 func (m *quotaModel) statesBurst() bool { return m.held >= 1 }
 
-// seeEdge passes q, of a family with no prior kind (see priorKind),
-// stated at now by the answer to an attempt sent at sent (accepted, or
-// refused), to the window edge (see windowEdge), and reports whether it
+// seeEdge passes q, stated at now by the answer to an attempt sent at
+// sent (accepted, or refused), to the window edge (see windowEdge) where
+// its window's end is measured (see measured), and reports whether it
 // told a window that refills at once apart just now: the kind is a window
 // from then on, and what was counted of a bucket's refill rate no longer
 // holds.
 func (m *quotaModel) seeEdge(now, sent time.Duration, q headers.Quota, accepted bool) bool {
-	if m.kind == kindSliding || m.carried || !q.Instant || priorKind(q.Source) != kindUnknown {
+	if m.kind == kindSliding || m.carried || !measured(q) {
 		// A window that carried its count over at its instant does not
 		// refill at once.
 		return false
@@ -563,6 +563,24 @@ func (m *quotaModel) seeEdge(now, sent time.Duration, q headers.Quota, accepted 
 	m.kind, m.evidence = kindWindow, true
 	m.counts, m.rough, m.counting = 0, false, false
 	return true
+}
+
+// measured reports whether the end of q's window is measured (see
+// windowEdge), not read from its reset: where the reset is an instant to
+// the second, which may be off by a second either way, of a family with
+// no prior kind (see priorKind); and where it is draft-07's delay, rounded
+// up to the second (express-rate-limit's), which puts the window's end up
+// to a second late, a whole window of a second. Spreading what remains
+// over that, or stopping the lane until it, serves a lane at the window's
+// rate under it.
+func measured(q headers.Quota) bool {
+	switch {
+	case q.Instant:
+		return priorKind(q.Source) == kindUnknown
+	case q.Source == "ietf-draft07":
+		return q.Coarse
+	}
+	return false
 }
 
 // wholeWindow reports whether ra, a refusal's Retry-After, names the
