@@ -85,32 +85,38 @@ func TestRetryAfterCoolsWholeLane(t *testing.T) {
 }
 
 // TestHostileRetryAfter: a hostile or broken Retry-After cannot freeze the
-// lane beyond the cap, and nonsense is ignored.
+// lane beyond the cap, and nonsense is ignored: the lane pauses as for a
+// 429 that states no Retry-After.
 func TestHostileRetryAfter(t *testing.T) {
+	secondAfter := func(t *testing.T, hdr ...string) (d time.Duration) {
+		synctest.Test(t, func(t *testing.T) {
+			base := &fakeBase{answer: answerWith(1, 429, hdr...)}
+			tr := mustNew(t, base, WithRetry(0), WithMaxRetryAfter(30*time.Second))
+			start := time.Now()
+			get(t.Context(), tr, "")
+			get(t.Context(), tr, "")
+			d = base.arrivals[1].at.Sub(start)
+		})
+		return d
+	}
+	none := secondAfter(t)
 	tests := []struct {
 		value string
 		pause time.Duration // how long the lane must pause
 	}{
 		{"99999999999", 30 * time.Second}, // capped by WithMaxRetryAfter
-		{"NaN", 0},
-		{"-5", 0},
-		{"Inf", 0},
-		{"1e9", 0},
-		{"Fri, 31 Dec 1999 23:59:59 GMT", 0}, // in the past
-		{"soon", 0},
+		{"NaN", none},
+		{"-5", none},
+		{"Inf", none},
+		{"1e9", none},
+		{"Fri, 31 Dec 1999 23:59:59 GMT", none}, // in the past
+		{"soon", none},
 	}
 	for _, tt := range tests {
 		t.Run(tt.value, func(t *testing.T) {
-			synctest.Test(t, func(t *testing.T) {
-				base := &fakeBase{answer: answerWith(1, 429, "Retry-After: "+tt.value)}
-				tr := mustNew(t, base, WithRetry(0), WithMaxRetryAfter(30*time.Second))
-				start := time.Now()
-				get(t.Context(), tr, "")
-				get(t.Context(), tr, "")
-				if got := base.arrivals[1].at.Sub(start); got != tt.pause {
-					t.Errorf("second request sent after %v, want %v", got, tt.pause)
-				}
-			})
+			if got := secondAfter(t, "Retry-After: "+tt.value); got != tt.pause {
+				t.Errorf("second request sent after %v, want %v", got, tt.pause)
+			}
 		})
 	}
 }
@@ -449,4 +455,108 @@ func TestGitHub403IsNotAccepted(t *testing.T) {
 			t.Errorf("after a rate-limit 403: throttled %d, latency %v; want 1 and no sample", s.Throttled, s.Latency)
 		}
 	})
+}
+
+// TestRefusedFromTheStartPauses: a server that refuses a lane with no
+// rate from its very first request with bare 429s (no Retry-After, no
+// quota: an API key over its quota when the process starts) leaves the
+// lane nothing accepted to estimate a rate from. It pauses, twice as long
+// at each round refused, as a lane that had one acceptance first is cut
+// to well under a request a second; it does not send as fast as its
+// slots turn.
+func TestRefusedFromTheStartPauses(t *testing.T) {
+	run := func(accepted int) (total, lastHalf int) {
+		synctest.Test(t, func(t *testing.T) {
+			var mu sync.Mutex
+			n := 0
+			base := &fakeBase{latency: 10 * time.Millisecond, answer: func(*http.Request) *http.Response {
+				mu.Lock()
+				n++
+				st := http.StatusTooManyRequests
+				if n <= accepted {
+					st = http.StatusOK
+				}
+				mu.Unlock()
+				return &http.Response{StatusCode: st, Header: http.Header{}, Body: io.NopCloser(strings.NewReader("slow down"))}
+			}}
+			tr := mustNew(t, base, WithRetry(0))
+			defer tr.Close()
+			start := time.Now()
+			ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+			defer cancel()
+			var wg sync.WaitGroup
+			for range 8 {
+				wg.Go(func() {
+					for ctx.Err() == nil {
+						if err := get(ctx, tr, ""); err != nil {
+							time.Sleep(10 * time.Millisecond)
+						}
+					}
+				})
+			}
+			wg.Wait()
+			for _, at := range base.times() {
+				total++
+				if at.Sub(start) >= 30*time.Second {
+					lastHalf++
+				}
+			}
+		})
+		return total, lastHalf
+	}
+	warmTotal, warmLast := run(1)
+	coldTotal, coldLast := run(0)
+	t.Logf("one 200 first: %d attempts in 60 s, %d in the last 30 s", warmTotal, warmLast)
+	t.Logf("429 from the start: %d attempts in 60 s, %d in the last 30 s", coldTotal, coldLast)
+	// A request a second is far more than the warm lane sends, and far
+	// less than a flood.
+	if coldLast > 30 {
+		t.Errorf("a cold lane refused by every response sent %d attempts in the last 30 s (%.0f/s), after %d refusals; a lane with one acceptance first sent %d",
+			coldLast, float64(coldLast)/30, coldTotal-coldLast, warmLast)
+	}
+}
+
+// TestWindowQuotaOutrunByAcceptances: one accepted response states a
+// fixed window with a few requests left and a reset a year off; every
+// later response is accepted and states nothing (a limit of another
+// route, a stale reading). A lane at 10/s, WithMaxRetryAfter(2s), drops
+// the reading once more are accepted than it said remained, rather than
+// pace at the floor for the whole reset; with nothing left, it stops for
+// 2 s at most.
+func TestWindowQuotaOutrunByAcceptances(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		hdr  []string
+	}{
+		{"draft-07 window, 3 left", []string{"RateLimit-Limit: 60", "RateLimit-Remaining: 3", "RateLimit-Reset: 31536000"}},
+		{"GitHub core, 0 left", []string{"X-RateLimit-Resource: core", "X-RateLimit-Limit: 60", "X-RateLimit-Remaining: 0", "X-RateLimit-Reset: 31536000"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				base := &fakeBase{answer: answerWith(1, http.StatusOK, c.hdr...)} // then plain 200s
+				tr := mustNew(t, base, WithRate(10, time.Second), WithMaxRetryAfter(2*time.Second))
+				defer tr.Close()
+				start := time.Now()
+				for time.Since(start) < time.Hour {
+					if err := get(t.Context(), tr, ""); err != nil {
+						t.Fatal(err)
+					}
+				}
+				ts := base.times()
+				late := 0
+				for _, at := range ts {
+					if at.Sub(start) >= 30*time.Minute {
+						late++
+					}
+				}
+				t.Logf("%d requests in 1 h, all accepted; %d in its second half; last gap %v", len(ts), late, ts[len(ts)-1].Sub(ts[len(ts)-2]))
+				// 10/s would be 18,000 in the second half; a request a
+				// second is generous.
+				if late < 1800 {
+					t.Errorf("%d requests in the second half hour (%.3f/s) after %d accepted with no header: one quota still paces the lane configured at 10/s",
+						late, float64(late)/1800, len(ts)-late)
+				}
+			})
+		})
+	}
 }

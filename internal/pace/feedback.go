@@ -45,7 +45,11 @@ type feedback struct {
 	grown    time.Duration // when throttle was last grown
 	peak     float64       // highest rate known: ceiling, or accepted rate seen
 	margin   float64       // share of fail the plateau is below it
-	okRun    int           // responses accepted since the last cut
+	okRun    int32         // responses accepted since the last cut
+	// headerLeft is how many more acceptances the header rate allows (see
+	// quotaPace.allow): one more says the server takes more than the
+	// quota said remained, and the rate is dropped. In okRun's padding.
+	headerLeft int32
 	// sustained: fail is a pace the server took for edgeRun responses or
 	// more, so a 429 at or under it is jitter, not a pace far too high.
 	sustained bool
@@ -576,6 +580,18 @@ func (f *feedback) secondary(maxWait time.Duration) time.Duration {
 	return f.penalty
 }
 
+// blind returns the pause of a 429 that states nothing, to an attempt
+// sent at sent by a lane not paced yet with nothing accepted: at least
+// blindPause, twice the last one at each round refused (an attempt sent
+// after the last pause began), until an attempt is accepted, at most
+// maxWait.
+func (f *feedback) blind(sent, maxWait time.Duration) time.Duration {
+	if f.penalty == 0 || sent >= f.coolFrom {
+		f.penalty = min(max(2*f.penalty, blindPause), maxWait)
+	}
+	return f.penalty
+}
+
 // heard takes what a quota said, at now, that did not stop the lane
 // (qp.stop is not after now): whether the server's bucket holds tokens to
 // spare and is draining, whether the model of its limit was wrong, whether
@@ -593,6 +609,10 @@ func (f *feedback) heard(now time.Duration, qp quotaPace, counts float64) {
 	}
 	if qp.stop <= now && qp.rate > 0 {
 		f.header, f.headerUntil = qp.rate, qp.until
+		f.headerLeft = math.MaxInt32
+		if qp.allow > 0 {
+			f.headerLeft = int32(min(qp.allow, math.MaxInt32))
+		}
 		f.recount(counts)
 	}
 }
@@ -613,7 +633,17 @@ func (f *feedback) acceptN(now, sent time.Duration, paced bool, q quotaView, n i
 	// accepted; answers to attempts already on their way when it was made
 	// (many, when calls are slow) say nothing about it.
 	if sent >= f.failAt {
-		f.okRun += n
+		f.okRun += int32(n)
+	}
+	dropped := false
+	if f.header > 0 {
+		if f.headerLeft -= int32(n); f.headerLeft < 0 {
+			// Accepted past what the quota said remained, with no quota
+			// since (a later one would have set the count again): the
+			// reading is stale, or of a limit the responses no longer
+			// state (another route's).
+			f.header, f.headerUntil, dropped = 0, 0, true
+		}
 	}
 	f.penalty = 0
 	if f.firstSeen == longAgo {
@@ -624,7 +654,7 @@ func (f *feedback) acceptN(now, sent time.Duration, paced bool, q quotaView, n i
 	if !paced && f.firstAccepted(now, sent, q) {
 		return CauseCut
 	}
-	if f.throttle > 0 || f.header > 0 {
+	if f.throttle > 0 || f.header > 0 || dropped {
 		f.peak = max(f.peak, f.acceptedRate(now))
 		f.grow(now)
 		return CauseRecovery

@@ -549,6 +549,11 @@ func (p *Pacer) Observe(now time.Duration, r Reply, inFlight int) Change {
 	case r.Body.Secondary:
 		// GitHub: wait at least a minute, then longer at each repeat.
 		c.Cool = p.Cool(now, now+f.secondary(p.maxWait), "secondary rate limit")
+	case c.Throttled && p.rate == 0 && f.acceptedAt(now) == 0:
+		// Nothing stated and nothing accepted to estimate a rate from
+		// (see feedback.cut): only a pause stops a lane not paced yet,
+		// which would send as fast as its slots turn.
+		c.Cool = p.Cool(now, now+f.blind(r.Sent, p.maxWait), "refused, nothing accepted")
 	}
 	// A 429 is over a rate the throttle rate must learn, unless a window's
 	// exhausted quota (it refills as the window moves, whatever the pace) or a

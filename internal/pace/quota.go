@@ -168,6 +168,11 @@ type quotaPace struct {
 	// end, after the lane held its next grant back to that end (see
 	// quotaModel.granted).
 	lift bool
+	// allow > 0: a window's rate, which spreads what remains, holds for
+	// this many acceptances at most: what the quota said remained, and
+	// the attempts then in flight, which it may not have counted. 0: no
+	// bound (a bucket refills as it goes).
+	allow int64
 }
 
 // observe reads q, stated by a response (not a refusal) seen at now to an
@@ -213,7 +218,8 @@ func (m *quotaModel) observe(now, sent time.Duration, q headers.Quota, inFlight 
 	outrun := m.count(sent, q) || m.carried && !carried
 	// Attempts in flight other than this one may not be counted by the
 	// server yet: count them as used.
-	left := q.Remaining - int64(inFlight-1)
+	left := q.Remaining - int64(max(inFlight-1, 0))
+	allow := q.Remaining + int64(max(inFlight, 1))
 	if m.kind == kindSliding {
 		return quotaPace{rate: m.slidingRate(slidingSpare), until: now + m.window, told: was != kindSliding}
 	}
@@ -230,7 +236,7 @@ func (m *quotaModel) observe(now, sent time.Duration, q headers.Quota, inFlight 
 			return quotaPace{told: told}
 		default:
 			lift := m.edge.allow(now, left, now+until)
-			return quotaPace{rate: float64(left+1) / until.Seconds(), until: now + until, told: told, lift: lift}
+			return quotaPace{rate: float64(left+1) / until.Seconds(), until: now + until, told: told, lift: lift, allow: allow}
 		}
 	}
 	if m.kind == kindWindow {
@@ -251,7 +257,7 @@ func (m *quotaModel) observe(now, sent time.Duration, q headers.Quota, inFlight 
 			// remains) and does not leave it unused.
 			spread, n = max(q.Reset-time.Second/2, q.Reset/2), left
 		}
-		return quotaPace{rate: float64(n) / spread.Seconds(), until: now + q.Reset}
+		return quotaPace{rate: float64(n) / spread.Seconds(), until: now + q.Reset, allow: allow}
 	}
 	rho, fill := bucketRate(q)
 	if rho == 0 && m.counts > 0 && q.Limit > 0 {

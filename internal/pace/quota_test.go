@@ -127,10 +127,10 @@ func TestQuotaPace(t *testing.T) {
 		{"OpenAI bucket one token short: that token over the reset",
 			quotaAt("openai", 600, 599, 100*time.Millisecond, false), 1,
 			quotaPace{rate: 10 * (1 + 598.0/600), until: now + time.Minute, spare: true}},
-		{"window: what remains over the time to the reset, less half a rounded second",
-			quotaAt("github", 5000, 101, 100*time.Second+time.Second/2, true), 2, quotaPace{rate: 1, until: now + 100*time.Second + time.Second/2}},
+		{"window: what remains over the time to the reset, less half a rounded second, for what remains and the attempts in flight",
+			quotaAt("github", 5000, 101, 100*time.Second+time.Second/2, true), 2, quotaPace{rate: 1, until: now + 100*time.Second + time.Second/2, allow: 103}},
 		{"window with a precise reset: the last of what remains one interval before it",
-			quotaAt("github", 5000, 100, 100*time.Second, false), 2, quotaPace{rate: 1, until: now + 100*time.Second}},
+			quotaAt("github", 5000, 100, 100*time.Second, false), 2, quotaPace{rate: 1, until: now + 100*time.Second, allow: 102}},
 		{"window with nothing left stops until the reset",
 			quotaAt("github", 5000, 1, 30*time.Second, true), 3, quotaPace{stop: now + 30*time.Second}},
 	} {

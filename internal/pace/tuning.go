@@ -156,6 +156,13 @@ const (
 	// a lane this long, then twice as long at each repeat until an attempt
 	// is accepted: what GitHub's documentation asks of clients.
 	secondaryPause = time.Minute
+	// blindPause: a 429 that states nothing, to a lane not paced yet with
+	// nothing accepted to estimate a rate from (a key over its quota
+	// from the start), pauses it this long, then twice as long at each
+	// round refused, until an attempt is accepted. Short: a strict
+	// server's refusals of a lane's first burst may come back before
+	// the acceptance that paces the lane (see feedback.firstAccepted).
+	blindPause = 250 * time.Millisecond
 )
 
 // Spacing for strict servers, and reporting.
