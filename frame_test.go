@@ -202,17 +202,19 @@ func FuzzFrameWatch(f *testing.F) {
 // the refused stream's slot is still held when its event is read, and is
 // counted once among the attempts in flight, as the 429's is. The same
 // holds for a stream held (HoldStream): refused, it is no served call
-// when its body is done.
+// when its body is done; and for a sub-limit the request names (a model),
+// whose pace hears of the stream at its first event, not its headers.
 func TestStreamRefusalReadAsAStatus(t *testing.T) {
 	for _, c := range []struct {
-		name string
-		ctx  func(context.Context) context.Context
+		name, sub string
+		ctx       func(context.Context) context.Context
 	}{
-		{"not held", func(ctx context.Context) context.Context { return ctx }},
-		{"held", HoldStream},
+		{"not held", "", func(ctx context.Context) context.Context { return ctx }},
+		{"held", "", HoldStream},
+		{"sub-limit", "model-a", func(ctx context.Context) context.Context { return WithSublimit(ctx, "model-a") }},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			status, stream := refusedStreamRate(t, false, c.ctx), refusedStreamRate(t, true, c.ctx)
+			status, stream := refusedStreamRate(t, false, c.ctx, c.sub), refusedStreamRate(t, true, c.ctx, c.sub)
 			if status <= 0 || math.Abs(stream-status) > 1e-9*status {
 				t.Errorf("pace learned from a refused stream %v/s, from a 429 %v/s: want them equal, and set", stream, status)
 			}
@@ -220,12 +222,12 @@ func TestStreamRefusalReadAsAStatus(t *testing.T) {
 	}
 }
 
-// refusedStreamRate returns the pace an unpaced lane learns from a server
-// that accepts 40 calls and then refuses, each after 500 ms, 64 callers
-// sending through ctx (see TestStreamRefusalReadAsAStatus): with a 429
-// without headers, or with a stream whose first event is a rate-limit
-// error.
-func refusedStreamRate(t *testing.T, stream bool, ctx func(context.Context) context.Context) float64 {
+// refusedStreamRate returns the pace an unpaced lane (or its sub-limit
+// sub, if not "") learns from a server that accepts 40 calls and then
+// refuses, each after 500 ms, 64 callers sending through ctx (see
+// TestStreamRefusalReadAsAStatus): with a 429 without headers, or with a
+// stream whose first event is a rate-limit error.
+func refusedStreamRate(t *testing.T, stream bool, ctx func(context.Context) context.Context, sub string) float64 {
 	var rate float64
 	synctest.Test(t, func(t *testing.T) {
 		var n atomic.Int32
@@ -254,8 +256,11 @@ func refusedStreamRate(t *testing.T, stream bool, ctx func(context.Context) cont
 			})
 		}
 		wg.Wait()
-		s, _ := tr.LaneStats("api.test")
-		rate = s.Rate
+		for _, ls := range tr.Stats().Lanes {
+			if ls.Sublimit == sub {
+				rate = ls.Rate
+			}
+		}
 	})
 	return rate
 }

@@ -912,6 +912,21 @@ func (l *lane) limitMovedLocked(ch limitChange) {
 	}
 }
 
+// streamServed counts, for an attempt sent at sent that drew on l as a
+// sub-limit, that its stream's first event said it was served (see
+// frameWatch): l's pace counts the acceptance then, not at the headers,
+// which a refusal in that event would contradict. It reports false if the
+// lane was forgotten.
+func (l *lane) streamServed(sent time.Duration) bool {
+	l.lock()
+	defer l.unlock()
+	if l.isDead() {
+		return false
+	}
+	l.settleLocked(l.clk.tick(), sent, verdict.Served)
+	return true
+}
+
 // streamFailed takes what a stream's first event said after its headers
 // (see frameWatch): for an attempt sent at sent, k is Throttled (a rate
 // limit, read as a 429 without headers would be) or Overloaded (read as an

@@ -41,7 +41,12 @@ type frameWatch struct {
 	// its clock: an overload is the host's (see Transport.read).
 	host     *lane
 	hostSent time.Duration
-	first    []byte // the stream's bytes so far, up to the first event's end
+	// sub is the sub-limit the attempt drew on, if any, and subSent when
+	// it was sent on its clock: its pace counts the acceptance at the
+	// first event (see lane.streamServed).
+	sub     *lane
+	subSent time.Duration
+	first   []byte // the stream's bytes so far, up to the first event's end
 	// first[at:] is the block after those with no data (see firstEvent);
 	// first[:from] has no blank line after at.
 	at, from int
@@ -87,7 +92,12 @@ func (w *frameWatch) see(b []byte, end bool) {
 		for counted := l == w.host; !l.streamFailed(w.ctx, w.kind, sent, w.p, counted); counted = false {
 			l, sent = w.t.relaneAt(l, sent)
 		}
+	} else if l, sent := w.sub, w.subSent; l != nil {
+		for !l.streamServed(sent) {
+			l, sent = w.t.relaneAt(l, sent)
+		}
 	}
+	w.sub = nil
 	if b := w.slot; b != nil {
 		w.slot = nil
 		if w.held && w.kind == verdict.Served {

@@ -393,9 +393,21 @@ func (t *Transport) attempt(l *lane, req *http.Request, p Priority, id string, e
 	} else {
 		h.kind, on, sent = t.read(ctx, l, req, resp, p, h, s, caller, fallback)
 	}
+	// A stream whose first event is looked at (see frameWatch) may yet
+	// be refused by it: a sub-limit's pace hears of it then.
+	stream := isStream(resp)
+	watched := stream && h.kind == verdict.Served && on != nil
+	var sub *lane // the sub-limit whose pace hears of the first event
+	var subSent time.Duration
 	if s != nil {
 		// The sub-limit bounds no slots: its hold ends with the headers.
-		s.Done(h.kind)
+		// Watched, it is given back as no answer yet, which its pace
+		// counts neither way.
+		k := h.kind
+		if watched {
+			k, sub, subSent = verdict.Failed, s.l, s.at
+		}
+		s.Done(k)
 	}
 	// A protocol switch keeps the connection for as long as it lives; it is
 	// not a request in flight, and its body must stay writable. A stream
@@ -407,10 +419,11 @@ func (t *Transport) attempt(l *lane, req *http.Request, p Priority, id string, e
 	}
 	var fw *frameWatch
 	held := true // the slot goes back when the body is done
-	if isStream(resp) {
+	if stream {
 		// A stream's first event may be an error the headers did not say.
-		if h.kind == verdict.Served && on != nil {
-			fw = &frameWatch{rc: resp.Body, t: t, l: on, ctx: ctx, p: p, sent: sent, host: l, hostSent: h.at}
+		if watched {
+			fw = &frameWatch{rc: resp.Body, t: t, l: on, ctx: ctx, p: p, sent: sent, host: l, hostSent: h.at,
+				sub: sub, subSent: subSent}
 			resp.Body = fw
 		}
 		if held = holdsStream(ctx); !held && fw == nil {
