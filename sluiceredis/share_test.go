@@ -407,23 +407,7 @@ func TestSharesInFlight(t *testing.T) {
 	for _, g := range append(ga, gb...) {
 		held := 0
 		for _, gs := range [][]grantAt{ga, gb} {
-			last := -1
-			for k, h := range gs {
-				if !h.at.After(g.at) {
-					last = k
-				}
-			}
-			if last < 0 {
-				continue
-			}
-			n := gs[last].s.InFlight
-			for _, h := range gs[last+1:] {
-				if h.at.Sub(g.at) > refresh {
-					break
-				}
-				n = min(n, h.s.InFlight)
-			}
-			held += n
+			held += int(heldAt(gs, g.at, refresh, func(s sluice.Share) float64 { return float64(s.InFlight) }))
 		}
 		if held > 4 {
 			t.Fatalf("%d places granted at %v, over the cap of 4", held, g.at)
@@ -588,23 +572,7 @@ func sharesHeld(lanes []*shareLane, from time.Time, rtt time.Duration) (float64,
 			}
 			sum := 0.0
 			for _, other := range gs {
-				last := -1
-				for k, h := range other {
-					if !h.at.After(g.at) {
-						last = k
-					}
-				}
-				if last < 0 {
-					continue
-				}
-				r := other[last].s.Rate
-				for _, h := range other[last+1:] {
-					if h.at.Sub(g.at) > rtt {
-						break
-					}
-					r = min(r, h.s.Rate)
-				}
-				sum += r
+				sum += heldAt(other, g.at, rtt, func(s sluice.Share) float64 { return s.Rate })
 			}
 			if sum > most {
 				most, when = sum, g.at
@@ -612,6 +580,30 @@ func sharesHeld(lanes []*shareLane, from time.Time, rtt time.Duration) (float64,
 		}
 	}
 	return most, when
+}
+
+// heldAt returns what of a share (of) a lane held at the instant at, from
+// its grants gs: the latest at or before it, or a smaller one received
+// within lag after it (given up in Redis at the instant, it reaches the
+// process a round trip later); 0 before the first.
+func heldAt(gs []grantAt, at time.Time, lag time.Duration, of func(sluice.Share) float64) float64 {
+	last := -1
+	for k, h := range gs {
+		if !h.at.After(at) {
+			last = k
+		}
+	}
+	if last < 0 {
+		return 0
+	}
+	v := of(gs[last].s)
+	for _, h := range gs[last+1:] {
+		if h.at.Sub(at) > lag {
+			break
+		}
+		v = min(v, of(h.s))
+	}
+	return v
 }
 
 // overFor returns how long after from the lanes' latest grants added up to
