@@ -7,14 +7,14 @@ import (
 	"time"
 )
 
-// estimateLocked returns how long a new waiter of level p is expected to wait for
-// its token: the cooldown left, plus the time for the bucket to yield one
-// token for every waiter ranked ahead of it and one for itself. It counts
-// the waiters ranked ahead of it (see waitQueue.ahead). Waiting
-// for an in-flight slot is not included: it depends on latencies not yet
-// observed.
-func (l *lane) estimateLocked(now time.Duration, p Priority, tn *tenant, ch *charge) time.Duration {
-	return l.estimateBehind(now, p, l.q.ahead(p, tn, now, l.slot.limit), ch)
+// estimateLocked returns how long a waiter of level p enqueued at enq (now
+// for a new one) is expected to wait for its token: the cooldown left,
+// plus the time for the bucket to yield one token for every waiter ranked
+// ahead of it and one for itself. It counts the waiters ranked ahead of it
+// (see waitQueue.ahead). Waiting for an in-flight slot is not included: it
+// depends on latencies not yet observed.
+func (l *lane) estimateLocked(now, enq time.Duration, p Priority, tn *tenant, ch *charge) time.Duration {
+	return l.estimateBehind(now, p, l.q.ahead(p, tn, enq, l.slot.limit), ch)
 }
 
 // estimateBehind is estimateLocked for a waiter with ahead grants ranked
@@ -50,21 +50,27 @@ func (l *lane) estimateBehind(now time.Duration, p Priority, ahead int, ch *char
 }
 
 // waitEstimate returns how long an attempt of level p for tenant id (see
-// labels) that came now would wait for its grant, as an early refusal
-// estimates it.
-func (l *lane) waitEstimate(p Priority, id string) time.Duration {
+// labels) would wait for its grant, as an early refusal estimates it: one
+// that came now, or, for enq not firstAttempt, a retry that keeps the
+// place its first attempt took at enq, on the lane's clock.
+func (l *lane) waitEstimate(p Priority, id string, enq time.Duration) time.Duration {
 	l.lock()
 	defer l.unlock()
 	tn := l.q.levels[p].find(id)
 	if tn == nil {
 		tn = &tenant{} // one with nothing queued
 	}
-	return l.estimateLocked(l.clk.tick(), p, tn, nil)
+	now := l.clk.tick()
+	if enq == firstAttempt {
+		enq = now
+	}
+	return l.estimateLocked(now, enq, p, tn, nil)
 }
 
 // refuseLocked checks the early-refusal rules for a waiter of level p and tenant
-// tn, which will wait for after elsewhere once granted (see acquire).
-func (l *lane) refuseLocked(ctx context.Context, now time.Duration, p Priority, tn *tenant, ch *charge, after time.Duration) *RejectedError {
+// tn, enqueued at enq, which will wait for after elsewhere once granted (see
+// acquire).
+func (l *lane) refuseLocked(ctx context.Context, now, enq time.Duration, p Priority, tn *tenant, ch *charge, after time.Duration) *RejectedError {
 	var rej *RejectedError
 	switch {
 	case l.cfg.maxQueue > 0 && l.q.len() >= l.cfg.maxQueue:
@@ -77,7 +83,7 @@ func (l *lane) refuseLocked(ctx context.Context, now time.Duration, p Priority, 
 	if rej == nil && !hasDL && maxWait == 0 {
 		return nil
 	}
-	ahead := l.q.ahead(p, tn, now, l.slot.limit)
+	ahead := l.q.ahead(p, tn, enq, l.slot.limit)
 	est := l.estimateBehind(now, p, ahead, ch)
 	// The other wait runs on while this one does: what the attempt waits
 	// in all is about the longer of the two.

@@ -225,7 +225,7 @@ func (l *lane) takeShared(r float64) {
 		// The Backend refused to answer: fail one waiter with its error,
 		// and try the next one afresh.
 		l.slot.put()
-		if w := l.q.pop(l.slot.limit); w != nil {
+		if w := l.q.pop(l.slot.limit, l.payable); w != nil {
 			l.grantLocked(now, w, err)
 		}
 	case wait > 0:
@@ -234,7 +234,7 @@ func (l *lane) takeShared(r float64) {
 		// applies to a server's Retry-After.
 		l.pace.SetWait(now, wait)
 	default:
-		if w := l.q.pop(l.slot.limit); w != nil {
+		if w := l.q.pop(l.slot.limit, l.payable); w != nil {
 			// The budgets held the first waiter's cost when the token was
 			// asked for (see run); they pay whoever is first now.
 			l.budgets.pay(now, w.charge)
@@ -289,7 +289,7 @@ func (l *lane) demand() (Demand, bool) {
 	}
 	if !l.budgets.empty() {
 		var next *charge
-		if w := l.q.next(l.slot.limit); w != nil {
+		if w := l.q.next(l.slot.limit, l.payable); w != nil {
 			next = w.charge
 		}
 		d.Budgets = l.budgets.demand(l.clk.peek(), next)

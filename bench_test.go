@@ -171,7 +171,7 @@ func benchWaitQueue(b *testing.B, n, tenants int) {
 			i++
 			p := Priority(i % numLevels)
 			q.push(&waiter{level: p, tn: q.levels[p].tenant(id(i)), enq: t0 + time.Duration(i), ready: make(chan struct{})}, limit)
-			q.pop(limit)
+			q.pop(limit, nil)
 		}
 	})
 	b.Run("cancel/"+name, func(b *testing.B) {

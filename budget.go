@@ -71,6 +71,19 @@ type charge struct {
 	cost, mark, lvl []float64
 }
 
+// overlaps reports whether ch and o both cost something of one budget.
+func (ch *charge) overlaps(o *charge) bool {
+	if ch == nil || o == nil {
+		return false
+	}
+	for i, c := range ch.cost {
+		if c > 0 && o.cost[i] > 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // newBudgets returns budgets of the sizes cfg gives, full.
 func newBudgets(cfg []budgetConfig) budgets {
 	if len(cfg) == 0 {

@@ -688,3 +688,42 @@ func TestBudgetWaitCountsAgedWaiters(t *testing.T) {
 		wg.Wait()
 	})
 }
+
+// TestLowShareTurnWaitsForItsBudgetAlone: a lane at 10/s with a budget of
+// 1,000 tokens a minute, emptied by a first call. A Batch call costing
+// 1,000 tokens waits a minute for the budget; thirty Interactive calls
+// that cost no tokens queue behind nothing they need. With the default low
+// share the 10th grant is the Batch call's turn, and the dispatcher waits
+// the minute for its budget with the Interactive calls held behind it,
+// where DefaultLowShare promises "interactive calls wait at most one extra
+// token's time for it" (with WithLowShare(0) they are all sent in 3 s).
+func TestLowShareTurnWaitsForItsBudgetAlone(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		base := &fakeBase{}
+		tr := mustNew(t, base, WithRate(10, time.Second), WithBudget("tokens", 1000, time.Minute))
+		if err := getCost(t.Context(), tr, 1000, "first"); err != nil { // empties the budget
+			t.Fatal(err)
+		}
+		start := time.Now()
+		var wg sync.WaitGroup
+		wg.Go(func() { getCost(WithPriority(t.Context(), Batch), tr, 1000, "batch") })
+		synctest.Wait()
+		var mu sync.Mutex
+		var last time.Duration
+		for range 30 {
+			wg.Go(func() {
+				if err := getCost(WithPriority(t.Context(), Interactive), tr, 0, "interactive"); err != nil {
+					t.Error(err)
+				}
+				mu.Lock()
+				last = max(last, time.Since(start))
+				mu.Unlock()
+			})
+		}
+		wg.Wait()
+		t.Logf("the 30 Interactive calls done after %v", last)
+		if last > 4*time.Second {
+			t.Errorf("30 Interactive calls that cost nothing took %v at 10/s, held behind a Batch call's budget wait", last)
+		}
+	})
+}

@@ -52,7 +52,7 @@ func (l *lane) run(ctx context.Context, own *waiter) {
 		tick := l.clk.tick()
 		// Nobody the gate may serve (every tenant with waiters is at its
 		// cap): only a release can change that.
-		next := l.q.next(l.slot.limit)
+		next, skipped := l.q.pick(l.slot.limit, l.payable)
 		servable := next != nil
 		if servable && l.perToken() && l.slot.free() && tick >= l.pace.NotBefore() && l.budgets.canPay(tick, next.charge) {
 			l.slot.take() // held for the token the Backend may give
@@ -62,7 +62,9 @@ func (l *lane) run(ctx context.Context, own *waiter) {
 			continue
 		}
 		if servable && !l.perToken() && l.tryTakeLocked(tick, late, next.charge) {
-			l.grantLocked(tick, l.q.pop(l.slot.limit), nil)
+			// The waiter picked, whose charge was just paid: picked
+			// again, the low share's waiter may no longer be payable.
+			l.grantLocked(tick, l.q.take(next, l.slot.limit, skipped), nil)
 			l.unlock()
 			continue
 		}

@@ -194,13 +194,15 @@ func (l *lane) timeNextLocked(now time.Duration) bool {
 // acquire waits until the lane grants this attempt a token and an in-flight
 // slot, in priority order, and returns its hold; ctx carries tenant id
 // and priority p (see labels). enq is the enqueue time of
-// the logical request's first attempt on the lane's clock, or firstAttempt;
-// acquire returns it for the next attempt, also with an error. free: the
+// the logical request's first attempt on the lane's clock, or firstAttempt
+// (now); acquire returns it for the next attempt, also with an error.
+// first: this is that first attempt, which may have waited elsewhere since
+// enq (its sub-limit) and keeps its place in the queue by it. free: the
 // attempt's costs are drawn on its sub-limit, not here. after: what the
 // attempt will wait for elsewhere once granted here (its host's lane, for
 // a sub-limit), which an early refusal counts. On error nothing is held.
-func (l *lane) acquire(ctx context.Context, p Priority, id string, enq time.Duration, free bool, after time.Duration) (*hold, time.Duration, error) {
-	if enq == firstAttempt && l.fast.Load()&fastMask != 0 {
+func (l *lane) acquire(ctx context.Context, p Priority, id string, enq time.Duration, first, free bool, after time.Duration) (*hold, time.Duration, error) {
+	if first && l.fast.Load()&fastMask != 0 {
 		if h := l.takePrepaid(ctx, p, id); h != nil {
 			return h, h.at, nil
 		}
@@ -221,7 +223,7 @@ func (l *lane) acquire(ctx context.Context, p Priority, id string, enq time.Dura
 	// and otherwise once the lock is let go (see unlock): the lock is held
 	// for less on the path that waits for nothing.
 	if !l.mu.TryLock() {
-		if ph := l.lockSlow(ctx, p, id, enq == firstAttempt && ch == nil); ph != nil {
+		if ph := l.lockSlow(ctx, p, id, first && ch == nil); ph != nil {
 			h.recycle()
 			return ph, ph.at, nil
 		}
@@ -237,8 +239,7 @@ func (l *lane) acquire(ctx context.Context, p Priority, id string, enq time.Dura
 	// the bucket may have been full and overflowing, and the bound would
 	// hold only on readings, not on the moments tokens are handed out.
 	now := l.clk.tick()
-	first := enq == firstAttempt
-	if first {
+	if enq == firstAttempt {
 		enq = now
 	}
 	if l.join {
@@ -312,7 +313,7 @@ func (l *lane) enqueueLocked(ctx context.Context, p Priority, tn *tenant, ch *ch
 		lv.forget(tn)
 		return nil, err
 	}
-	if rej := l.refuseLocked(ctx, now, p, tn, ch, after); rej != nil {
+	if rej := l.refuseLocked(ctx, now, enq, p, tn, ch, after); rej != nil {
 		lv.forget(tn)
 		return nil, rej
 	}
@@ -911,6 +912,10 @@ func (l *lane) limitMovedLocked(ch limitChange) {
 		l.wakeLocked()
 	}
 }
+
+// payable reports whether ch can be paid at the lane's latest clock
+// reading (see waitQueue.pick).
+func (l *lane) payable(ch *charge) bool { return l.budgets.canPay(l.clk.last, ch) }
 
 // streamServed counts, for an attempt sent at sent that drew on l as a
 // sub-limit, that its stream's first event said it was served (see

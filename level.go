@@ -233,6 +233,42 @@ func (lv *levelQueue) grew(limit int) {
 	}
 }
 
+// turnsAhead returns how many of the level's waiters are served before a
+// waiter of tenant tn with k of tn's waiters ahead of it. The rotation
+// serves one waiter of each tenant under its cap in turn: tn's (k+1)-th
+// turn comes after k+1 turns of each tenant ahead of it in the rotation
+// and k of each behind it (a tenant not in it joins at the back), each
+// tenant taking no more turns than it has waiters. A tenant held at its
+// cap takes no turn until a call of its own ends, and is not counted; tn
+// held counts k+1 turns of every other tenant with waiters. Past
+// turnsWalked tenants, each left counts k+1 turns.
+func (lv *levelQueue) turnsAhead(tn *tenant, k int) int {
+	others := lv.queuing
+	if len(tn.waiters) > 0 {
+		others-- // tn itself
+	}
+	if lv.lists == nil || tn.held {
+		return k + (k+1)*others
+	}
+	n, turns, walked := k, k+1, 0
+	ring := &lv.lists.ring
+	for t := ring.next; t != ring; t = t.next {
+		if t == tn {
+			turns = k // the tenants behind it
+			continue
+		}
+		if walked++; walked > turnsWalked {
+			return n + (k+1)*max(others-walked+1, 0)
+		}
+		n += min(len(t.waiters), turns)
+	}
+	return n
+}
+
+// turnsWalked is the most tenants turnsAhead walks: an estimate is made
+// under the lane's lock, and a level may hold thousands of tenants.
+const turnsWalked = 256
+
 // heldExcess returns how many waiters of the tenants held at their cap
 // exceed the cap: they wait for their tenant's slots, not for tokens.
 func (lv *levelQueue) heldExcess(limit int) int {

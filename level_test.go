@@ -18,7 +18,7 @@ func queueOne(q *waitQueue, p Priority, id string, t int) *waiter {
 // finishing each attempt before the next grant, as a lane with one slot does.
 func serveAll(q *waitQueue) int {
 	n := 0
-	for w := q.pop(1); w != nil; w = q.pop(1) {
+	for w := q.pop(1, nil); w != nil; w = q.pop(1, nil) {
 		lv := &q.levels[w.level]
 		lv.started(w.tn, 1)
 		lv.finished(w.tn, 1)

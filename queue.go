@@ -135,8 +135,22 @@ func (q *waitQueue) before(a, b *waiter) bool {
 
 // next returns the waiter the next grant goes to, without removing it, or
 // nil if no waiter may be served (the queue is empty, or every tenant with
-// waiters is at its cap). limit is the lane's in-flight limit.
-func (q *waitQueue) next(limit int) *waiter {
+// waiters is at its cap). limit is the lane's in-flight limit; pay, if not
+// nil, says whether a charge can be paid now (see pick).
+func (q *waitQueue) next(limit int, pay func(*charge) bool) *waiter {
+	w, _ := q.pick(limit, pay)
+	return w
+}
+
+// pick is next, and reports whether the grant is the low share's turn
+// given to the first in line because the waiter it falls to cannot pay
+// its budgets yet (pay, if not nil, says whether a charge can be paid
+// now), and the first in line costs nothing of them: that waiter waits
+// for its budgets without holding the levels above behind it, and the
+// turn stays its for the next grant. One that would spend what the
+// waiter waits for does not take its turn: the low share would then
+// never come.
+func (q *waitQueue) pick(limit int, pay func(*charge) bool) (w *waiter, skipped bool) {
 	var heads [numLevels]*waiter
 	var best *waiter
 	for p := range q.levels {
@@ -150,7 +164,7 @@ func (q *waitQueue) next(limit int) *waiter {
 		}
 	}
 	if best == nil || q.lowShare == 0 || (q.grants+1)%uint64(q.lowShare) != 0 {
-		return best
+		return best, false
 	}
 	// The low share goes to the levels below the first in line, the
 	// waiter that has waited longest first: given to the lowest level
@@ -161,19 +175,31 @@ func (q *waitQueue) next(limit int) *waiter {
 			low = h
 		}
 	}
-	if low != nil {
-		return low
+	switch {
+	case low == nil:
+		return best, false
+	case pay != nil && !pay(low.charge) && !best.charge.overlaps(low.charge):
+		return best, true
 	}
-	return best
+	return low, false
 }
 
 // pop removes and returns the waiter next names, counting the grant and
-// sending its tenant to the back of its level's rotation.
-func (q *waitQueue) pop(limit int) *waiter {
-	w := q.next(limit)
+// sending its tenant to the back of its level's rotation. A low share's
+// turn given to the first in line (see pick) is not counted.
+func (q *waitQueue) pop(limit int, pay func(*charge) bool) *waiter {
+	w, skipped := q.pick(limit, pay)
 	if w != nil {
-		q.n--
-		q.levels[w.level].pop(w, limit)
+		q.take(w, limit, skipped)
+	}
+	return w
+}
+
+// take removes w, which pick returned with skipped, as pop does.
+func (q *waitQueue) take(w *waiter, limit int, skipped bool) *waiter {
+	q.n--
+	q.levels[w.level].pop(w, limit)
+	if !skipped {
 		q.grants++
 	}
 	return w
@@ -192,7 +218,9 @@ func (q *waitQueue) pop(limit int) *waiter {
 // first in line waits for those grants too. With aging, the waiters of
 // the levels below that have waited long enough to outrank a new waiter
 // at p (see push) come before it too. now is the new waiter's enqueue
-// time.
+// time: now for a new one; earlier for a retry, or a first attempt that
+// waited elsewhere first, which ranks ahead of its tenant's waiters that
+// came after it.
 func (q *waitQueue) ahead(p Priority, tn *tenant, now time.Duration, limit int) int {
 	n, top := 0, p
 	for l := Interactive; l < p; l++ {
@@ -217,13 +245,20 @@ func (q *waitQueue) ahead(p Priority, tn *tenant, now time.Duration, limit int) 
 	}
 	n += aged
 	lv := &q.levels[p]
-	// tn's own waiters, and before each of them and the new one a turn
-	// of every other tenant with waiters.
-	k, others := len(tn.waiters), lv.queuing
-	if k > 0 {
-		others-- // tn itself
+	// tn's own waiters ranked before the new one, and before each of them
+	// and the new one a turn of every other tenant with waiters.
+	k := len(tn.waiters)
+	if k > 0 && now < tn.waiters[k-1].enq {
+		// Ranked ahead of some (a new waiter, at now, is ranked after
+		// all): count those before it.
+		k = 0
+		for _, w := range tn.waiters {
+			if w.enq <= now { // a tie goes to the waiter already queued
+				k++
+			}
+		}
 	}
-	n += min(lv.n, k+(k+1)*others)
+	n += min(lv.n, lv.turnsAhead(tn, k))
 	if q.lowShare == 0 {
 		return n
 	}

@@ -155,7 +155,7 @@ func (t *Transport) retry(l *lane, req *http.Request, p Priority, id string, res
 		// The retry waits in the lane as well (a cooldown the answer began,
 		// the pace): it is made only if it can be served within the
 		// request's deadline and its level's WithMaxWait.
-		est := max(wait, l.waitEstimate(p, id))
+		est := max(wait, l.waitEstimate(p, id, first))
 		if dl, ok := ctx.Deadline(); ok && time.Until(dl) <= est {
 			return resp, err
 		}

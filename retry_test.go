@@ -410,3 +410,45 @@ func TestPanickingRetryCallbacks(t *testing.T) {
 		})
 	}
 }
+
+// TestRetryEstimateKeepsItsPlace: a request with a 1.5 s
+// deadline gets a 500 at t=0 and is retried after 50 ms, with its first
+// enqueue time (t=0), ahead of the 20 requests that queued at 10 ms: the
+// retry is the next grant, at 100 ms. The retry's estimate counts the 20
+// as ahead of it (2.1 s at 10/s), as if it were a new request, and the
+// retry is not made: the caller gets the 500.
+func TestRetryEstimateKeepsItsPlace(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		base := &fakeBase{answer: answerWith(1, 500)}
+		tr := mustNew(t, base, WithRate(10, time.Second), WithBurst(1), WithRetry(1),
+			WithBackoff(func(_, _ time.Duration, _ int, _ *http.Response) time.Duration { return 50 * time.Millisecond }))
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		var wg sync.WaitGroup
+		status := make(chan int, 1)
+		wg.Go(func() {
+			dctx, dcancel := context.WithTimeout(t.Context(), 1500*time.Millisecond)
+			defer dcancel()
+			req, _ := http.NewRequestWithContext(dctx, http.MethodGet, "http://api.test/x", nil)
+			resp, err := tr.RoundTrip(req)
+			if err != nil {
+				t.Errorf("first: %v", err)
+				status <- 0
+				return
+			}
+			resp.Body.Close()
+			status <- resp.StatusCode
+		})
+		time.Sleep(10 * time.Millisecond)
+		for range 20 {
+			wg.Go(func() { get(ctx, tr, "later") })
+		}
+		synctest.Wait()
+		if got := <-status; got != 200 {
+			t.Errorf("request with a 1.5 s deadline ended with status %d after %d attempts; want its retry, "+
+				"ranked ahead of the 20 later requests and granted at 100 ms, to be made and served", got, len(base.times()))
+		}
+		cancel()
+		wg.Wait()
+	})
+}

@@ -119,3 +119,44 @@ func TestSublimitNoBurstWhenHostCoolsWhileQueued(t *testing.T) {
 		}
 	})
 }
+
+// TestSublimitKeepsItsPlaceAtTheHost: the host cools down for 5 s.
+// Five Normal requests of a sub-limit (a model, paced at 100/s) come at
+// once, and five Normal requests with no sub-limit a second later. The
+// model's requests wait out the cooldown in the sub-limit's queue (it
+// holds its waiters until the host opens), and are filed at the host by
+// when they came: within one level the order is FIFO, the model's five
+// first. The host may grant one request already in its queue at the
+// instant it opens, before the sub-limit's reach it.
+func TestSublimitKeepsItsPlaceAtTheHost(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var mu sync.Mutex
+		at := map[string]time.Time{}
+		var order []string
+		tr := mustNew(t, coolingHost(&mu, at, &order), WithRetry(0), WithRate(10, time.Second), WithBurst(1),
+			WithSublimitRate("m", 100, time.Second))
+		defer tr.Close()
+		call(t.Context(), tr, "http://api.test/status") // the host cools for 5 s
+		var wg sync.WaitGroup
+		for i := range 5 {
+			wg.Go(func() { sendModel(t, tr, Normal, "m", "m"+string(rune('0'+i))) })
+		}
+		time.Sleep(time.Second)
+		for i := range 5 {
+			wg.Go(func() { sendModel(t, tr, Normal, "", "h"+string(rune('0'+i))) })
+		}
+		wg.Wait()
+		mu.Lock()
+		defer mu.Unlock()
+		t.Logf("sent in order %v", order)
+		later := 0
+		for _, c := range order[:5] {
+			if c[0] != 'm' {
+				later++
+			}
+		}
+		if later > 1 {
+			t.Errorf("%d of the first five grants went to requests that came a second after the model's five: order %v", later, order)
+		}
+	})
+}

@@ -447,7 +447,7 @@ func TestTenantRecordKeptAcrossASettle(t *testing.T) {
 		tr := mustNew(t, &fakeBase{}, WithRate(1, time.Second), WithBurst(1), WithTenantQueue(1))
 		l := tr.lane("api.test")
 		a := WithTenant(t.Context(), "A")
-		h, _, err := l.acquire(a, Normal, "A", firstAttempt, false, 0)
+		h, _, err := l.acquire(a, Normal, "A", firstAttempt, true, false, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -503,5 +503,110 @@ func TestCostRefusalNamesTenant(t *testing.T) {
 				t.Errorf("EventRefused.Tenant = %q, want %q", e.Tenant, "acme")
 			}
 		}
+	})
+}
+
+// TestEstimateCountsTenantTurnsByPlace: at one level, tenant A is at the
+// front of the rotation with one waiter, and nine tenants behind it have
+// five waiters each. A new A request takes its turn after A's waiter and
+// one turn of each of the nine: it is the 11th grant, at 1.1 s at 10/s.
+// The estimate counts k+1 = 2 turns of each other tenant (19 ahead, 2 s)
+// whatever A's place in the rotation, and refuses a 1.5 s deadline that
+// the request meets with time to spare.
+func TestEstimateCountsTenantTurnsByPlace(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr := mustNew(t, &fakeBase{}, WithRate(10, time.Second), WithBurst(1))
+		if err := get(t.Context(), tr, ""); err != nil { // takes the token
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		var wg sync.WaitGroup
+		wg.Go(func() { get(WithTenant(ctx, "A"), tr, "") }) // A first in the rotation
+		synctest.Wait()
+		for i := range 9 {
+			id := string(rune('B' + i))
+			for range 5 {
+				wg.Go(func() { get(WithTenant(ctx, id), tr, "") })
+			}
+		}
+		synctest.Wait()
+
+		dctx, dcancel := context.WithTimeout(WithTenant(t.Context(), "A"), 1500*time.Millisecond)
+		err := get(dctx, tr, "")
+		dcancel()
+		var rej *RejectedError
+		refused := errors.As(err, &rej)
+
+		// The same request without a deadline, from the same state.
+		start := time.Now()
+		if err := get(WithTenant(t.Context(), "A"), tr, ""); err != nil {
+			t.Fatal(err)
+		}
+		took := time.Since(start)
+		t.Logf("served after %v; deadline request: %v", took, err)
+		if refused && took < 1500*time.Millisecond {
+			t.Errorf("a request served after %v was refused for its 1.5 s deadline (estimated wait %v)", took, rej.Wait)
+		}
+		cancel()
+		wg.Wait()
+	})
+}
+
+// TestEstimateSkipsTenantsAtTheirCap: twenty Normal tenants are each at
+// their cap of one in flight (WithTenantShare, a call of a minute), each
+// with one more call waiting at the cap. A new tenant's Normal call is the
+// only one the gate may serve: it is sent with the next token, at once
+// here. The estimate gives each held tenant a turn ahead of it (20 ahead,
+// 2 s at 10/s) and refuses a 1 s deadline. TestEarlyRefusalCappedTenantAbove
+// covers a capped tenant at a level above; at the same level the held
+// tenants are counted as taking turns.
+func TestEstimateSkipsTenantsAtTheirCap(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		base := &fakeBase{latency: time.Minute}
+		tr := mustNew(t, base, WithRate(10, time.Second), WithBurst(1), WithConcurrency(100, 100),
+			WithTenantShare(Normal, 0.01)) // a cap of 1
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		var wg sync.WaitGroup
+		for i := range 20 {
+			tctx := WithTenant(ctx, "t"+string(rune('a'+i)))
+			for range 2 { // one in flight, one held at the cap
+				wg.Go(func() { get(tctx, tr, "") })
+			}
+		}
+		time.Sleep(3 * time.Second) // the twenty first calls are sent; the bucket is full again
+		synctest.Wait()
+		if n := len(base.times()); n != 20 {
+			t.Fatalf("%d sent, want 20", n)
+		}
+
+		dctx, dcancel := context.WithTimeout(WithTenant(t.Context(), "new"), time.Second)
+		err := get(dctx, tr, "")
+		dcancel()
+		var rej *RejectedError
+		if !errors.As(err, &rej) {
+			cancel()
+			wg.Wait()
+			return
+		}
+		// The same call without a deadline, from the same state.
+		nctx, ncancel := context.WithCancel(WithTenant(t.Context(), "new"))
+		start := time.Now()
+		wg.Go(func() {
+			req, _ := http.NewRequestWithContext(nctx, http.MethodGet, "http://api.test/x", nil)
+			if resp, err := tr.RoundTrip(req); err == nil { // sent when granted; the answer takes a minute
+				resp.Body.Close()
+			}
+		})
+		synctest.Wait()
+		sent := len(base.times()) == 21
+		t.Logf("the same call without a deadline: sent at once %v (after %v)", sent, time.Since(start))
+		if sent {
+			t.Errorf("new tenant's call with a 1 s deadline refused (%v), though the gate serves it at once", err)
+		}
+		ncancel()
+		cancel()
+		wg.Wait()
 	})
 }

@@ -347,7 +347,7 @@ func (t *Transport) attempt(l *lane, req *http.Request, p Priority, id string, e
 	}
 	if h != nil {
 		enq = h.at
-	} else if h, enq, err = l.acquire(ctx, p, id, enq, s != nil && caller, 0); err != nil {
+	} else if h, enq, err = l.acquire(ctx, p, id, hostEnq(l, s, enq), enq == firstAttempt, s != nil && caller, 0); err != nil {
 		if s != nil {
 			s.Drop()
 		}
@@ -441,6 +441,18 @@ func (t *Transport) attempt(l *lane, req *http.Request, p Priority, id string, e
 	return resp, enq, on == nil, nil
 }
 
+// hostEnq returns the enqueue time on host lane l of an attempt whose
+// first attempt was enqueued at enq (firstAttempt: this one), and that
+// drew on a sub-limit with hold s (nil: none): a first attempt that waited
+// in its sub-limit's queue (for the host's cooldown, or the sub-limit's
+// pace) keeps its place at the host by when it came, as a retry does.
+func hostEnq(l *lane, s *hold, enq time.Duration) time.Duration {
+	if enq != firstAttempt || s == nil || s.wait <= 0 {
+		return enq
+	}
+	return max(l.clk.ticks(s.l.clk.timeOf(s.at-s.wait)), 0)
+}
+
 // acquireSub takes req's token on the sub-limit it draws on besides l, if
 // any (see sublimitOf), and returns its hold, whether the caller named the
 // sub-limit, whether it is the host's fallback, and the sub-limit's lane.
@@ -458,7 +470,7 @@ func (t *Transport) acquireSub(ctx context.Context, l *lane, req *http.Request, 
 	// in priority order when the host opens.
 	var after time.Duration // the host's wait, which a deadline refusal counts too
 	if _, ok := ctx.Deadline(); ok || t.cfg.maxWait[p] > 0 {
-		after = l.waitEstimate(p, id)
+		after = l.waitEstimate(p, id, enq)
 	}
 	var held, kept time.Time // the host's cooldown end the sub-limit was held to; the first enqueue
 	for {
@@ -473,7 +485,7 @@ func (t *Transport) acquireSub(ctx context.Context, l *lane, req *http.Request, 
 			subEnq = max(sub.clk.ticks(kept), 0)
 		}
 		var at time.Duration
-		s, at, err = sub.acquire(ctx, p, id, subEnq, !caller, after)
+		s, at, err = sub.acquire(ctx, p, id, subEnq, enq == firstAttempt, !caller, after)
 		if err == errLaneGone {
 			sub = t.relane(sub)
 			continue

@@ -303,7 +303,7 @@ func TestCancelAfterGrantRefundsToken(t *testing.T) {
 		tr := mustNew(t, base, WithRate(1, time.Minute))
 		l := tr.lane("api.test")
 		ctx, cancel := context.WithCancel(t.Context())
-		h, _, err := l.acquire(ctx, Normal, "", firstAttempt, false, 0)
+		h, _, err := l.acquire(ctx, Normal, "", firstAttempt, true, false, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -492,7 +492,7 @@ func TestGrantWinsRaceWithCancel(t *testing.T) {
 			var h *hold
 			go func() {
 				var err error
-				h, _, err = l.acquire(ctx, Normal, "", firstAttempt, false, 0)
+				h, _, err = l.acquire(ctx, Normal, "", firstAttempt, true, false, 0)
 				errc <- err
 			}()
 			synctest.Wait() // queued, blocked in select; its dispatcher sleeps an hour
@@ -502,7 +502,7 @@ func TestGrantWinsRaceWithCancel(t *testing.T) {
 			if !l.tryTakeLocked(now, false, nil) {
 				t.Fatal("no token and slot to grant")
 			}
-			w := l.q.pop(l.slot.limit)
+			w := l.q.pop(l.slot.limit, nil)
 			if i%2 == 0 {
 				l.grantLocked(now, w, nil) // closes ready
 				cancel()
