@@ -267,6 +267,12 @@ func retryAttrs(l *lane, n int, resp *http.Response, err error, wait time.Durati
 // Amz-Sdk-Request (aws-sdk-go-v2, "attempt=1; max=3").
 var sdkRetryHeaders = [...]string{"X-Stainless-Retry-Count", "X-Stripe-Client-User-Agent", "Amz-Sdk-Request"}
 
+// sdkUserAgent is in the User-Agent of the Azure SDK for Go's requests
+// (azcore's, "azsdk-go-azblob/v1.8.3 (go1.26; linux)", after an
+// application id if one is set): it retries on its own, and marks its
+// attempts with no header of their own.
+const sdkUserAgent = "azsdk-go-"
+
 // sdkRetries reports whether req comes from an SDK that retries on its own,
 // so that sluice's retries would multiply its attempts.
 func sdkRetries(req *http.Request) bool {
@@ -275,7 +281,7 @@ func sdkRetries(req *http.Request) bool {
 			return true
 		}
 	}
-	return false
+	return strings.Contains(req.Header.Get("User-Agent"), sdkUserAgent)
 }
 
 // retryable reports whether an attempt that returned resp, err may be
