@@ -693,10 +693,9 @@ func TestBudgetWaitCountsAgedWaiters(t *testing.T) {
 // 1,000 tokens a minute, emptied by a first call. A Batch call costing
 // 1,000 tokens waits a minute for the budget; thirty Interactive calls
 // that cost no tokens queue behind nothing they need. With the default low
-// share the 10th grant is the Batch call's turn, and the dispatcher waits
-// the minute for its budget with the Interactive calls held behind it,
-// where DefaultLowShare promises "interactive calls wait at most one extra
-// token's time for it" (with WithLowShare(0) they are all sent in 3 s).
+// share the 10th grant is the Batch call's turn; it cannot pay, and goes
+// to the Interactive calls meanwhile: they are all sent in 3 s, as with
+// WithLowShare(0), not held the minute behind the Batch call's budget.
 func TestLowShareTurnWaitsForItsBudgetAlone(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		base := &fakeBase{}

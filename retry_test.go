@@ -411,12 +411,12 @@ func TestPanickingRetryCallbacks(t *testing.T) {
 	}
 }
 
-// TestRetryEstimateKeepsItsPlace: a request with a 1.5 s
-// deadline gets a 500 at t=0 and is retried after 50 ms, with its first
-// enqueue time (t=0), ahead of the 20 requests that queued at 10 ms: the
-// retry is the next grant, at 100 ms. The retry's estimate counts the 20
-// as ahead of it (2.1 s at 10/s), as if it were a new request, and the
-// retry is not made: the caller gets the 500.
+// TestRetryEstimateKeepsItsPlace: a request with a 1.5 s deadline gets a
+// 500 at t=0 and is retried after 50 ms, with its first enqueue time
+// (t=0), ahead of the 20 requests that queued at 10 ms: the retry is the
+// next grant, at 100 ms, and is made and served. (Estimated as a new
+// request, behind the 20, 2.1 s at 10/s, it was not made, and the caller
+// got the 500.)
 func TestRetryEstimateKeepsItsPlace(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		base := &fakeBase{answer: answerWith(1, 500)}

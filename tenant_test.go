@@ -509,10 +509,9 @@ func TestCostRefusalNamesTenant(t *testing.T) {
 // TestEstimateCountsTenantTurnsByPlace: at one level, tenant A is at the
 // front of the rotation with one waiter, and nine tenants behind it have
 // five waiters each. A new A request takes its turn after A's waiter and
-// one turn of each of the nine: it is the 11th grant, at 1.1 s at 10/s.
-// The estimate counts k+1 = 2 turns of each other tenant (19 ahead, 2 s)
-// whatever A's place in the rotation, and refuses a 1.5 s deadline that
-// the request meets with time to spare.
+// one turn of each of the nine: it is the 11th grant, at 1.1 s at 10/s,
+// and its 1.5 s deadline is not refused. (Two turns of each other tenant,
+// whatever A's place in the rotation, made it 19 ahead, 2 s.)
 func TestEstimateCountsTenantTurnsByPlace(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		tr := mustNew(t, &fakeBase{}, WithRate(10, time.Second), WithBurst(1))
@@ -557,10 +556,10 @@ func TestEstimateCountsTenantTurnsByPlace(t *testing.T) {
 // their cap of one in flight (WithTenantShare, a call of a minute), each
 // with one more call waiting at the cap. A new tenant's Normal call is the
 // only one the gate may serve: it is sent with the next token, at once
-// here. The estimate gives each held tenant a turn ahead of it (20 ahead,
-// 2 s at 10/s) and refuses a 1 s deadline. TestEarlyRefusalCappedTenantAbove
-// covers a capped tenant at a level above; at the same level the held
-// tenants are counted as taking turns.
+// here, and its 1 s deadline is not refused: the held tenants take no
+// turns ahead of it (counted, they were 20 ahead, 2 s at 10/s).
+// TestEarlyRefusalCappedTenantAbove covers a capped tenant at a level
+// above.
 func TestEstimateSkipsTenantsAtTheirCap(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		base := &fakeBase{latency: time.Minute}
