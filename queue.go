@@ -250,7 +250,9 @@ func (q *waitQueue) ahead(p Priority, tn *tenant, now time.Duration, limit int) 
 	k := len(tn.waiters)
 	if k > 0 && now < tn.waiters[k-1].enq {
 		// Ranked ahead of some (a new waiter, at now, is ranked after
-		// all): count those before it.
+		// all): count those before it. The waiters are a heap, whose
+		// last is a late one but not surely the latest: where it is
+		// not after the new one, all count, never fewer than are ahead.
 		k = 0
 		for _, w := range tn.waiters {
 			if w.enq <= now { // a tie goes to the waiter already queued
