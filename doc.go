@@ -31,7 +31,10 @@
 // sent after such a pause, every later Retry-After of the lane holds in
 // full. An overload (529, or 502/503/504 without Retry-After, or a stream
 // whose first event says so) is no latency sample and cuts the in-flight
-// limit. No other body is looked at. A 429 that no quota explains lowers its pace, and from then
+// limit. No other body is looked at. A 429 that no quota explains lowers
+// its pace (or, on a lane with no rate that has nothing accepted to
+// estimate one from, pauses it 250 ms, twice as long at each round
+// refused, until an attempt is accepted), and from then
 // on, unless the server's quotas state a burst, the lane also spaces each
 // grant from when the request before it was written (an httptrace hook on
 // the attempt), so that a request delayed on its way does not reach a
