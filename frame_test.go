@@ -35,6 +35,16 @@ const (
 	sseFine        = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\"}}\n\nevent: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"rate_limit_error\"}}\n\n"
 )
 
+// OpenAI-compatible servers' errors after a 200's headers, with no event
+// name: LiteLLM's for an upstream 429, vLLM's when its engine is full,
+// OpenRouter's chunk when the provider behind it gave out.
+const (
+	sseLiteLLM429    = "data: {\"error\":{\"message\":\"litellm.RateLimitError: upstream said 429\",\"type\":null,\"param\":null,\"code\":\"429\"}}\n\ndata: [DONE]\n\n"
+	sseVLLMQueueFull = "data: {\"error\":{\"object\":\"error\",\"message\":\"The engine is full; try again later.\",\"type\":\"ServiceUnavailableError\",\"param\":null,\"code\":503}}\n\ndata: [DONE]\n\n"
+	sseOpenRouter502 = "data: {\"id\":\"gen-1\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"error\":{\"code\":502,\"message\":\"Worker local total request limit reached (33/32)\"},\"choices\":[{\"index\":0,\"delta\":{\"content\":\"\"},\"finish_reason\":\"error\"}]}\n\ndata: [DONE]\n\n"
+	sseOpenAIFine    = "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"rate limit\"}}]}\n\ndata: {\"error\":{\"code\":429}}\n\n"
+)
+
 // TestStreamErrorFrame: a stream whose first event is an error frame about
 // a rate limit is fed back as a refusal (the lane's rate is cut), one about
 // overload as an overload (the in-flight limit is cut); a stream whose
@@ -48,6 +58,10 @@ func TestStreamErrorFrame(t *testing.T) {
 		{"rate limit", sseRateLimited, true, false},
 		{"overloaded", sseOverloaded, false, true},
 		{"error after the first event", sseFine, false, false},
+		{"OpenAI-compatible rate limit", sseLiteLLM429, true, false},
+		{"OpenAI-compatible overload", sseVLLMQueueFull, false, true},
+		{"OpenAI-compatible gateway", sseOpenRouter502, false, true},
+		{"OpenAI-compatible error after the first event", sseOpenAIFine, false, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
@@ -99,18 +113,43 @@ func TestFrameKind(t *testing.T) {
 		{"event: error\ndata: {\"error\":{\"type\":\"overloaded_error\"}}", verdict.Overloaded},
 		{"event: error\ndata: {\"error\":{\"type\":\"invalid_request_error\"}}", verdict.Served},
 		{"event: message_start\ndata: {\"rate_limit\":1}", verdict.Served},
-		{"data: {\"error\":{\"type\":\"rate_limit_error\"}}", verdict.Served},
+		// OpenAI-compatible servers' errors: no event name, a top-level
+		// "error" member, with words or the status it stands for.
+		{"data: {\"error\":{\"type\":\"rate_limit_error\"}}", verdict.Throttled},
+		{firstEvent(sseLiteLLM429), verdict.Throttled},
+		{firstEvent(sseVLLMQueueFull), verdict.Overloaded},
+		{firstEvent(sseOpenRouter502), verdict.Overloaded},
+		{"data: {\"error\":{\"object\":\"error\",\"message\":\"context too long\",\"type\":\"BadRequestError\",\"code\":400}}", verdict.Served},
+		{"data: {\"error\":{\"message\":\"quota exceeded\",\"code\":\"insufficient_quota\"}}", verdict.Served},
+		{"data: {\"error\":\"Rate limit reached\"}", verdict.Throttled},
+		{"event: error\ndata: {\"type\":\"error\",\"error\":{\"code\":529}}", verdict.Overloaded},
+		{"event: error\ndata: {\"status\":\"429\"}", verdict.Throttled},
+		// What is not an error member says nothing, whatever its words.
+		{"data: {\"choices\":[{\"delta\":{\"content\":\"the rate limit is overloaded\"}}]}", verdict.Served},
+		{"data: {\"id\":\"c\",\"error\":null,\"choices\":[]}", verdict.Served},
+		{"data: {\"code\":429}", verdict.Served},
+		{"data: {\"error\":{\"code\":4290}}", verdict.Served},
+		{"data: {\"error\":{\"code\":\"42x\"}}", verdict.Served},
+		{"data: {\"error\": {\"type\": \"rate_limit_error\"", verdict.Served}, // cut short: no JSON
+		{"data: [DONE]", verdict.Served},
 		{"", verdict.Served},
 		// Lines that end with a CR alone, and a byte order mark.
 		{"event: error\rdata: {\"error\":{\"type\":\"rate_limit_error\"}}", verdict.Throttled},
 		{"\uFEFFevent: error\ndata: {\"error\":{\"type\":\"overloaded_error\"}}", verdict.Overloaded},
 		// The field is "event", not one that begins with it.
-		{"events: error\ndata: {\"error\":{\"type\":\"rate_limit_error\"}}", verdict.Served},
+		{"events: error\ndata: {\"type\":\"rate_limit_error\"}", verdict.Served},
 	} {
 		if got := frameKind([]byte(c.ev)); got != c.want {
 			t.Errorf("frameKind(%q) = %v, want %v", c.ev, got, c.want)
 		}
 	}
+}
+
+// firstEvent returns stream's first event, without the blank line that
+// ends it.
+func firstEvent(stream string) string {
+	ev, _, _ := strings.Cut(stream, "\n\n")
+	return ev
 }
 
 // watchKind returns what a frameWatch on l finds in the first event of
@@ -174,6 +213,8 @@ func TestFrameWatchFirstEvent(t *testing.T) {
 func FuzzFrameWatch(f *testing.F) {
 	f.Add([]byte(sseRateLimited), []byte{5, 1, 200})
 	f.Add([]byte(sseOverloaded), []byte{})
+	f.Add([]byte(sseOpenRouter502), []byte{3, 17})
+	f.Add([]byte("data: {\"error\":{\"error\":{\"status\":\"503\"}}}\n\n"), []byte{})
 	f.Add([]byte(strings.Repeat("data: x\n", 1000)), []byte{255})
 	f.Add([]byte(": c\r\n\r\nevent: error\rdata: overloaded\r\r"), []byte{1})
 	tr, err := New(nopBase{})
@@ -203,18 +244,21 @@ func FuzzFrameWatch(f *testing.F) {
 // counted once among the attempts in flight, as the 429's is. The same
 // holds for a stream held (HoldStream): refused, it is no served call
 // when its body is done; and for a sub-limit the request names (a model),
-// whose pace hears of the stream at its first event, not its headers.
+// whose pace hears of the stream at its first event, not its headers; and
+// for an OpenAI-compatible server's error, which names no event.
 func TestStreamRefusalReadAsAStatus(t *testing.T) {
+	plain := func(ctx context.Context) context.Context { return ctx }
 	for _, c := range []struct {
-		name, sub string
-		ctx       func(context.Context) context.Context
+		name, sub, refusal string
+		ctx                func(context.Context) context.Context
 	}{
-		{"not held", "", func(ctx context.Context) context.Context { return ctx }},
-		{"held", "", HoldStream},
-		{"sub-limit", "model-a", func(ctx context.Context) context.Context { return WithSublimit(ctx, "model-a") }},
+		{"not held", "", sseRateLimited, plain},
+		{"held", "", sseRateLimited, HoldStream},
+		{"sub-limit", "model-a", sseRateLimited, func(ctx context.Context) context.Context { return WithSublimit(ctx, "model-a") }},
+		{"OpenAI-compatible", "", sseLiteLLM429, plain},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			status, stream := refusedStreamRate(t, false, c.ctx, c.sub), refusedStreamRate(t, true, c.ctx, c.sub)
+			status, stream := refusedStreamRate(t, "", c.ctx, c.sub), refusedStreamRate(t, c.refusal, c.ctx, c.sub)
 			if status <= 0 || math.Abs(stream-status) > 1e-9*status {
 				t.Errorf("pace learned from a refused stream %v/s, from a 429 %v/s: want them equal, and set", stream, status)
 			}
@@ -225,9 +269,11 @@ func TestStreamRefusalReadAsAStatus(t *testing.T) {
 // refusedStreamRate returns the pace an unpaced lane (or its sub-limit
 // sub, if not "") learns from a server that accepts 40 calls and then
 // refuses, each after 500 ms, 64 callers sending through ctx (see
-// TestStreamRefusalReadAsAStatus): with a 429 without headers, or with a
-// stream whose first event is a rate-limit error.
-func refusedStreamRate(t *testing.T, stream bool, ctx func(context.Context) context.Context, sub string) float64 {
+// TestStreamRefusalReadAsAStatus): with a 429 without headers if refusal
+// is "", else with a stream whose first event is refusal, a rate-limit
+// error.
+func refusedStreamRate(t *testing.T, refusal string, ctx func(context.Context) context.Context, sub string) float64 {
+	stream := refusal != ""
 	var rate float64
 	synctest.Test(t, func(t *testing.T) {
 		var n atomic.Int32
@@ -237,7 +283,7 @@ func refusedStreamRate(t *testing.T, stream bool, ctx func(context.Context) cont
 			switch {
 			case stream && refuse:
 				return &http.Response{StatusCode: 200, Header: http.Header{"Content-Type": {"text/event-stream"}},
-					Body: io.NopCloser(strings.NewReader(sseRateLimited)), Request: req}, nil
+					Body: io.NopCloser(strings.NewReader(refusal)), Request: req}, nil
 			case stream:
 				return &http.Response{StatusCode: 200, Header: http.Header{"Content-Type": {"text/event-stream"}},
 					Body: io.NopCloser(strings.NewReader(sseFine)), Request: req}, nil

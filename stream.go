@@ -3,6 +3,7 @@ package sluice
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"io"
 	"net/http"
 	"strings"
@@ -187,8 +188,11 @@ func hasData(ev []byte) bool {
 }
 
 // frameKind returns what a stream's first event says: Throttled for an
-// error event about a rate limit, Overloaded for one about overload, else
-// Served.
+// error about a rate limit, Overloaded for one about overload, else
+// Served. An error is an `event: error` frame (Anthropic's, OpenAI's
+// Responses API), or a data object with a top-level "error" member, which
+// OpenAI-compatible servers (vLLM, SGLang, LiteLLM, OpenRouter) send with
+// no event name and openai-go reads as a failed stream.
 func frameKind(ev []byte) verdict.Kind {
 	isError := false
 	var data []byte
@@ -201,15 +205,61 @@ func frameKind(ev []byte) verdict.Kind {
 		}
 	})
 	if !isError {
-		return verdict.Served
+		var obj struct {
+			Error json.RawMessage `json:"error"`
+		}
+		if d := bytes.TrimSpace(data); len(d) == 0 || d[0] != '{' || json.Unmarshal(d, &obj) != nil ||
+			len(obj.Error) == 0 || string(obj.Error) == "null" {
+			return verdict.Served
+		}
+		data = obj.Error
 	}
+	return errorKind(data)
+}
+
+// errorKind returns what an error's text says: its words, then the HTTP
+// status its "code" or "status" member states (vLLM's and OpenRouter's
+// errors carry the status the server would have answered with).
+func errorKind(data []byte) verdict.Kind {
 	d := bytes.ToLower(data)
 	switch {
 	case bytes.Contains(d, []byte("rate_limit")), bytes.Contains(d, []byte("rate limit")),
-		bytes.Contains(d, []byte("too_many_requests")):
+		bytes.Contains(d, []byte("ratelimit")), bytes.Contains(d, []byte("too_many_requests")):
 		return verdict.Throttled
 	case bytes.Contains(d, []byte("overloaded")):
 		return verdict.Overloaded
 	}
+	var e struct {
+		Error        *json.RawMessage `json:"error"` // Anthropic's and OpenAI's frames nest it
+		Code, Status json.RawMessage
+	}
+	if json.Unmarshal(data, &e) != nil {
+		return verdict.Served
+	}
+	if e.Error != nil && len(e.Code) == 0 && len(e.Status) == 0 {
+		json.Unmarshal(*e.Error, &e)
+	}
+	for _, c := range []json.RawMessage{e.Code, e.Status} {
+		if k := verdict.Of(statusCode(c)); k == verdict.Throttled || k == verdict.Overloaded {
+			return k
+		}
+	}
 	return verdict.Served
+}
+
+// statusCode returns the HTTP status a JSON value states, as a number or
+// a string of three digits; 0 if it states none.
+func statusCode(v json.RawMessage) int {
+	v = bytes.Trim(v, `"`)
+	if len(v) != 3 || v[0] < '1' || v[0] > '5' {
+		return 0
+	}
+	n := 0
+	for _, c := range v {
+		if c < '0' || c > '9' {
+			return 0
+		}
+		n = n*10 + int(c-'0')
+	}
+	return n
 }

@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -116,5 +117,106 @@ func TestOpenAIStreams(t *testing.T) {
 	}
 	if quickErr != nil {
 		t.Errorf("Interactive quick call with a 1 s deadline: %v", quickErr)
+	}
+}
+
+// refusingChatAPI poses as an OpenAI-compatible gateway that streams 20
+// chat completions, then refuses every call after 50 ms: inBand, as
+// LiteLLM does for an upstream's 429, with a 200 event stream whose first
+// event is an error object and no event name; else with a 429 and no
+// Retry-After. refused counts the calls refused.
+func refusingChatAPI(t *testing.T, inBand bool, refused *atomic.Int32) *httptest.Server {
+	var n atomic.Int32
+	s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		time.Sleep(50 * time.Millisecond)
+		refuse := n.Add(1) > 20
+		if refuse && !inBand {
+			refused.Add(1)
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusTooManyRequests)
+			fmt.Fprint(w, `{"error":{"message":"Rate limit reached","type":"requests","code":"rate_limit_exceeded"}}`)
+			return
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		fl := w.(http.Flusher)
+		if refuse {
+			refused.Add(1)
+			fmt.Fprint(w, "data: {\"error\":{\"message\":\"litellm.RateLimitError: upstream answered 429\",\"type\":null,\"param\":null,\"code\":\"429\"}}\n\ndata: [DONE]\n\n")
+			fl.Flush()
+			return
+		}
+		for i := range 3 {
+			fmt.Fprintf(w, "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"gpt-4o-mini\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"t%d\"}}]}\n\n", i)
+			fl.Flush()
+		}
+		fmt.Fprint(w, "data: [DONE]\n\n")
+		fl.Flush()
+	}))
+	t.Cleanup(s.Close)
+	return s
+}
+
+// refusedStreams has 8 callers stream chat completions through c, with
+// openai-go's retries off, for 3 s, against a gateway that refuses after
+// 20 (see refusingChatAPI); it returns the calls the gateway refused and
+// how many calls openai-go reported as failed (through sluice, these
+// include the calls sluice refused).
+func refusedStreams(t *testing.T, c *http.Client, inBand bool) (refused, failed int32) {
+	var n, errs atomic.Int32
+	url := refusingChatAPI(t, inBand, &n).URL
+	client := openai.NewClient(option.WithBaseURL(url), option.WithAPIKey("sk-test"), option.WithHTTPClient(c), option.WithMaxRetries(0))
+	params := openai.ChatCompletionNewParams{Model: "gpt-4o-mini", Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("hi")}}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				st := client.Chat.Completions.NewStreaming(ctx, params)
+				for st.Next() {
+				}
+				err := st.Err()
+				st.Close()
+				if err != nil && ctx.Err() == nil {
+					errs.Add(1)
+					time.Sleep(10 * time.Millisecond) // as a caller backs off
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return n.Load(), errs.Load()
+}
+
+// TestOpenAIStreamRefusedInBand: openai-go reads an OpenAI-compatible
+// gateway's error object in a 200 stream as a failed call, and so does
+// sluice: it holds back as it does for 429s, where a client that does not
+// read the stream's first event keeps sending.
+func TestOpenAIStreamRefusedInBand(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a real-clock run of about 9 s")
+	}
+	through := func() *http.Client {
+		tr, err := sluice.New(nil, sluice.WithRetry(0))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { tr.Close() })
+		return &http.Client{Transport: tr}
+	}
+	alone, aloneFailed := refusedStreams(t, &http.Client{}, true)
+	inBand, _ := refusedStreams(t, through(), true)
+	status, _ := refusedStreams(t, through(), false)
+	t.Logf("calls the gateway refused in 3 s: in band, the SDK alone %d (%d failed), through sluice %d; with 429s, through sluice %d",
+		alone, aloneFailed, inBand, status)
+	if aloneFailed == 0 || aloneFailed < alone*9/10 {
+		t.Fatalf("openai-go reported %d of %d in-band refusals as failed calls: the gateway's error is not the SDK's", aloneFailed, alone)
+	}
+	if inBand > 2*status+16 {
+		t.Errorf("through sluice %d in-band refusals, %d 429s: want the in-band error read as a 429 is", inBand, status)
+	}
+	if inBand*3 > alone {
+		t.Errorf("through sluice %d in-band refusals, the SDK alone %d: want sluice to hold back", inBand, alone)
 	}
 }
