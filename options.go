@@ -301,8 +301,9 @@ func WithRetry(max int) Option {
 // certificate, too many redirects); a non-idempotent method is retried
 // only on 429 and 503, unless the request carries an Idempotency-Key; and
 // a request from an SDK that retries on its own (its X-Stainless-Retry-Count,
-// X-Stripe-Client-User-Agent or Amz-Sdk-Request header) is attempted once,
-// whatever WithRetry says. Default: retryablehttp.DefaultRetryPolicy.
+// X-Stripe-Client-User-Agent or Amz-Sdk-Request header, "azsdk-go-" in its
+// User-Agent, "gccl-attempt-count/" in its X-Goog-Api-Client) is attempted
+// once, whatever WithRetry says. Default: retryablehttp.DefaultRetryPolicy.
 func WithRetryPolicy(p retryablehttp.CheckRetry) Option {
 	return optionFunc(func(c *config) error {
 		if p == nil {

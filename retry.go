@@ -273,6 +273,13 @@ var sdkRetryHeaders = [...]string{"X-Stainless-Retry-Count", "X-Stripe-Client-Us
 // attempts with no header of their own.
 const sdkUserAgent = "azsdk-go-"
 
+// sdkAttemptCount is in the X-Goog-Api-Client header of the requests of
+// Google's Go clients that retry on their own (Cloud Storage's, and the
+// generated API clients when they retry): "gccl-invocation-id/<uuid>
+// gccl-attempt-count/2 gl-go/1.26 gccl/1.71.0". Those that do not retry
+// send the header without it.
+const sdkAttemptCount = "gccl-attempt-count/"
+
 // sdkRetries reports whether req comes from an SDK that retries on its own,
 // so that sluice's retries would multiply its attempts.
 func sdkRetries(req *http.Request) bool {
@@ -281,7 +288,8 @@ func sdkRetries(req *http.Request) bool {
 			return true
 		}
 	}
-	return strings.Contains(req.Header.Get("User-Agent"), sdkUserAgent)
+	return strings.Contains(req.Header.Get("User-Agent"), sdkUserAgent) ||
+		strings.Contains(req.Header.Get("X-Goog-Api-Client"), sdkAttemptCount)
 }
 
 // retryable reports whether an attempt that returned resp, err may be
