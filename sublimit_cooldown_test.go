@@ -149,14 +149,70 @@ func TestSublimitKeepsItsPlaceAtTheHost(t *testing.T) {
 		mu.Lock()
 		defer mu.Unlock()
 		t.Logf("sent in order %v", order)
-		later := 0
-		for _, c := range order[:5] {
-			if c[0] != 'm' {
-				later++
-			}
+		if n := overtaking(order); n > 1 {
+			t.Errorf("%d requests that came a second after the model's five went before one of them: order %v", n, order)
 		}
-		if later > 1 {
-			t.Errorf("%d of the first five grants went to requests that came a second after the model's five: order %v", later, order)
+	})
+}
+
+// overtaking returns how many of the host's requests ("h...") in order went
+// before the model's last ("m...").
+func overtaking(order []string) int {
+	n, last := 0, 0
+	for _, c := range order {
+		if c[0] == 'h' {
+			n++
+		} else {
+			last = n
+		}
+	}
+	return last
+}
+
+// TestSublimitKeepsItsPlaceWhenTheCooldownGrows: as
+// TestSublimitKeepsItsPlaceAtTheHost, but the host's cooldown grows while
+// the model's requests wait for it: a call sent before it answers 503
+// with a longer Retry-After 3 s in. The model's requests, granted by the
+// sub-limit when the first cooldown ends, go back to its queue for the
+// second, and are still filed at the host by when they first came, ahead
+// of the requests that came a second after them.
+func TestSublimitKeepsItsPlaceWhenTheCooldownGrows(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var mu sync.Mutex
+		var order []string
+		base := rtFunc(func(r *http.Request) (*http.Response, error) {
+			switch r.URL.Path {
+			case "/slow":
+				time.Sleep(3 * time.Second)
+				return &http.Response{StatusCode: 503, Header: http.Header{"Retry-After": {"5"}}, Body: http.NoBody, Request: r}, nil
+			case "/status":
+				return &http.Response{StatusCode: 503, Header: http.Header{"Retry-After": {"5"}}, Body: http.NoBody, Request: r}, nil
+			}
+			mu.Lock()
+			order = append(order, r.Header.Get("X-Class"))
+			mu.Unlock()
+			time.Sleep(100 * time.Millisecond)
+			return &http.Response{StatusCode: 200, Header: http.Header{}, Body: io.NopCloser(strings.NewReader("ok")), Request: r}, nil
+		})
+		tr := mustNew(t, base, WithRetry(0), WithRate(10, time.Second), WithBurst(1), WithSublimitRate("m", 100, time.Second))
+		defer tr.Close()
+		var wg sync.WaitGroup
+		wg.Go(func() { call(t.Context(), tr, "http://api.test/slow") }) // at 3 s: the host cools until 8 s
+		time.Sleep(10 * time.Millisecond)
+		call(t.Context(), tr, "http://api.test/status") // the host cools until about 5 s
+		for i := range 5 {
+			wg.Go(func() { sendModel(t, tr, Normal, "m", "m"+string(rune('0'+i))) })
+		}
+		time.Sleep(time.Second)
+		for i := range 5 {
+			wg.Go(func() { sendModel(t, tr, Normal, "", "h"+string(rune('0'+i))) })
+		}
+		wg.Wait()
+		mu.Lock()
+		defer mu.Unlock()
+		t.Logf("sent in order %v", order)
+		if n := overtaking(order); n > 1 {
+			t.Errorf("%d requests that came a second after the model's five went before one of them: order %v", n, order)
 		}
 	})
 }

@@ -493,6 +493,11 @@ func (t *Transport) acquireSub(ctx context.Context, l *lane, req *http.Request, 
 		if err != nil {
 			return s, caller, fallback, sub, err
 		}
+		if !kept.IsZero() {
+			// It queued from when it first came (see hostEnq), its place
+			// kept across the grants it gave back.
+			s.wait = s.at - at
+		}
 		// A cooldown of the host that began or grew while the request
 		// waited here: the grant goes back, and the request waits for
 		// the host in the queue, keeping its place. A grant that waited
