@@ -16,7 +16,11 @@ import (
 // X-Class.
 func coolingHost(mu *sync.Mutex, at map[string]time.Time, order *[]string) http.RoundTripper {
 	return rtFunc(func(r *http.Request) (*http.Response, error) {
-		if r.URL.Path == "/status" {
+		switch r.URL.Path {
+		case "/slow":
+			time.Sleep(3 * time.Second)
+			fallthrough
+		case "/status":
 			return &http.Response{StatusCode: 503, Header: http.Header{"Retry-After": {"5"}}, Body: http.NoBody, Request: r}, nil
 		}
 		mu.Lock()
@@ -137,22 +141,32 @@ func TestSublimitKeepsItsPlaceAtTheHost(t *testing.T) {
 			WithSublimitRate("m", 100, time.Second))
 		defer tr.Close()
 		call(t.Context(), tr, "http://api.test/status") // the host cools for 5 s
-		var wg sync.WaitGroup
-		for i := range 5 {
-			wg.Go(func() { sendModel(t, tr, Normal, "m", "m"+string(rune('0'+i))) })
-		}
-		time.Sleep(time.Second)
-		for i := range 5 {
-			wg.Go(func() { sendModel(t, tr, Normal, "", "h"+string(rune('0'+i))) })
-		}
-		wg.Wait()
-		mu.Lock()
-		defer mu.Unlock()
-		t.Logf("sent in order %v", order)
-		if n := overtaking(order); n > 1 {
-			t.Errorf("%d requests that came a second after the model's five went before one of them: order %v", n, order)
-		}
+		modelsThenHost(t, tr, &mu, &order)
 	})
+}
+
+// modelsThenHost sends five Normal requests of the sub-limit "m" through
+// tr at once and five with no sub-limit a second later, waits for them,
+// and checks that at most one of the later ones went before one of the
+// model's (see TestSublimitKeepsItsPlaceAtTheHost); order is what the
+// base saw, under mu.
+func modelsThenHost(t *testing.T, tr http.RoundTripper, mu *sync.Mutex, order *[]string) {
+	t.Helper()
+	var wg sync.WaitGroup
+	for i := range 5 {
+		wg.Go(func() { sendModel(t, tr, Normal, "m", "m"+string(rune('0'+i))) })
+	}
+	time.Sleep(time.Second)
+	for i := range 5 {
+		wg.Go(func() { sendModel(t, tr, Normal, "", "h"+string(rune('0'+i))) })
+	}
+	wg.Wait()
+	mu.Lock()
+	defer mu.Unlock()
+	t.Logf("sent in order %v", *order)
+	if n := overtaking(*order); n > 1 {
+		t.Errorf("%d requests that came a second after the model's five went before one of them: order %v", n, *order)
+	}
 }
 
 // overtaking returns how many of the host's requests ("h...") in order went
@@ -180,39 +194,14 @@ func TestSublimitKeepsItsPlaceWhenTheCooldownGrows(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var mu sync.Mutex
 		var order []string
-		base := rtFunc(func(r *http.Request) (*http.Response, error) {
-			switch r.URL.Path {
-			case "/slow":
-				time.Sleep(3 * time.Second)
-				return &http.Response{StatusCode: 503, Header: http.Header{"Retry-After": {"5"}}, Body: http.NoBody, Request: r}, nil
-			case "/status":
-				return &http.Response{StatusCode: 503, Header: http.Header{"Retry-After": {"5"}}, Body: http.NoBody, Request: r}, nil
-			}
-			mu.Lock()
-			order = append(order, r.Header.Get("X-Class"))
-			mu.Unlock()
-			time.Sleep(100 * time.Millisecond)
-			return &http.Response{StatusCode: 200, Header: http.Header{}, Body: io.NopCloser(strings.NewReader("ok")), Request: r}, nil
-		})
-		tr := mustNew(t, base, WithRetry(0), WithRate(10, time.Second), WithBurst(1), WithSublimitRate("m", 100, time.Second))
+		tr := mustNew(t, coolingHost(&mu, map[string]time.Time{}, &order), WithRetry(0), WithRate(10, time.Second), WithBurst(1),
+			WithSublimitRate("m", 100, time.Second))
 		defer tr.Close()
 		var wg sync.WaitGroup
+		defer wg.Wait()
 		wg.Go(func() { call(t.Context(), tr, "http://api.test/slow") }) // at 3 s: the host cools until 8 s
 		time.Sleep(10 * time.Millisecond)
 		call(t.Context(), tr, "http://api.test/status") // the host cools until about 5 s
-		for i := range 5 {
-			wg.Go(func() { sendModel(t, tr, Normal, "m", "m"+string(rune('0'+i))) })
-		}
-		time.Sleep(time.Second)
-		for i := range 5 {
-			wg.Go(func() { sendModel(t, tr, Normal, "", "h"+string(rune('0'+i))) })
-		}
-		wg.Wait()
-		mu.Lock()
-		defer mu.Unlock()
-		t.Logf("sent in order %v", order)
-		if n := overtaking(order); n > 1 {
-			t.Errorf("%d requests that came a second after the model's five went before one of them: order %v", n, order)
-		}
+		modelsThenHost(t, tr, &mu, &order)
 	})
 }

@@ -37,19 +37,25 @@ func chatAPI(t *testing.T) *httptest.Server {
 		}
 		time.Sleep(100 * time.Millisecond)
 		w.Header().Set("Content-Type", "text/event-stream")
-		fl := w.(http.Flusher)
-		for i := range 30 {
-			if i > 0 {
-				time.Sleep(100 * time.Millisecond)
-			}
-			fmt.Fprintf(w, "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"gpt-4o-mini\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"t%d\"}}]}\n\n", i)
-			fl.Flush()
-		}
-		fmt.Fprint(w, "data: [DONE]\n\n")
-		fl.Flush()
+		streamChunks(w, 30, 100*time.Millisecond)
 	}))
 	t.Cleanup(s.Close)
 	return s
+}
+
+// streamChunks writes n chat completion chunks to w, every gap after the
+// first, then the stream's end, flushing each.
+func streamChunks(w http.ResponseWriter, n int, gap time.Duration) {
+	fl := w.(http.Flusher)
+	for i := range n {
+		if i > 0 {
+			time.Sleep(gap)
+		}
+		fmt.Fprintf(w, "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"gpt-4o-mini\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"t%d\"}}]}\n\n", i)
+		fl.Flush()
+	}
+	fmt.Fprint(w, "data: [DONE]\n\n")
+	fl.Flush()
 }
 
 // streamScenario makes 20 quick calls at 10/s through c, then six streams
@@ -139,19 +145,12 @@ func refusingChatAPI(t *testing.T, inBand bool, refused *atomic.Int32) *httptest
 			return
 		}
 		w.Header().Set("Content-Type", "text/event-stream")
-		fl := w.(http.Flusher)
 		if refuse {
 			refused.Add(1)
 			fmt.Fprint(w, "data: {\"error\":{\"message\":\"litellm.RateLimitError: upstream answered 429\",\"type\":null,\"param\":null,\"code\":\"429\"}}\n\ndata: [DONE]\n\n")
-			fl.Flush()
 			return
 		}
-		for i := range 3 {
-			fmt.Fprintf(w, "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"gpt-4o-mini\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"t%d\"}}]}\n\n", i)
-			fl.Flush()
-		}
-		fmt.Fprint(w, "data: [DONE]\n\n")
-		fl.Flush()
+		streamChunks(w, 3, 0)
 	}))
 	t.Cleanup(s.Close)
 	return s
