@@ -21,6 +21,12 @@
 -- counted them yet). The level it corrects teaches the fleet its margin:
 -- how much its costs were underestimated, a share of what it spent since
 -- the last count, kept as the largest seen and forgotten slowly.
+-- A state Redis creates (at the fleet's first refresh, or the first
+-- after Redis lost the hash) guesses its level full and knows only the
+-- processes that refreshed since, so what a count corrects in it says
+-- nothing of the costs: counts teach nothing until one has corrected the
+-- level a lease after the state was created, when every live process has
+-- refreshed.
 -- Times are microseconds of the Redis server's clock.
 --
 -- KEYS[i] the hash of budget i.
@@ -32,7 +38,8 @@
 --   spent since its last refresh, server count ("": none)
 --
 -- An entry is "expiry held unanswered want"; the state is "level time
--- margin spent spent-at-the-last-count".
+-- margin spent spent-at-the-last-count"; "+" is when the state was
+-- created, until a count has corrected it a lease after.
 -- Returns, per budget: {granted (< 0: taken back), the caller's expected
 -- rate, margin}, as strings.
 
@@ -62,6 +69,7 @@ for i, key in ipairs(KEYS) do
   local spentNow, server = tonumber(ARGV[a + 6]), tonumber(ARGV[a + 7])
 
   local level, at, margin, spent, recSpent = size, now, 0, 0, 0
+  local fresh, created = true, nil -- fresh: no state read; created: "+"
   local heldAll, outOthers = 0, 0
   local wants = {}
   local dead = {}
@@ -70,7 +78,12 @@ for i, key in ipairs(KEYS) do
     local f = {}
     for x in string.gmatch(all[j + 1], '%S+') do f[#f + 1] = tonumber(x) end
     if all[j] == '=' then
-      if finite(f, 5) then level, at, margin, spent, recSpent = f[1], f[2], math.min(math.max(f[3], 0), 1), f[4], f[5] end
+      if finite(f, 5) then
+        level, at, margin, spent, recSpent = f[1], f[2], math.min(math.max(f[3], 0), 1), f[4], f[5]
+        fresh = false
+      end
+    elseif all[j] == '+' then
+      created = finite(f, 1) and f[1] or 0
     elseif all[j] ~= me then
       if not finite(f, 4) or f[1] <= now then
         dead[#dead + 1] = all[j]
@@ -81,6 +94,7 @@ for i, key in ipairs(KEYS) do
       end
     end
   end
+  if fresh then created = now end
   if #dead > 0 then redis.call('HDEL', key, unpack(dead)) end
 
   level = level + rate * math.max(now - at, 0) / 1000000 + back
@@ -89,8 +103,12 @@ for i, key in ipairs(KEYS) do
   if server then
     local delta = (server - outOthers) - (level + heldAll)
     local since = spent - recSpent
-    margin = margin * decay
-    if delta < 0 and since > 0 then margin = math.max(margin, math.min(-delta / since, 1)) end
+    if not created then
+      margin = margin * decay
+      if delta < 0 and since > 0 then margin = math.max(margin, math.min(-delta / since, 1)) end
+    elseif now >= created + lease then
+      redis.call('HDEL', key, '+')
+    end
     recSpent = spent
     level = level + delta
   end
@@ -123,6 +141,7 @@ for i, key in ipairs(KEYS) do
 
   redis.call('HSET', key, me, string.format('%.0f %.17g %.17g %.17g', now + lease, held, unans, want - math.max(grant, 0)),
     '=', string.format('%.17g %.0f %.17g %.17g %.17g', level, now, margin, spent, recSpent))
+  if fresh then redis.call('HSET', key, '+', string.format('%.0f', now)) end
   redis.call('PEXPIRE', key, math.max(1, math.ceil((lease + keep) / 1000)))
   out[#out + 1] = string.format('%.17g', grant)
   out[#out + 1] = string.format('%.17g', flow)
