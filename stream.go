@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
@@ -248,18 +249,11 @@ func errorKind(data []byte) verdict.Kind {
 }
 
 // statusCode returns the HTTP status a JSON value states, as a number or
-// a string of three digits; 0 if it states none.
+// a string; 0 if it states none.
 func statusCode(v json.RawMessage) int {
-	v = bytes.Trim(v, `"`)
-	if len(v) != 3 || v[0] < '1' || v[0] > '5' {
+	n, err := strconv.Atoi(string(bytes.Trim(v, `"`)))
+	if err != nil || n < 100 || n > 599 {
 		return 0
-	}
-	n := 0
-	for _, c := range v {
-		if c < '0' || c > '9' {
-			return 0
-		}
-		n = n*10 + int(c-'0')
 	}
 	return n
 }
