@@ -14,6 +14,8 @@ require (
 	github.com/openai/openai-go/v3 v3.98.0
 	github.com/sluice-go/sluice v0.0.0-00010101000000-000000000000
 	github.com/stripe/stripe-go/v82 v82.5.1
+	golang.org/x/sync v0.25.0
+	golang.org/x/time v0.16.0
 	google.golang.org/api v0.312.0
 )
 
@@ -77,10 +79,8 @@ require (
 	golang.org/x/crypto v0.58.0 // indirect
 	golang.org/x/net v0.62.0 // indirect
 	golang.org/x/oauth2 v0.38.0 // indirect
-	golang.org/x/sync v0.25.0 // indirect
 	golang.org/x/sys v0.50.0 // indirect
 	golang.org/x/text v0.43.0 // indirect
-	golang.org/x/time v0.16.0 // indirect
 	google.golang.org/genproto v0.0.0-20261012220534-4341edf3f941 // indirect
 	google.golang.org/genproto/googleapis/api v0.0.0-20261110000943-09e21b237f2c // indirect
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20261110000943-09e21b237f2c // indirect

@@ -15,6 +15,8 @@ import (
 
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
+	"golang.org/x/sync/semaphore"
+	"golang.org/x/time/rate"
 
 	"github.com/sluice-go/sluice"
 )
@@ -188,13 +190,53 @@ func refusedStreams(t *testing.T, c *http.Client, inBand bool) (refused, failed 
 	return n.Load(), errs.Load()
 }
 
+// pairRT is what users write by hand: x/time/rate's Wait, then an
+// x/sync/semaphore slot held until the response's body is closed.
+type pairRT struct {
+	lim *rate.Limiter
+	sem *semaphore.Weighted
+}
+
+func newPairRT(r float64, slots int64) *pairRT {
+	return &pairRT{rate.NewLimiter(rate.Limit(r), 1), semaphore.NewWeighted(slots)}
+}
+
+func (p *pairRT) RoundTrip(req *http.Request) (*http.Response, error) {
+	if err := p.lim.Wait(req.Context()); err != nil {
+		return nil, err
+	}
+	if err := p.sem.Acquire(req.Context(), 1); err != nil {
+		return nil, err
+	}
+	resp, err := http.DefaultTransport.RoundTrip(req)
+	if err != nil {
+		p.sem.Release(1)
+		return nil, err
+	}
+	resp.Body = &releaseBody{ReadCloser: resp.Body, release: sync.OnceFunc(func() { p.sem.Release(1) })}
+	return resp, nil
+}
+
+// releaseBody releases its slot when it is closed.
+type releaseBody struct {
+	io.ReadCloser
+	release func()
+}
+
+func (b *releaseBody) Close() error {
+	err := b.ReadCloser.Close()
+	b.release()
+	return err
+}
+
 // TestOpenAIStreamRefusedInBand: openai-go reads an OpenAI-compatible
 // gateway's error object in a 200 stream as a failed call, and so does
 // sluice: it holds back as it does for 429s, where a client that does not
-// read the stream's first event keeps sending.
+// read the stream's first event keeps sending. The hand-made pair, set to
+// 10/s, is logged beside them: it sends at its rate whatever it is told.
 func TestOpenAIStreamRefusedInBand(t *testing.T) {
 	if testing.Short() {
-		t.Skip("a real-clock run of about 9 s")
+		t.Skip("a real-clock run of about 12 s")
 	}
 	through := func() *http.Client {
 		tr, err := sluice.New(nil, sluice.WithRetry(0))
@@ -207,8 +249,10 @@ func TestOpenAIStreamRefusedInBand(t *testing.T) {
 	alone, aloneFailed := refusedStreams(t, &http.Client{}, true)
 	inBand, _ := refusedStreams(t, through(), true)
 	status, _ := refusedStreams(t, through(), false)
-	t.Logf("calls the gateway refused in 3 s: in band, the SDK alone %d (%d failed), through sluice %d; with 429s, through sluice %d",
-		alone, aloneFailed, inBand, status)
+	// The hand-made pair reads nothing: it sends at the rate it was set to.
+	pair, _ := refusedStreams(t, &http.Client{Transport: newPairRT(10, 8)}, true)
+	t.Logf("calls the gateway refused in 3 s: in band, the SDK alone %d (%d failed), through sluice %d, through x/time/rate at 10/s + semaphore of 8 %d; with 429s, through sluice %d",
+		alone, aloneFailed, inBand, pair, status)
 	if aloneFailed == 0 || aloneFailed < alone*9/10 {
 		t.Fatalf("openai-go reported %d of %d in-band refusals as failed calls: the gateway's error is not the SDK's", aloneFailed, alone)
 	}
